@@ -1,0 +1,147 @@
+//! API keys: the key store and the caller's identity.
+//!
+//! Secrets are never kept: a key is stored as the SHA-256 of its secret (a plaintext `secret`
+//! in the config is hashed at load). A presented key is hashed once and found by the first
+//! eight bytes of its digest; the full 32-byte digest is then compared in constant time. Timing
+//! can at most reveal whether the digest of the attacker's own guess shares a prefix with some
+//! key's digest, which says nothing about any secret.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// Who is calling: the public side of an API key. Never holds the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The key's public name (logs, metrics, limit keys, `X-Floodgate-Key-Id`).
+    pub id: String,
+    /// The customer (several keys may share one).
+    pub user: String,
+    /// The customer's plan, if any.
+    pub plan: Option<String>,
+}
+
+/// One configured key.
+#[derive(Debug, Clone)]
+pub struct ApiKey {
+    /// SHA-256 of the secret.
+    pub digest: [u8; 32],
+    /// The identity it stands for.
+    pub identity: Arc<Identity>,
+}
+
+/// Every configured key, indexed for lookup by digest.
+#[derive(Debug, Default)]
+pub struct KeyStore {
+    by_prefix: HashMap<u64, Vec<ApiKey>>,
+    len: usize,
+}
+
+impl KeyStore {
+    /// Builds the store. Ids are assumed unique (config validation checks it).
+    pub fn new(keys: Vec<ApiKey>) -> Self {
+        let len = keys.len();
+        let mut by_prefix: HashMap<u64, Vec<ApiKey>> = HashMap::new();
+        for k in keys {
+            by_prefix.entry(prefix(&k.digest)).or_default().push(k);
+        }
+        KeyStore { by_prefix, len }
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The identity of a presented secret, if it is a known key.
+    pub fn lookup(&self, secret: &[u8]) -> Option<Arc<Identity>> {
+        let digest: [u8; 32] = Sha256::digest(secret).into();
+        let candidates = self.by_prefix.get(&prefix(&digest))?;
+        let mut found = None;
+        for k in candidates {
+            if bool::from(k.digest.ct_eq(&digest)) {
+                found = Some(k.identity.clone());
+            }
+        }
+        found
+    }
+}
+
+fn prefix(digest: &[u8; 32]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// SHA-256 of a secret, as stored.
+pub fn digest_of(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// The key the client presented: the configured header, else `Authorization: Bearer <key>`.
+/// Returns `None` when neither is present (or the value is empty).
+pub fn presented_key<'h>(headers: &'h HeaderMap, header: &HeaderName) -> Option<&'h [u8]> {
+    if let Some(v) = headers.get(header) {
+        let v = trim(v.as_bytes());
+        if !v.is_empty() {
+            return Some(v);
+        }
+    }
+    let auth = headers.get(http::header::AUTHORIZATION)?.as_bytes();
+    if auth.len() > 7 && auth[..7].eq_ignore_ascii_case(b"bearer ") {
+        let v = trim(&auth[7..]);
+        if !v.is_empty() {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    &v[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> KeyStore {
+        KeyStore::new(vec![ApiKey {
+            digest: digest_of("test"),
+            identity: Arc::new(Identity { id: "acme-prod".into(), user: "acme".into(), plan: Some("pro".into()) }),
+        }])
+    }
+
+    #[test]
+    fn finds_key_by_secret_only() {
+        let s = store();
+        assert_eq!(s.lookup(b"test").unwrap().id, "acme-prod");
+        assert!(s.lookup(b"tes").is_none());
+        assert!(s.lookup(b"").is_none());
+        // The documented example digest is SHA-256("test").
+        assert_eq!(hex::encode(digest_of("test")), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+    }
+
+    #[test]
+    fn header_then_bearer() {
+        let name = HeaderName::from_static("x-api-key");
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer  abc ".parse().unwrap());
+        assert_eq!(presented_key(&h, &name), Some(&b"abc"[..]));
+        h.insert("x-api-key", "xyz".parse().unwrap());
+        assert_eq!(presented_key(&h, &name), Some(&b"xyz"[..]));
+        let mut basic = HeaderMap::new();
+        basic.insert("authorization", "Basic Zm9v".parse().unwrap());
+        assert_eq!(presented_key(&basic, &name), None);
+    }
+}

@@ -1,0 +1,192 @@
+//! The demo Orders API that floodgate's examples, `make run` and the tests put behind the
+//! gateway.
+//!
+//! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`, and for
+//! tests `GET /debug/headers` (echoes the request headers it received). Any request may carry
+//! `?delay_ms=N` (at most 60000) to make the answer slow. Every response carries
+//! `x-served-by: <name>` so round robin can be seen.
+//!
+//! Usage: `orders-api [--listen 127.0.0.1:9000] [--name orders-1]`
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::{Response, StatusCode};
+use parking_lot::Mutex;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use pingora::services::listening::Service;
+use serde_json::{json, Value};
+
+struct OrdersApi {
+    name: String,
+    next_id: AtomicU64,
+    orders: Mutex<BTreeMap<u64, Value>>,
+}
+
+impl OrdersApi {
+    fn new(name: String) -> Self {
+        let mut orders = BTreeMap::new();
+        orders.insert(
+            1,
+            json!({"id": 1, "item": "coffee beans", "quantity": 2, "status": "shipped"}),
+        );
+        orders.insert(
+            2,
+            json!({"id": 2, "item": "grinder", "quantity": 1, "status": "pending"}),
+        );
+        OrdersApi {
+            name,
+            next_id: AtomicU64::new(3),
+            orders: Mutex::new(orders),
+        }
+    }
+
+    fn reply(&self, status: StatusCode, body: &Value) -> Response<Vec<u8>> {
+        let body = serde_json::to_vec(body).unwrap_or_default();
+        let mut resp = Response::new(body);
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        if let Ok(v) = http::HeaderValue::from_str(&self.name) {
+            h.insert("x-served-by", v);
+        }
+        let len = resp.body().len();
+        resp.headers_mut()
+            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+        resp
+    }
+}
+
+async fn read_body(session: &mut ServerSession) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                body.extend_from_slice(&chunk);
+                if body.len() > 1 << 20 {
+                    return None;
+                }
+            }
+            Ok(None) => return Some(body),
+            Err(_) => return None,
+        }
+    }
+}
+
+#[async_trait]
+impl ServeHttp for OrdersApi {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_string();
+        let delay = req
+            .uri
+            .query()
+            .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("delay_ms=")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|ms| ms.min(60_000));
+        let headers: BTreeMap<String, String> = req
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        if let Some(ms) = delay {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+        match (method.as_str(), segments.as_slice()) {
+            ("GET", ["healthz"]) => self.reply(StatusCode::OK, &json!({"status": "ok"})),
+            ("GET", ["debug", "headers"]) => {
+                self.reply(StatusCode::OK, &json!({"headers": headers}))
+            }
+            ("GET", ["orders"]) => {
+                let list: Vec<Value> = self.orders.lock().values().cloned().collect();
+                self.reply(StatusCode::OK, &json!({"orders": list}))
+            }
+            ("GET", ["orders", id]) => {
+                let found = id
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|id| self.orders.lock().get(&id).cloned());
+                match found {
+                    Some(order) => self.reply(StatusCode::OK, &order),
+                    None => self.reply(StatusCode::NOT_FOUND, &json!({"error": "no such order"})),
+                }
+            }
+            ("POST", ["orders"]) => {
+                let Some(body) = read_body(session).await else {
+                    return self.reply(
+                        StatusCode::BAD_REQUEST,
+                        &json!({"error": "body unreadable or over 1 MiB"}),
+                    );
+                };
+                match serde_json::from_slice::<Value>(&body) {
+                    Ok(Value::Object(mut order)) => {
+                        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                        order.insert("id".into(), json!(id));
+                        order.entry("status").or_insert(json!("pending"));
+                        let order = Value::Object(order);
+                        self.orders.lock().insert(id, order.clone());
+                        self.reply(StatusCode::CREATED, &order)
+                    }
+                    _ => self.reply(
+                        StatusCode::BAD_REQUEST,
+                        &json!({"error": "expected a JSON object"}),
+                    ),
+                }
+            }
+            _ => self.reply(
+                StatusCode::NOT_FOUND,
+                &json!({"error": "not found", "path": path}),
+            ),
+        }
+    }
+}
+
+fn main() {
+    let mut listen = "127.0.0.1:9000".to_string();
+    let mut name = "orders-api".to_string();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--listen" => listen = args.next().unwrap_or(listen),
+            "--name" => name = args.next().unwrap_or(name),
+            "-h" | "--help" => {
+                println!("usage: orders-api [--listen 127.0.0.1:9000] [--name NAME]");
+                return;
+            }
+            other => {
+                eprintln!("orders-api: unknown argument {other}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let conf = ServerConf {
+        threads: 2,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(0),
+        pid_file: format!("/tmp/orders-api-{}.pid", std::process::id()),
+        upgrade_sock: format!("/tmp/orders-api-{}.sock", std::process::id()),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    server.bootstrap();
+    let mut service = Service::new("orders api".to_string(), OrdersApi::new(name));
+    service.add_tcp(&listen);
+    server.add_service(service);
+    eprintln!("orders-api listening on {listen}");
+    server.run_forever();
+}

@@ -1,0 +1,171 @@
+//! The external schema of gateway.toml and the keys file, exactly as operators write them.
+//!
+//! These types only mirror the file: every table denies unknown keys (a typo in a limit must not
+//! turn the limit off) and values that later checks point at are `Spanned`, so an error can name
+//! their line and column. `super::validate` turns them into the typed [`super::Config`].
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The whole gateway.toml.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub upstreams: Vec<RawUpstream>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub rules: Vec<RawRule>,
+}
+
+/// `[server]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<Spanned<Vec<Spanned<String>>>>,
+    pub admin_listen: Option<Spanned<String>>,
+    pub threads: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<Spanned<String>>,
+    pub grace_period: Option<Spanned<String>>,
+    pub admin_token: Option<Spanned<String>>,
+    #[serde(default)]
+    pub legacy_headers: bool,
+    pub log_format: Option<Spanned<String>>,
+    pub tls: Option<Spanned<RawTls>>,
+}
+
+/// `[server.tls]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub listen: Vec<Spanned<String>>,
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
+}
+
+/// `[store]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub backend: Option<Spanned<String>>,
+    pub url: Option<Spanned<String>>,
+    pub urls: Option<Spanned<Vec<Spanned<String>>>>,
+    pub timeout: Option<Spanned<String>>,
+    pub key_prefix: Option<String>,
+    pub instances: Option<Spanned<i64>>,
+    pub max_keys: Option<Spanned<i64>>,
+}
+
+/// `[auth]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    pub header: Option<Spanned<String>>,
+    pub keys_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub forward_key: bool,
+    #[serde(default)]
+    pub keys: Vec<Spanned<RawKey>>,
+}
+
+/// The keys file: only `[[keys]]` tables.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKeysFile {
+    #[serde(default)]
+    pub keys: Vec<Spanned<RawKey>>,
+}
+
+/// One `[[auth.keys]]` (or `[[keys]]` in the keys file).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    pub id: Spanned<String>,
+    pub sha256: Option<Spanned<String>>,
+    pub secret: Option<Spanned<String>>,
+    pub user: Option<String>,
+    pub plan: Option<String>,
+}
+
+/// One `[[upstreams]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub name: Spanned<String>,
+    pub targets: Spanned<Vec<Spanned<String>>>,
+    pub connect_timeout: Option<Spanned<String>>,
+    pub read_timeout: Option<Spanned<String>>,
+}
+
+/// One `[[routes]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Spanned<String>,
+    #[serde(rename = "match", default)]
+    pub matcher: RawRouteMatch,
+    pub upstream: Spanned<String>,
+    pub auth: Option<Spanned<String>>,
+}
+
+/// A route's `match`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouteMatch {
+    pub path_prefix: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub host: Option<String>,
+    pub methods: Option<Vec<Spanned<String>>>,
+}
+
+/// One `[[rules]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    pub name: Spanned<String>,
+    #[serde(rename = "match", default)]
+    pub matcher: RawRuleMatch,
+    pub key: Spanned<Vec<Spanned<String>>>,
+    pub algorithm: Spanned<String>,
+    pub limit: Spanned<i64>,
+    pub window: Option<Spanned<String>>,
+    pub burst: Option<Spanned<i64>>,
+    pub scope: Option<Spanned<String>>,
+    pub on_store_error: Option<Spanned<String>>,
+    pub mode: Option<Spanned<String>>,
+    pub max_delay: Option<Spanned<String>>,
+    pub cost: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub shadow: bool,
+    pub headers: Option<bool>,
+    pub status: Option<Spanned<i64>>,
+}
+
+/// A rule's `match`: every key given must fit.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRuleMatch {
+    pub route: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub path_prefix: Option<Spanned<String>>,
+    pub methods: Option<Vec<Spanned<String>>>,
+    pub host: Option<String>,
+    pub plan: Option<String>,
+    pub header: Option<Spanned<RawHeaderMatch>>,
+}
+
+/// `match.header = { name = "x-tier", value = "free" }`; without `value`, presence is enough.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    pub name: Spanned<String>,
+    pub value: Option<String>,
+}

@@ -1,0 +1,562 @@
+//! Turns the raw schema into a [`Config`], checking everything a request would trip over later.
+//!
+//! Every error carries the span of the value at fault, so `floodgate check` can say
+//! `gateway.toml:42:9: route "orders" names upstream "order", which is not defined`.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use ipnet::IpNet;
+use toml::Spanned;
+
+use super::duration::parse_duration;
+use super::schema::*;
+use super::*;
+use crate::auth::{digest_of, ApiKey, Identity, KeyStore};
+use crate::limiter::{Algorithm, LeakyMode, Limit};
+use crate::rules::{FailureMode, KeyPart, Rule, RuleMatch, Scope};
+
+/// The file being validated: every error points into it.
+struct Src<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Src<'_> {
+    fn err(&self, span: Range<usize>, msg: impl Into<String>) -> ConfigError {
+        ConfigError::at(self.path, self.text, Some(span), msg)
+    }
+
+    fn duration(&self, v: &Spanned<String>) -> Result<Duration, ConfigError> {
+        parse_duration(v.get_ref()).map_err(|m| self.err(v.span(), m))
+    }
+
+    fn positive(&self, v: &Spanned<i64>, what: &str) -> Result<u64, ConfigError> {
+        match u64::try_from(*v.get_ref()) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(self.err(v.span(), format!("{what} must be a whole number of at least 1"))),
+        }
+    }
+
+    fn socket_addr(&self, v: &Spanned<String>, what: &str) -> Result<SocketAddr, ConfigError> {
+        v.get_ref().parse().map_err(|_| {
+            self.err(
+                v.span(),
+                format!("{what} \"{}\" is not an address like \"0.0.0.0:8080\" or \"[::1]:8080\"", v.get_ref()),
+            )
+        })
+    }
+
+    fn methods(&self, list: &[Spanned<String>]) -> Result<Vec<Method>, ConfigError> {
+        list.iter()
+            .map(|m| {
+                let upper = m.get_ref().to_ascii_uppercase();
+                Method::from_bytes(upper.as_bytes())
+                    .map_err(|_| self.err(m.span(), format!("\"{}\" is not an HTTP method", m.get_ref())))
+            })
+            .collect()
+    }
+
+    fn path(&self, v: &Option<Spanned<String>>) -> Result<Option<String>, ConfigError> {
+        match v {
+            Some(p) if !p.get_ref().starts_with('/') => {
+                Err(self.err(p.span(), format!("path \"{}\" must start with \"/\"", p.get_ref())))
+            }
+            Some(p) => Ok(Some(p.get_ref().clone())),
+            None => Ok(None),
+        }
+    }
+
+    fn one_of<T: Copy>(&self, v: &Spanned<String>, what: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
+        options
+            .iter()
+            .find(|(name, _)| *name == v.get_ref())
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+                self.err(
+                    v.span(),
+                    format!("{what} \"{}\" is not one of {}", v.get_ref(), names.join(", ")),
+                )
+            })
+    }
+}
+
+/// Parses and validates `text`, the contents of `path`.
+pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let src = Src { path, text };
+    let raw: RawConfig = toml::from_str(text)
+        .map_err(|e| ConfigError::at(path, text, e.span(), e.message().trim_end().to_string()))?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+
+    let server = server(&src, &raw.server, &dir)?;
+    let store = store(&src, &raw.store)?;
+    let mut warnings = Vec::new();
+    let auth = auth(&src, &raw.auth, &dir, &mut warnings)?;
+    let upstreams = upstreams(&src, &raw.upstreams)?;
+    let routes = routes(&src, &raw.routes, &upstreams)?;
+    let rules = rules(&src, &raw.rules, &routes)?;
+    Ok(Config {
+        path: path.to_path_buf(),
+        server,
+        store,
+        auth,
+        upstreams,
+        routes,
+        rules,
+        warnings,
+    })
+}
+
+fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError> {
+    let listen = match &raw.listen {
+        Some(list) => {
+            if list.get_ref().is_empty() {
+                return Err(src.err(list.span(), "server.listen needs at least one address"));
+            }
+            list.get_ref()
+                .iter()
+                .map(|a| src.socket_addr(a, "listen address"))
+                .collect::<Result<_, _>>()?
+        }
+        None => vec![SocketAddr::from(([0, 0, 0, 0], 8080))],
+    };
+    let admin_listen = match &raw.admin_listen {
+        Some(a) => src.socket_addr(a, "admin_listen")?,
+        None => SocketAddr::from(([127, 0, 0, 1], 9901)),
+    };
+    let threads = match &raw.threads {
+        Some(t) => src.positive(t, "server.threads")? as usize,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let trusted_proxies = raw
+        .trusted_proxies
+        .iter()
+        .map(|c| {
+            let text = c.get_ref();
+            text.parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| src.err(c.span(), format!("trusted proxy \"{text}\" is not a CIDR like \"10.0.0.0/8\" or an IP")))
+        })
+        .collect::<Result<_, _>>()?;
+    let grace_period = match &raw.grace_period {
+        Some(g) => src.duration(g)?,
+        None => Duration::from_secs(30),
+    };
+    let admin_token = match &raw.admin_token {
+        Some(t) if t.get_ref().is_empty() => {
+            return Err(src.err(t.span(), "admin_token must not be empty (remove it to disable admin auth)"))
+        }
+        Some(t) => Some(t.get_ref().clone()),
+        None => None,
+    };
+    let log_format = match &raw.log_format {
+        Some(f) => src.one_of(f, "log_format", &[("text", LogFormat::Text), ("json", LogFormat::Json)])?,
+        None => LogFormat::Text,
+    };
+    let tls = match &raw.tls {
+        Some(t) => {
+            let tls = t.get_ref();
+            if tls.listen.is_empty() {
+                return Err(src.err(t.span(), "server.tls.listen needs at least one address"));
+            }
+            let listen = tls
+                .listen
+                .iter()
+                .map(|a| src.socket_addr(a, "TLS listen address"))
+                .collect::<Result<_, _>>()?;
+            let cert = existing_file(src, &tls.cert, dir, "TLS certificate")?;
+            let key = existing_file(src, &tls.key, dir, "TLS private key")?;
+            Some(Tls { listen, cert, key })
+        }
+        None => None,
+    };
+    Ok(Server {
+        listen,
+        admin_listen,
+        threads,
+        trusted_proxies,
+        grace_period,
+        admin_token,
+        legacy_headers: raw.legacy_headers,
+        log_format,
+        tls,
+    })
+}
+
+fn existing_file(src: &Src, v: &Spanned<String>, dir: &Path, what: &str) -> Result<PathBuf, ConfigError> {
+    let p = dir.join(v.get_ref());
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(src.err(v.span(), format!("{what} \"{}\" does not exist", p.display())))
+    }
+}
+
+fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
+    let backend = match &raw.backend {
+        Some(b) => src.one_of(
+            b,
+            "store.backend",
+            &[("memory", Backend::Memory), ("redis", Backend::Redis), ("redis-cluster", Backend::RedisCluster)],
+        )?,
+        None => Backend::Memory,
+    };
+    let check_url = |u: &Spanned<String>| -> Result<String, ConfigError> {
+        let text = u.get_ref();
+        if text.starts_with("redis://") || text.starts_with("rediss://") {
+            Ok(text.clone())
+        } else {
+            Err(src.err(u.span(), "a Redis URL starts with redis:// or rediss://"))
+        }
+    };
+    let urls = match backend {
+        Backend::Memory => Vec::new(),
+        Backend::Redis => match &raw.url {
+            Some(u) => vec![check_url(u)?],
+            None => {
+                let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
+                return Err(src.err(span, "store.backend = \"redis\" needs store.url"));
+            }
+        },
+        Backend::RedisCluster => match &raw.urls {
+            Some(list) if !list.get_ref().is_empty() => {
+                list.get_ref().iter().map(check_url).collect::<Result<_, _>>()?
+            }
+            _ => {
+                let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
+                return Err(src.err(span, "store.backend = \"redis-cluster\" needs store.urls (seed nodes)"));
+            }
+        },
+    };
+    let timeout = match &raw.timeout {
+        Some(t) => {
+            let d = src.duration(t)?;
+            if d.is_zero() {
+                return Err(src.err(t.span(), "store.timeout must be longer than 0ms"));
+            }
+            d
+        }
+        None => Duration::from_millis(20),
+    };
+    let instances = match &raw.instances {
+        Some(i) => src.positive(i, "store.instances")?,
+        None => 1,
+    };
+    let max_keys = match &raw.max_keys {
+        Some(m) => src.positive(m, "store.max_keys")? as usize,
+        None => 1_000_000,
+    };
+    Ok(Store {
+        backend,
+        urls,
+        timeout,
+        key_prefix: raw.key_prefix.clone().unwrap_or_else(|| "floodgate:".to_string()),
+        instances,
+        max_keys,
+    })
+}
+
+fn auth(src: &Src, raw: &RawAuth, dir: &Path, warnings: &mut Vec<String>) -> Result<Auth, ConfigError> {
+    let header = match &raw.header {
+        Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes())
+            .map_err(|_| src.err(h.span(), format!("\"{}\" is not a valid header name", h.get_ref())))?,
+        None => HeaderName::from_static("x-api-key"),
+    };
+    let mut seen = HashSet::new();
+    let mut keys = Vec::new();
+    collect_keys(src, &raw.keys, &mut seen, &mut keys, warnings)?;
+    let keys_file = match &raw.keys_file {
+        Some(f) => {
+            let path = dir.join(f.get_ref());
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| src.err(f.span(), format!("cannot read keys file \"{}\": {e}", path.display())))?;
+            let file_src = Src { path: &path, text: &text };
+            let parsed: RawKeysFile = toml::from_str(&text)
+                .map_err(|e| ConfigError::at(&path, &text, e.span(), e.message().trim_end().to_string()))?;
+            collect_keys(&file_src, &parsed.keys, &mut seen, &mut keys, warnings)?;
+            Some(path)
+        }
+        None => None,
+    };
+    Ok(Auth {
+        header,
+        forward_key: raw.forward_key,
+        keys_file,
+        keys: KeyStore::new(keys),
+    })
+}
+
+fn collect_keys(
+    src: &Src,
+    raw: &[Spanned<RawKey>],
+    seen: &mut HashSet<String>,
+    out: &mut Vec<ApiKey>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    for k in raw {
+        let key = k.get_ref();
+        let id = key.id.get_ref();
+        if id.is_empty() {
+            return Err(src.err(key.id.span(), "key id must not be empty"));
+        }
+        if !seen.insert(id.clone()) {
+            return Err(src.err(key.id.span(), format!("key id \"{id}\" is defined twice")));
+        }
+        let digest = match (&key.sha256, &key.secret) {
+            (Some(h), None) => {
+                let mut d = [0u8; 32];
+                hex::decode_to_slice(h.get_ref().trim(), &mut d).map_err(|_| {
+                    src.err(h.span(), format!("key \"{id}\": sha256 must be 64 hex digits (the SHA-256 of the secret)"))
+                })?;
+                d
+            }
+            (None, Some(s)) => {
+                if s.get_ref().is_empty() {
+                    return Err(src.err(s.span(), format!("key \"{id}\": secret must not be empty")));
+                }
+                warnings.push(format!(
+                    "key \"{id}\" uses a plaintext `secret`; store its sha256 instead outside development"
+                ));
+                digest_of(s.get_ref())
+            }
+            _ => {
+                return Err(src.err(k.span(), format!("key \"{id}\" needs exactly one of sha256 or secret")));
+            }
+        };
+        out.push(ApiKey {
+            digest,
+            identity: Arc::new(Identity {
+                id: id.clone(),
+                user: key.user.clone().unwrap_or_else(|| id.clone()),
+                plan: key.plan.clone(),
+            }),
+        });
+    }
+    Ok(())
+}
+
+fn upstreams(src: &Src, raw: &[RawUpstream]) -> Result<Vec<Arc<Upstream>>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for u in raw {
+        let name = u.name.get_ref();
+        if !seen.insert(name.clone()) {
+            return Err(src.err(u.name.span(), format!("upstream \"{name}\" is defined twice")));
+        }
+        if u.targets.get_ref().is_empty() {
+            return Err(src.err(u.targets.span(), format!("upstream \"{name}\" needs at least one target")));
+        }
+        let mut targets = Vec::new();
+        for t in u.targets.get_ref() {
+            let addrs = t
+                .get_ref()
+                .to_socket_addrs()
+                .map_err(|e| src.err(t.span(), format!("upstream target \"{}\" is not a reachable host:port ({e})", t.get_ref())))?;
+            let first = addrs
+                .into_iter()
+                .next()
+                .ok_or_else(|| src.err(t.span(), format!("upstream target \"{}\" resolves to no address", t.get_ref())))?;
+            targets.push(first);
+        }
+        let connect_timeout = match &u.connect_timeout {
+            Some(d) => src.duration(d)?,
+            None => Duration::from_secs(1),
+        };
+        let read_timeout = match &u.read_timeout {
+            Some(d) => src.duration(d)?,
+            None => Duration::from_secs(30),
+        };
+        out.push(Arc::new(Upstream {
+            name: name.as_str().into(),
+            targets,
+            connect_timeout,
+            read_timeout,
+            next: AtomicUsize::new(0),
+        }));
+    }
+    Ok(out)
+}
+
+fn routes(src: &Src, raw: &[RawRoute], upstreams: &[Arc<Upstream>]) -> Result<Vec<Route>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for r in raw {
+        let name = r.name.get_ref();
+        if !seen.insert(name.clone()) {
+            return Err(src.err(r.name.span(), format!("route \"{name}\" is defined twice")));
+        }
+        let upstream = upstreams
+            .iter()
+            .find(|u| &*u.name == r.upstream.get_ref())
+            .cloned()
+            .ok_or_else(|| {
+                src.err(
+                    r.upstream.span(),
+                    format!("route \"{name}\" names upstream \"{}\", which is not defined", r.upstream.get_ref()),
+                )
+            })?;
+        let auth = match &r.auth {
+            Some(a) => src.one_of(
+                a,
+                "route auth",
+                &[("required", AuthMode::Required), ("optional", AuthMode::Optional), ("none", AuthMode::None)],
+            )?,
+            None => AuthMode::Required,
+        };
+        let m = &r.matcher;
+        out.push(Route {
+            name: name.as_str().into(),
+            path: src.path(&m.path)?,
+            path_prefix: src.path(&m.path_prefix)?,
+            host: m.host.clone(),
+            methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+            upstream,
+            auth,
+        });
+    }
+    Ok(out)
+}
+
+fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for r in raw {
+        let name = r.name.get_ref();
+        if name.is_empty() || name.contains('"') || name.contains('\\') || name.chars().any(char::is_control) {
+            return Err(src.err(r.name.span(), "rule name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(src.err(r.name.span(), format!("rule \"{name}\" is defined twice")));
+        }
+        let algorithm = src.one_of(
+            &r.algorithm,
+            "algorithm",
+            &[
+                ("fixed_window", Algorithm::FixedWindow),
+                ("sliding_window_log", Algorithm::SlidingWindowLog),
+                ("sliding_window_counter", Algorithm::SlidingWindowCounter),
+                ("token_bucket", Algorithm::TokenBucket),
+                ("leaky_bucket", Algorithm::LeakyBucket),
+                ("concurrency", Algorithm::Concurrency),
+            ],
+        )?;
+        let limit = src.positive(&r.limit, "limit")?;
+        let window = match (&r.window, algorithm) {
+            (Some(w), Algorithm::Concurrency) => {
+                return Err(src.err(w.span(), format!("rule \"{name}\": concurrency limits requests in flight and takes no window")))
+            }
+            (None, Algorithm::Concurrency) => Duration::ZERO,
+            (Some(w), _) => {
+                let d = src.duration(w)?;
+                if d < Duration::from_millis(1) {
+                    return Err(src.err(w.span(), format!("rule \"{name}\": window must be at least 1ms")));
+                }
+                d
+            }
+            (None, _) => {
+                return Err(src.err(r.algorithm.span(), format!("rule \"{name}\": {} needs a window, e.g. window = \"1m\"", algorithm.as_str())))
+            }
+        };
+        let burst = match &r.burst {
+            Some(b) if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) => src.positive(b, "burst")?,
+            Some(b) => {
+                return Err(src.err(b.span(), format!("rule \"{name}\": burst applies to token_bucket and leaky_bucket only")))
+            }
+            None => limit,
+        };
+        let mode = match &r.mode {
+            Some(m) if algorithm == Algorithm::LeakyBucket => {
+                src.one_of(m, "mode", &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)])?
+            }
+            Some(m) => return Err(src.err(m.span(), format!("rule \"{name}\": mode applies to leaky_bucket only"))),
+            None => LeakyMode::Police,
+        };
+        let max_delay = match &r.max_delay {
+            Some(d) if mode == LeakyMode::Shape => src.duration(d)?,
+            Some(d) => return Err(src.err(d.span(), format!("rule \"{name}\": max_delay applies to leaky_bucket with mode = \"shape\" only"))),
+            None if mode == LeakyMode::Shape => window,
+            None => Duration::ZERO,
+        };
+        let key = r
+            .key
+            .get_ref()
+            .iter()
+            .map(|k| KeyPart::parse(k.get_ref()).map_err(|m| src.err(k.span(), m)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if key.is_empty() {
+            return Err(src.err(r.key.span(), format!("rule \"{name}\": key needs at least one part, e.g. [\"ip\"]")));
+        }
+        let scope = match &r.scope {
+            Some(s) => src.one_of(s, "scope", &[("local", Scope::Local), ("global", Scope::Global)])?,
+            None => Scope::Global,
+        };
+        let on_store_error = match &r.on_store_error {
+            Some(s) => src.one_of(
+                s,
+                "on_store_error",
+                &[("open", FailureMode::Open), ("closed", FailureMode::Closed), ("local", FailureMode::Local)],
+            )?,
+            None => FailureMode::Open,
+        };
+        let cost = match &r.cost {
+            Some(c) => src.positive(c, "cost")?,
+            None => 1,
+        };
+        let status = match &r.status {
+            Some(s) if (400..=599).contains(s.get_ref()) => *s.get_ref() as u16,
+            Some(s) => return Err(src.err(s.span(), format!("rule \"{name}\": status must be between 400 and 599"))),
+            None => 429,
+        };
+        let m = &r.matcher;
+        if let Some(route) = &m.route {
+            if !routes.iter().any(|rt| &*rt.name == route.get_ref()) {
+                return Err(src.err(route.span(), format!("rule \"{name}\" matches route \"{}\", which is not defined", route.get_ref())));
+            }
+        }
+        let header = match &m.header {
+            Some(h) => {
+                let hm = h.get_ref();
+                let hn = HeaderName::from_bytes(hm.name.get_ref().as_bytes())
+                    .map_err(|_| src.err(hm.name.span(), format!("\"{}\" is not a valid header name", hm.name.get_ref())))?;
+                Some((hn, hm.value.clone()))
+            }
+            None => None,
+        };
+        out.push(Arc::new(Rule {
+            name: name.as_str().into(),
+            matcher: RuleMatch {
+                route: m.route.as_ref().map(|r| r.get_ref().clone()),
+                path: src.path(&m.path)?,
+                path_prefix: src.path(&m.path_prefix)?,
+                methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+                host: m.host.clone(),
+                plan: m.plan.clone(),
+                header,
+            },
+            key,
+            limit: Limit {
+                algorithm,
+                limit,
+                window,
+                burst,
+                mode,
+                max_delay,
+            },
+            scope,
+            on_store_error,
+            cost,
+            shadow: r.shadow,
+            headers: r.headers.unwrap_or(true),
+            status,
+            skipped: AtomicU64::new(0),
+        }));
+    }
+    Ok(out)
+}

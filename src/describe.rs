@@ -1,0 +1,146 @@
+//! Human-readable descriptions of a config: what `floodgate check` prints.
+
+use std::fmt::Write as _;
+
+use crate::config::{Config, Route};
+use crate::limiter::{Algorithm, LeakyMode};
+use crate::rules::Rule;
+
+/// A route's match as one short phrase.
+pub fn route_match(r: &Route) -> String {
+    let mut parts = Vec::new();
+    if let Some(h) = &r.host {
+        parts.push(format!("host={h}"));
+    }
+    if let Some(p) = &r.path {
+        parts.push(format!("path={p}"));
+    }
+    if let Some(p) = &r.path_prefix {
+        parts.push(format!("path_prefix={p}"));
+    }
+    if let Some(m) = &r.methods {
+        parts.push(format!("methods={}", m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")));
+    }
+    if parts.is_empty() {
+        "any request".to_string()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// A rule's match as one short phrase.
+pub fn rule_match(r: &Rule) -> String {
+    let m = &r.matcher;
+    let mut parts = Vec::new();
+    if let Some(v) = &m.route {
+        parts.push(format!("route={v}"));
+    }
+    if let Some(v) = &m.host {
+        parts.push(format!("host={v}"));
+    }
+    if let Some(v) = &m.path {
+        parts.push(format!("path={v}"));
+    }
+    if let Some(v) = &m.path_prefix {
+        parts.push(format!("path_prefix={v}"));
+    }
+    if let Some(v) = &m.methods {
+        parts.push(format!("methods={}", v.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")));
+    }
+    if let Some(v) = &m.plan {
+        parts.push(format!("plan={v}"));
+    }
+    if let Some((name, value)) = &m.header {
+        match value {
+            Some(v) => parts.push(format!("header {name}={v}")),
+            None => parts.push(format!("header {name} present")),
+        }
+    }
+    if parts.is_empty() {
+        "every request".to_string()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// A rule's limit as one short phrase, e.g. `token_bucket 100/1m burst 20`.
+pub fn rule_limit(r: &Rule) -> String {
+    let l = &r.limit;
+    let window = humantime(l.window);
+    match l.algorithm {
+        Algorithm::Concurrency => format!("concurrency {} in flight", l.limit),
+        Algorithm::TokenBucket => format!("token_bucket {}/{window} burst {}", l.limit, l.burst),
+        Algorithm::LeakyBucket => {
+            let mode = match l.mode {
+                LeakyMode::Police => "police".to_string(),
+                LeakyMode::Shape => format!("shape max_delay {}", humantime(l.max_delay)),
+            };
+            format!("leaky_bucket {}/{window} burst {} {mode}", l.limit, l.burst)
+        }
+        a => format!("{} {}/{window}", a.as_str(), l.limit),
+    }
+}
+
+/// A duration the way gateway.toml writes it.
+pub fn humantime(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// The text `floodgate check` prints for a valid config.
+pub fn check_report(cfg: &Config) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}: OK", cfg.path.display());
+    for w in &cfg.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    let _ = writeln!(out, "store: {}", cfg.store.backend.as_str());
+    let _ = writeln!(out, "routes (first match wins):");
+    for (i, r) in cfg.routes.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  {}. {}: {} -> upstream {} (auth {})",
+            i + 1,
+            r.name,
+            route_match(r),
+            r.upstream.name,
+            r.auth.as_str()
+        );
+    }
+    let _ = writeln!(out, "rules (checked in order; every matching rule applies):");
+    for (i, r) in cfg.rules.iter().enumerate() {
+        let keys: Vec<String> = r.key.iter().map(|k| k.to_config_string()).collect();
+        let _ = writeln!(
+            out,
+            "  {}. {}: {} | key [{}] | {} | cost {} | scope {} | on_store_error {}{}",
+            i + 1,
+            r.name,
+            rule_match(r),
+            keys.join(", "),
+            rule_limit(r),
+            r.cost,
+            r.scope.as_str(),
+            r.on_store_error.as_str(),
+            if r.shadow { " | shadow" } else { "" }
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_like_the_config() {
+        assert_eq!(humantime(Duration::from_secs(60)), "1m");
+        assert_eq!(humantime(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(humantime(Duration::from_secs(86400)), "1d");
+    }
+}

@@ -1,0 +1,590 @@
+//! The rate-limit algorithms as pure state transitions.
+//!
+//! Every function here answers one question about one key: may `cost` more be charged at
+//! `now_ns` under `limit`, given the key's stored [`State`]? Time is passed in, never read, so
+//! that tests drive it exactly and the store alone decides what "now" is.
+//!
+//! Deciding and charging are split in two steps because a request is charged to every rule it
+//! matched or to none (all-or-nothing is the store's job):
+//! 1. [`decide`] reads the state and returns the [`Decision`] together with an [`Update`], a
+//!    description of the charge in O(1) space;
+//! 2. only if every rule of the request admitted it, the store applies each rule's update with
+//!    [`Update::apply`] (key present) or [`Update::into_state`] (key absent).
+//!
+//! Returning the whole new state instead would be simpler but would copy the sliding log,
+//! whose size grows with `limit`, on every request.
+//!
+//! Time and durations are `u64` nanoseconds on the store's clock. Arithmetic that could
+//! overflow with absurd numbers is done in `u128` and saturated, so no input panics.
+//!
+//! A state left by a rule whose algorithm has since changed (a reload) does not fit the
+//! algorithm any more and is treated as no state. A reload that only changes the numbers keeps
+//! the state and reinterprets it, as described for each algorithm.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::{Algorithm, Decision, LeakyMode, Limit};
+
+/// What a store keeps for one `(rule, key)`: the smallest state each algorithm needs.
+///
+/// Every variant carries its own expiry horizon (see [`expires_at`]) so that a store can drop
+/// idle keys without knowing the rule they belong to. `State` is at most 32 bytes so that a
+/// memory-store entry (64-bit key + state + one hash-table control byte) stays at 41 bytes a
+/// slot; only the sliding log keeps a heap allocation, of 8 bytes per admitted unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Fixed window: `count` charged in the aligned window that ends at `window_end`.
+    FixedWindow {
+        /// End of the window the count belongs to (exclusive); it identifies the window.
+        window_end: u64,
+        /// Units charged in that window.
+        count: u64,
+    },
+    /// Sliding window log: for every admitted unit, the instant it stops counting
+    /// (`admitted_at + window`), oldest first.
+    ///
+    /// Expiry instants rather than admission instants are stored so that the state alone knows
+    /// when it is empty. Boxed so that this variant does not make every state bigger.
+    SlidingWindowLog(Box<VecDeque<u64>>),
+    /// Sliding window counter: counts of the current aligned window and the one before it.
+    SlidingWindowCounter {
+        /// `current window start + 2 * window`: when both counts stop mattering. The window
+        /// start is derived from it with the rule's window.
+        expires: u64,
+        /// Units charged in the previous window.
+        previous: u64,
+        /// Units charged in the current window.
+        current: u64,
+    },
+    /// Token bucket: the instant the bucket is full again (in the past: it is full).
+    TokenBucket {
+        /// When the bucket holds `burst` tokens again if nothing more is taken.
+        full_at: u64,
+    },
+    /// Leaky bucket (GCRA): the theoretical arrival time of the next request.
+    LeakyBucket {
+        /// When the bucket will be empty (police) / the next free departure slot (shape).
+        tat: u64,
+    },
+    /// Concurrency: requests in flight.
+    Concurrency {
+        /// Units admitted and not yet released.
+        in_flight: u64,
+    },
+}
+
+// The memory store's bytes-per-key budget depends on this; see the type's doc comment.
+const _: () = assert!(std::mem::size_of::<State>() <= 32);
+
+impl State {
+    /// The algorithm this state belongs to. A state whose algorithm differs from the rule's
+    /// (the rule changed on reload) is treated as no state.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::FixedWindow { .. } => Algorithm::FixedWindow,
+            State::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+            State::SlidingWindowCounter { .. } => Algorithm::SlidingWindowCounter,
+            State::TokenBucket { .. } => Algorithm::TokenBucket,
+            State::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            State::Concurrency { .. } => Algorithm::Concurrency,
+        }
+    }
+}
+
+/// How to charge an admitted request to a key, as computed by [`decide`].
+///
+/// Apply it only to the state `decide` was given, under the same lock: it is a delta against
+/// that state (for the sliding log) or its replacement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Update {
+    /// Rejected: nothing is charged.
+    Nothing,
+    /// Replace the state with this one (every algorithm but the sliding log).
+    Set(State),
+    /// Sliding log: drop the `expired` oldest entries, then append `count` entries that stop
+    /// counting at `expires`.
+    Log {
+        /// Leading entries of the log that no longer count.
+        expired: usize,
+        /// Units to append (the request's cost).
+        count: u64,
+        /// `now + window` for the appended entries.
+        expires: u64,
+    },
+}
+
+impl Update {
+    /// Charges the key whose stored state is `state`: what the store does for a key it holds
+    /// once every rule of the request admitted it.
+    pub fn apply(self, state: &mut State) {
+        match self {
+            Update::Nothing => {}
+            Update::Set(new) => *state = new,
+            Update::Log {
+                expired,
+                count,
+                expires,
+            } => match state {
+                State::SlidingWindowLog(log) => {
+                    log.drain(..expired.min(log.len()));
+                    push_log(log, count, expires);
+                }
+                // `decide` saw no log here and answered as for an empty one.
+                other => *other = new_log(count, expires),
+            },
+        }
+    }
+
+    /// The state to store for a key that has none: what the store does for a new key once
+    /// every rule of the request admitted it. `None`: store nothing.
+    pub fn into_state(self) -> Option<State> {
+        match self {
+            Update::Nothing => None,
+            Update::Set(new) => Some(new),
+            Update::Log { count, expires, .. } => Some(new_log(count, expires)),
+        }
+    }
+}
+
+fn new_log(count: u64, expires: u64) -> State {
+    let mut log = VecDeque::new();
+    push_log(&mut log, count, expires);
+    State::SlidingWindowLog(Box::new(log))
+}
+
+fn push_log(log: &mut VecDeque<u64>, count: u64, expires: u64) {
+    // `count` fits the limit (`decide` admitted it), so the log stays bounded by the limit.
+    let count = usize::try_from(count).unwrap_or(usize::MAX);
+    log.extend(std::iter::repeat_n(expires, count));
+}
+
+/// Decides one request against one rule: the [`Decision`] and the [`Update`] to apply if every
+/// rule of the request admits it. Dispatches to the algorithm's own function, whose doc
+/// comment states its exact semantics.
+///
+/// A `state` of another algorithm (the rule changed on reload) counts as no state.
+pub fn decide(state: Option<&State>, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Update) {
+    match limit.algorithm {
+        Algorithm::FixedWindow => fixed_window(state, limit, now_ns, cost),
+        Algorithm::SlidingWindowLog => sliding_window_log(state, limit, now_ns, cost),
+        Algorithm::SlidingWindowCounter => sliding_window_counter(state, limit, now_ns, cost),
+        Algorithm::TokenBucket => token_bucket(state, limit, now_ns, cost),
+        Algorithm::LeakyBucket => leaky_bucket(state, limit, now_ns, cost),
+        Algorithm::Concurrency => concurrency(state, limit, cost),
+    }
+}
+
+/// Fixed window: one counter per window aligned on multiples of `window` since the clock's
+/// origin (`floor(now / window)`); admitted if `count + cost <= limit`.
+///
+/// - `limit` = `limit`; `remaining` = `limit - count` after the charge.
+/// - `reset` = time to the end of the window (the counter starts again from 0 then).
+/// - rejected: `retry_after` = time to the end of the window. A `cost > limit` is never
+///   admitted; its `retry_after` is the window, as there is no true answer.
+///
+/// Known weakness: up to `2 * limit` pass within a moment across a boundary (`limit` at the
+/// end of one window, `limit` at the start of the next).
+///
+/// Reload: a changed `limit` keeps the count; a changed `window` moves the boundaries, and a
+/// count that belongs to no current window is dropped.
+pub fn fixed_window(
+    state: Option<&State>,
+    limit: &Limit,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Update) {
+    let window = window_ns(limit);
+    let quota = limit.limit;
+    let window_end = (now_ns - now_ns % window).saturating_add(window);
+    let count = match state {
+        Some(State::FixedWindow {
+            window_end: end,
+            count,
+        }) if *end == window_end => *count,
+        _ => 0,
+    };
+    let reset = u128::from(window_end - now_ns);
+    let charged = count.saturating_add(cost);
+    if charged <= quota {
+        let decision = allowed(quota, quota - charged, reset, 0);
+        let update = Update::Set(State::FixedWindow {
+            window_end,
+            count: charged,
+        });
+        (decision, update)
+    } else if cost > quota {
+        (rejected(quota, reset, u128::from(window)), Update::Nothing)
+    } else {
+        (rejected(quota, reset, reset), Update::Nothing)
+    }
+}
+
+/// Sliding window log: exact. Keeps, per admitted unit, the instant it stops counting
+/// (admission + `window`); admitted if `live + cost <= limit`, where `live` counts the units
+/// admitted during the last `window` (`(now - window, now]`). Hence never more than `limit`
+/// in any interval of length `window`, and the log never holds more than `limit` live entries.
+///
+/// - `limit` = `limit`; `remaining` = `limit - live - cost` after the charge.
+/// - `reset` = time until the newest entry stops counting (the quota is whole again).
+/// - rejected: `retry_after` = time until enough of the oldest entries stop counting for
+///   `cost` to fit. A `cost > limit` is never admitted; its `retry_after` is the window.
+///
+/// Memory: 8 bytes per live unit, so this algorithm suits small limits (a login rule).
+/// Reload: entries keep the window they were admitted under; a lower `limit` applies at once.
+pub fn sliding_window_log(
+    state: Option<&State>,
+    limit: &Limit,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Update) {
+    let window = window_ns(limit);
+    let quota = limit.limit;
+    let empty = VecDeque::new();
+    let log = match state {
+        Some(State::SlidingWindowLog(log)) => log.as_ref(),
+        _ => &empty,
+    };
+    // Entries are in admission order, hence sorted by expiry (the clock never goes back).
+    let expired = log.partition_point(|&expires| expires <= now_ns);
+    let live = (log.len() - expired) as u64;
+    let last_expiry = log.back().copied().unwrap_or(now_ns).max(now_ns);
+    let charged = live.saturating_add(cost);
+    if charged <= quota {
+        let expires = now_ns.saturating_add(window);
+        let newest = if cost > 0 { expires } else { last_expiry };
+        let decision = allowed(quota, quota - charged, u128::from(newest - now_ns), 0);
+        let update = Update::Log {
+            expired,
+            count: cost,
+            expires,
+        };
+        return (decision, update);
+    }
+    let reset = u128::from(last_expiry - now_ns);
+    if cost > quota {
+        return (rejected(quota, reset, u128::from(window)), Update::Nothing);
+    }
+    // `cost` fits once the `charged - quota` oldest live entries have stopped counting
+    // (at most `live` of them since `cost <= quota`).
+    let must_expire = usize::try_from(charged - quota).unwrap_or(usize::MAX);
+    let retry_after = expired
+        .checked_add(must_expire - 1)
+        .and_then(|index| log.get(index))
+        .map_or(u128::from(window), |&expires| u128::from(expires - now_ns));
+    (rejected(quota, reset, retry_after), Update::Nothing)
+}
+
+/// Sliding window counter (Cloudflare's): an O(1) estimate of the last `window`, from the
+/// counts of the current aligned window and the previous one, assuming the previous window's
+/// requests were spread evenly: `estimate = previous * (window - elapsed) / window + current`
+/// where `elapsed` is the time since the current window started. Admitted if
+/// `estimate + cost <= limit`, computed exactly in integers (no floating point).
+///
+/// - `limit` = `limit`; `remaining` = `floor(limit - estimate)` after the charge.
+/// - `reset` = time until both counts stop mattering: the end of the next window if the
+///   current window counted anything, else the end of the current one, else 0.
+/// - rejected: `retry_after` = the earliest instant at which the estimate, decaying with no
+///   further requests, leaves room for `cost`. A `cost > limit` is never admitted; its
+///   `retry_after` is the window.
+///
+/// It is an estimate: when traffic in the previous window was bunched up it admits somewhat
+/// more or fewer than an exact log would; within one aligned window it never admits more
+/// than `limit`.
+///
+/// Reload: a changed `limit` keeps the counts; a changed `window` drops them.
+pub fn sliding_window_counter(
+    state: Option<&State>,
+    limit: &Limit,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Update) {
+    let window = window_ns(limit);
+    let quota = limit.limit;
+    let start = now_ns - now_ns % window;
+    let (previous, current) = match state {
+        Some(State::SlidingWindowCounter {
+            expires,
+            previous,
+            current,
+        }) => match expires.checked_sub(window.saturating_mul(2)) {
+            Some(stored) if stored == start => (*previous, *current),
+            Some(stored) if stored.checked_add(window) == Some(start) => (*current, 0),
+            _ => (0, 0),
+        },
+        _ => (0, 0),
+    };
+    let (w, l, c) = (u128::from(window), u128::from(quota), u128::from(cost));
+    let (prev, cur) = (u128::from(previous), u128::from(current));
+    let elapsed = u128::from(now_ns - start);
+    let left_in_window = w - elapsed;
+    // All in units of 1/window of a request, so the weighting stays exact.
+    let weighted_previous = prev.saturating_mul(left_in_window);
+    let capacity = l.saturating_mul(w);
+    let used = weighted_previous.saturating_add((cur + c).saturating_mul(w));
+    if used <= capacity {
+        let remaining = (capacity - used) / w;
+        let reset = if cur + c > 0 {
+            left_in_window + w
+        } else if prev > 0 {
+            left_in_window
+        } else {
+            0
+        };
+        let decision = allowed(quota, sat(remaining), reset, 0);
+        let update = Update::Set(State::SlidingWindowCounter {
+            expires: start.saturating_add(window.saturating_mul(2)),
+            previous,
+            current: current.saturating_add(cost),
+        });
+        return (decision, update);
+    }
+    let reset = if cur > 0 {
+        left_in_window + w
+    } else {
+        left_in_window
+    };
+    if c > l {
+        return (rejected(quota, reset, w), Update::Nothing);
+    }
+    // Still in this window: need prev * (left - r) + (cur + c) * w <= l * w.
+    if cur + c <= l && prev > 0 {
+        let excess = weighted_previous - (l - cur - c) * w;
+        let r = excess.div_ceil(prev);
+        if r < left_in_window {
+            return (rejected(quota, reset, r), Update::Nothing);
+        }
+    }
+    // In the next window, x into it: need cur * (w - x) + c * w <= l * w.
+    let x = if cur + c <= l {
+        0
+    } else {
+        (w * (cur + c - l)).div_ceil(cur)
+    };
+    (rejected(quota, reset, left_in_window + x), Update::Nothing)
+}
+
+/// Token bucket: holds up to `burst` tokens, refilled continuously at `limit` per `window`;
+/// admitted if at least `cost` tokens are there, which are then taken.
+///
+/// Stored as the instant the bucket is full again (`full_at`), which makes it GCRA: with
+/// `interval = window / limit` (time per token), `tokens = burst - max(0, full_at - now) /
+/// interval`. `interval` is rounded up to a whole nanosecond, so the refill rate is never
+/// faster than configured (below 1 µs per token the error is under 0.1%; rates above 10⁹
+/// tokens a second are capped to that). Over any span `t`, at most `burst + rate * t` units
+/// are admitted.
+///
+/// - `limit` = `burst`; `remaining` = whole tokens left after the charge.
+/// - `reset` = time until the bucket is full again.
+/// - rejected: `retry_after` = time until `cost` tokens are there. A `cost > burst` is never
+///   admitted; its `retry_after` is the window.
+///
+/// Reload: the missing tokens are kept as time (`full_at`), so a new rate refills the same
+/// gap at the new speed; a smaller `burst` applies at once.
+pub fn token_bucket(
+    state: Option<&State>,
+    limit: &Limit,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Update) {
+    let full_at = match state {
+        Some(State::TokenBucket { full_at }) => *full_at,
+        _ => 0,
+    };
+    let (decision, new_full_at) = gcra_police(full_at, limit, now_ns, cost);
+    let update = match new_full_at {
+        Some(full_at) => Update::Set(State::TokenBucket { full_at }),
+        None => Update::Nothing,
+    };
+    (decision, update)
+}
+
+/// Leaky bucket, GCRA-style: requests drain at `limit` per `window`, one every
+/// `interval = window / limit` (rounded up to a whole nanosecond, as for the token bucket).
+/// The state is the theoretical arrival time `tat`: when the bucket is empty again, which is
+/// also the first free departure slot.
+///
+/// **Police** ([`LeakyMode::Police`]): the bucket level is `max(0, tat - now) / interval`
+/// requests; admitted if `level + cost <= burst`, then `tat = max(tat, now) + cost * interval`.
+/// Exactly the token bucket's arithmetic, seen from the other side: `burst` requests may be
+/// in the bucket. `limit` = `burst`; `remaining` = whole free places after the charge;
+/// `reset` = time until the bucket is empty; rejected: `retry_after` = time until `cost`
+/// fits (a `cost > burst` never does: `retry_after` is the window).
+///
+/// **Shape** ([`LeakyMode::Shape`]): a request departs at its slot `max(tat, now)`, after
+/// `delay = slot - now`, and then `tat = slot + cost * interval`, so departures are spaced by
+/// `cost * interval`. Admitted if `delay <= max_delay` and `delay <= burst * interval`: since
+/// the requests waiting their turn each hold one interval of the line (cost 1),
+/// the second bound means at most `burst` requests are waiting at any time, this one
+/// included, while the one departing now waits not at all. (With `limit = 10/s, burst = 20`
+/// the 20th waiting request departs 2 s later.) The cost of a request lengthens the wait of
+/// those behind it, not its own. Admitted: `delay` = `delay`; `limit` = `burst`;
+/// `remaining` = how many more cost-1 requests would be admitted right now; `reset` = time
+/// until the line is empty. Rejected: `retry_after` = time until the wait is short enough.
+///
+/// Reload: `tat` is kept as time, so a new rate drains the same backlog at the new speed; a
+/// change of mode keeps it too.
+pub fn leaky_bucket(
+    state: Option<&State>,
+    limit: &Limit,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Update) {
+    let tat = match state {
+        Some(State::LeakyBucket { tat }) => *tat,
+        _ => 0,
+    };
+    let (decision, new_tat) = match limit.mode {
+        LeakyMode::Police => gcra_police(tat, limit, now_ns, cost),
+        LeakyMode::Shape => gcra_shape(tat, limit, now_ns, cost),
+    };
+    let update = match new_tat {
+        Some(tat) => Update::Set(State::LeakyBucket { tat }),
+        None => Update::Nothing,
+    };
+    (decision, update)
+}
+
+/// The token bucket and the police leaky bucket: `tat` is when the bucket is full (token) or
+/// empty (leaky) again. Returns the new `tat` when admitted.
+fn gcra_police(tat: u64, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
+    let interval = u128::from(interval_ns(limit));
+    let burst = limit.burst;
+    let debt = u128::from(tat.saturating_sub(now_ns));
+    let capacity = u128::from(burst) * interval;
+    let charged = debt + u128::from(cost) * interval;
+    if charged <= capacity {
+        // Whole tokens left: burst - ceil(charged / interval).
+        let remaining = sat(capacity - charged) / interval_ns(limit);
+        let decision = allowed(burst, remaining, charged, 0);
+        return (decision, Some(sat(u128::from(now_ns) + charged)));
+    }
+    let retry_after = if cost > burst {
+        u128::from(window_ns(limit))
+    } else {
+        charged - capacity
+    };
+    (rejected(burst, debt, retry_after), None)
+}
+
+/// The shape leaky bucket (see [`leaky_bucket`]). Returns the new `tat` when admitted.
+fn gcra_shape(tat: u64, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
+    let interval = u128::from(interval_ns(limit));
+    let burst = limit.burst;
+    let delay = u128::from(tat.saturating_sub(now_ns));
+    let longest_wait = u128::from(duration_ns(limit.max_delay)).min(u128::from(burst) * interval);
+    if delay <= longest_wait {
+        let line = delay + u128::from(cost) * interval;
+        let remaining = if line <= longest_wait {
+            sat((longest_wait - line) / interval + 1).min(burst)
+        } else {
+            0
+        };
+        let decision = allowed(burst, remaining, line, delay);
+        return (decision, Some(sat(u128::from(now_ns) + line)));
+    }
+    (rejected(burst, delay, delay - longest_wait), None)
+}
+
+/// Concurrency: admitted if `in_flight + cost <= limit`; the store calls [`release`] with the
+/// same cost when the exchange ends. No window: the state expires when nothing is in flight.
+///
+/// - `limit` = `limit`; `remaining` = free slots after the charge; `reset` = 0 (unknowable).
+/// - rejected: `retry_after` = 1 s: a slot frees when some exchange ends, which cannot be
+///   predicted, and one second is the smallest `Retry-After` a client can be told. A
+///   `cost > limit` is never admitted.
+///
+/// Reload: the count in flight is kept; a lower `limit` applies to new requests.
+pub fn concurrency(state: Option<&State>, limit: &Limit, cost: u64) -> (Decision, Update) {
+    let in_flight = match state {
+        Some(State::Concurrency { in_flight }) => *in_flight,
+        _ => 0,
+    };
+    let quota = limit.limit;
+    let charged = in_flight.saturating_add(cost);
+    if charged <= quota {
+        let decision = allowed(quota, quota - charged, 0, 0);
+        let update = Update::Set(State::Concurrency { in_flight: charged });
+        return (decision, update);
+    }
+    let retry_after = u128::from(duration_ns(Duration::from_secs(1)));
+    (rejected(quota, 0, retry_after), Update::Nothing)
+}
+
+/// Gives back `cost` concurrency slots (never below 0) when an exchange ends, however it
+/// ended. Returns true when the state is now equivalent to no state (nothing in flight), so
+/// the store drops the key. Any other state is left alone: the rule changed algorithm since
+/// the request was admitted, and there is nothing to give back.
+pub fn release(state: &mut State, cost: u64) -> bool {
+    match state {
+        State::Concurrency { in_flight } => {
+            *in_flight = in_flight.saturating_sub(cost);
+            *in_flight == 0
+        }
+        _ => false,
+    }
+}
+
+/// The instant (on the store's clock) from which `state` is equivalent to no state, so the
+/// store may drop it: no decision at or after it depends on it. It needs no `Limit` because
+/// each state stores its own horizon; `u64::MAX` is never (requests in flight).
+pub fn expires_at(state: &State) -> u64 {
+    match state {
+        State::FixedWindow { window_end, .. } => *window_end,
+        State::SlidingWindowLog(log) => log.back().copied().unwrap_or(0),
+        State::SlidingWindowCounter { expires, .. } => *expires,
+        State::TokenBucket { full_at } => *full_at,
+        State::LeakyBucket { tat } => *tat,
+        State::Concurrency { in_flight: 0 } => 0,
+        State::Concurrency { .. } => u64::MAX,
+    }
+}
+
+fn allowed(limit: u64, remaining: u64, reset: u128, delay: u128) -> Decision {
+    Decision {
+        allowed: true,
+        limit,
+        remaining,
+        reset: nanos(reset),
+        retry_after: Duration::ZERO,
+        delay: nanos(delay),
+    }
+}
+
+fn rejected(limit: u64, reset: u128, retry_after: u128) -> Decision {
+    Decision {
+        allowed: false,
+        limit,
+        remaining: 0,
+        reset: nanos(reset),
+        // Never 0: a client told to retry at once would be rejected again.
+        retry_after: nanos(retry_after.max(1)),
+        delay: Duration::ZERO,
+    }
+}
+
+fn nanos(ns: u128) -> Duration {
+    Duration::from_nanos(sat(ns))
+}
+
+fn sat(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    sat(duration.as_nanos())
+}
+
+/// The window in nanoseconds; never 0, so that no division by it can fail, whatever a caller
+/// that skipped config validation passes.
+fn window_ns(limit: &Limit) -> u64 {
+    duration_ns(limit.window).max(1)
+}
+
+/// Time per unit for the buckets, rounded up so that the rate is never exceeded.
+fn interval_ns(limit: &Limit) -> u64 {
+    window_ns(limit).div_ceil(limit.limit.max(1)).max(1)
+}

@@ -1,0 +1,97 @@
+//! The floodgate command line: run the gateway, or check a config.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use floodgate::config::{Config, LogFormat};
+use floodgate::server::{build, ProcessFlags};
+
+/// An HTTP API gateway whose reason to exist is rate limiting done right.
+#[derive(Parser, Debug)]
+#[command(name = "floodgate", version)]
+struct Cli {
+    /// The gateway.toml to run.
+    #[arg(
+        short = 'c',
+        long = "config",
+        default_value = "gateway.toml",
+        global = true
+    )]
+    config: PathBuf,
+    /// Take over the listening sockets of a running floodgate (zero-downtime upgrade).
+    #[arg(short = 'u', long)]
+    upgrade: bool,
+    /// Run in the background.
+    #[arg(short = 'd', long)]
+    daemon: bool,
+    /// Unix socket used to hand listeners over on --upgrade.
+    #[arg(long, default_value = "/tmp/floodgate_upgrade.sock")]
+    upgrade_sock: String,
+    /// Where to write the pid.
+    #[arg(long, default_value = "/tmp/floodgate.pid")]
+    pid_file: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate the config and print the routes and rules in the order they are checked.
+    Check,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check) => match Config::load(&cli.config) {
+            Ok(cfg) => {
+                print!("{}", floodgate::describe::check_report(&cfg));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+        None => {
+            let cfg = match Config::load(&cli.config) {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logging(cfg.server.log_format);
+            let flags = ProcessFlags {
+                upgrade: cli.upgrade,
+                daemon: cli.daemon,
+                upgrade_sock: Some(cli.upgrade_sock),
+                pid_file: Some(cli.pid_file),
+            };
+            for w in &cfg.warnings {
+                tracing::warn!("{w}");
+            }
+            tracing::info!(config = %cfg.path.display(), listen = ?cfg.server.listen, admin = %cfg.server.admin_listen, "floodgate starting");
+            match build(cfg, &flags) {
+                Ok(server) => server.run_forever(),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The Pingora `ProxyHttp` implementation: glues routing, identity, the limiter and the
+//! responses together. It holds no policy itself.
+//!
+//! Phases, in the order Pingora calls them:
+//! `request_filter` (route, identity, rules; may answer 401/404/429 itself) →
+//! `upstream_peer` (round robin, next target on retry) → `upstream_request_filter` (forwarding
+//! headers, key stripped) → `response_filter` (RateLimit headers, request id) → `logging`
+//! (access log; concurrency slots released when the context drops).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::ErrorType;
+
+use crate::auth::{presented_key, Identity};
+use crate::client::{client_ip, request_id};
+use crate::config::{AuthMode, Config, Upstream};
+use crate::limiter::engine::{Leases, Limiter, Verdict};
+use crate::response::{send_problem, whole_seconds_at_least_one, Problem, RateLimitHeaders};
+use crate::rules::RequestView;
+
+/// State shared by every request: the current config and the counters.
+pub struct Gateway {
+    /// The config in force; a reload swaps it whole.
+    pub config: ArcSwap<Config>,
+    /// Rate-limit counters.
+    pub limiter: Limiter,
+}
+
+impl Gateway {
+    /// A gateway running `config`.
+    pub fn new(config: Config) -> Self {
+        let limiter = Limiter::new(config.store.max_keys);
+        Gateway {
+            config: ArcSwap::from_pointee(config),
+            limiter,
+        }
+    }
+}
+
+/// The proxy service.
+pub struct Proxy {
+    /// Shared state.
+    pub gateway: Arc<Gateway>,
+}
+
+/// Per-request state, carried across phases.
+pub struct RequestCtx {
+    start: Instant,
+    /// The config the request started with: a reload mid-request does not change its route.
+    config: Option<Arc<Config>>,
+    route: Option<usize>,
+    request_id: String,
+    identity: Option<Arc<Identity>>,
+    client_ip: IpAddr,
+    tls: bool,
+    key_from_bearer: bool,
+    headers: Option<RateLimitHeaders>,
+    rejected_by: Option<String>,
+    attempts: usize,
+    /// Concurrency slots: dropping the context releases them, however the exchange ends.
+    leases: Option<Leases>,
+}
+
+impl RequestCtx {
+    fn upstream(&self) -> Option<&Arc<Upstream>> {
+        let cfg = self.config.as_ref()?;
+        Some(&cfg.routes.get(self.route?)?.upstream)
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Proxy {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            start: Instant::now(),
+            config: None,
+            route: None,
+            request_id: String::new(),
+            identity: None,
+            client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            tls: false,
+            key_from_bearer: false,
+            headers: None,
+            rejected_by: None,
+            attempts: 0,
+            leases: None,
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let cfg = self.gateway.config.load_full();
+        ctx.config = Some(cfg.clone());
+        let req = session.req_header();
+        ctx.request_id = request_id(&req.headers);
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        let req = session.req_header();
+        ctx.client_ip = client_ip(peer, &req.headers, &cfg.server.trusted_proxies);
+
+        let host = request_host(req);
+        let path = req.uri.path().to_string();
+        let Some(route_idx) = cfg
+            .routes
+            .iter()
+            .position(|r| r.matches(host.as_deref(), &req.method, &path))
+        else {
+            let problem = with_id(Problem::not_found(&path), ctx);
+            self.answer(session, ctx, &problem, None).await?;
+            return Ok(true);
+        };
+        ctx.route = Some(route_idx);
+        let route = &cfg.routes[route_idx];
+
+        if route.auth != AuthMode::None {
+            let presented = presented_key(&req.headers, &cfg.auth.header);
+            ctx.key_from_bearer = presented.is_some() && req.headers.get(&cfg.auth.header).is_none();
+            match presented.map(|k| cfg.auth.keys.lookup(k)) {
+                Some(Some(identity)) => ctx.identity = Some(identity),
+                Some(None) => {
+                    let problem = with_id(Problem::unauthorized(false), ctx);
+                    self.answer(session, ctx, &problem, Some(CHALLENGE_INVALID)).await?;
+                    return Ok(true);
+                }
+                None if route.auth == AuthMode::Required => {
+                    let problem = with_id(Problem::unauthorized(true), ctx);
+                    self.answer(session, ctx, &problem, Some(CHALLENGE_MISSING)).await?;
+                    return Ok(true);
+                }
+                None => {}
+            }
+        }
+
+        if cfg.rules.is_empty() {
+            return Ok(false);
+        }
+        let req = session.req_header();
+        let view = RequestView {
+            route: &route.name,
+            method: &req.method,
+            path: &path,
+            query: req.uri.query(),
+            host: host.as_deref(),
+            headers: &req.headers,
+            ip: ctx.client_ip,
+            identity: ctx.identity.as_deref(),
+        };
+        let mut applying = Vec::new();
+        let mut checks = Vec::new();
+        for rule in &cfg.rules {
+            if rule.matches(&view) {
+                if let Some(check) = rule.check_for(&view) {
+                    applying.push(rule.clone());
+                    checks.push(check);
+                }
+            }
+        }
+        if checks.is_empty() {
+            return Ok(false);
+        }
+        let outcome = self.gateway.limiter.decide(&applying, checks);
+        for name in &outcome.shadow_rejected {
+            tracing::info!(rule = %name, request_id = %ctx.request_id, "shadow rule would have rejected the request");
+        }
+        let headers = RateLimitHeaders::build(
+            outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
+            cfg.server.legacy_headers,
+        );
+        ctx.leases = Some(outcome.leases);
+        match outcome.verdict {
+            Verdict::Allow { delay } => {
+                ctx.headers = Some(headers);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok(false)
+            }
+            Verdict::Reject { status, retry_after, rules } => {
+                let secs = whole_seconds_at_least_one(retry_after);
+                let names: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
+                ctx.rejected_by = Some(names.join(","));
+                let title = if status == 429 { "Too Many Requests" } else { "Request Rejected" };
+                let mut problem = Problem::new(
+                    "urn:floodgate:problem:rate-limited",
+                    title,
+                    status,
+                    format!("rate limit exceeded for rule(s) {}", names.join(", ")),
+                );
+                problem.violated_rules = names;
+                problem.retry_after = Some(secs);
+                let problem = with_id(problem, ctx);
+                let request_id = ctx.request_id.clone();
+                send_problem(session, &problem, |resp| {
+                    resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
+                    resp.insert_header("x-request-id", &request_id)?;
+                    headers.apply(resp)
+                })
+                .await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        let upstream = ctx
+            .upstream()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
+        // Each attempt of a request moves to the next target, so a refused target is skipped.
+        let base = if ctx.attempts == 0 {
+            upstream.next.fetch_add(1, Ordering::Relaxed)
+        } else {
+            upstream.next.load(Ordering::Relaxed).wrapping_add(ctx.attempts)
+        };
+        let addr = upstream.targets[base % upstream.targets.len()];
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        peer.options.connection_timeout = Some(upstream.connect_timeout);
+        peer.options.read_timeout = Some(upstream.read_timeout);
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(&self, _session: &mut Session, _peer: &HttpPeer, ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
+        ctx.attempts += 1;
+        let targets = ctx.upstream().map_or(1, |u| u.targets.len());
+        if ctx.attempts < targets {
+            e.set_retry(true);
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let Some(cfg) = ctx.config.clone() else { return Ok(()) };
+        // The peer is appended to the chain it sent (which we trust only as far as configured).
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_string());
+        if let Some(peer) = peer {
+            let chain = match upstream_request.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+                Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
+                _ => peer,
+            };
+            upstream_request.insert_header("x-forwarded-for", chain)?;
+        }
+        upstream_request.insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
+        upstream_request.insert_header("x-request-id", &ctx.request_id)?;
+        // Identity headers are ours alone: a client must not be able to claim one.
+        for h in ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"] {
+            upstream_request.remove_header(h);
+        }
+        if let Some(id) = &ctx.identity {
+            upstream_request.insert_header("x-floodgate-key-id", &id.id)?;
+            upstream_request.insert_header("x-floodgate-user", &id.user)?;
+            if let Some(plan) = &id.plan {
+                upstream_request.insert_header("x-floodgate-plan", plan)?;
+            }
+        }
+        if !cfg.auth.forward_key {
+            upstream_request.remove_header(&cfg.auth.header);
+            if ctx.key_from_bearer {
+                upstream_request.remove_header(&http::header::AUTHORIZATION);
+            }
+        }
+        Ok(())
+    }
+
+    async fn response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut RequestCtx) -> Result<()> {
+        resp.insert_header("x-request-id", &ctx.request_id)?;
+        if let Some(h) = &ctx.headers {
+            h.apply(resp)?;
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => 504,
+            _ => match e.esource() {
+                pingora::ErrorSource::Upstream => 502,
+                pingora::ErrorSource::Downstream => match e.etype() {
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                _ => 500,
+            },
+        };
+        if code > 0 {
+            let name = ctx.upstream().map(|u| u.name.to_string()).unwrap_or_default();
+            let problem = match code {
+                502 | 504 => Problem::upstream(code, &name),
+                400 => Problem::new("urn:floodgate:problem:bad-request", "Bad Request", 400, "the request could not be read"),
+                _ => Problem::new("urn:floodgate:problem:internal", "Internal Server Error", 500, "the gateway failed"),
+            };
+            let problem = with_id(problem, ctx);
+            if let Err(err) = self.answer(session, ctx, &problem, None).await {
+                tracing::debug!(error = %err, "could not send the error response");
+            }
+        }
+        FailToProxy { error_code: code, can_reuse_downstream: false }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        // Give concurrency slots back now rather than when Pingora drops the context.
+        ctx.leases = None;
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let req = session.req_header();
+        let route = ctx
+            .config
+            .as_ref()
+            .zip(ctx.route)
+            .and_then(|(c, i)| c.routes.get(i))
+            .map(|r| r.name.to_string());
+        tracing::info!(
+            target: "access",
+            method = %req.method,
+            path = %req.uri.path(),
+            status,
+            route = route.as_deref().unwrap_or("-"),
+            upstream = ctx.upstream().map(|u| &*u.name).unwrap_or("-"),
+            key_id = ctx.identity.as_ref().map(|i| i.id.as_str()).unwrap_or("-"),
+            client_ip = %ctx.client_ip,
+            rejected_by = ctx.rejected_by.as_deref().unwrap_or("-"),
+            request_id = %ctx.request_id,
+            latency_ms = ctx.start.elapsed().as_secs_f64() * 1000.0,
+            error = e.map(|e| e.etype().as_str()).unwrap_or("-"),
+        );
+    }
+}
+
+impl Proxy {
+    /// Sends a problem+json answer with the request id (and a WWW-Authenticate for 401s).
+    async fn answer(
+        &self,
+        session: &mut Session,
+        ctx: &RequestCtx,
+        problem: &Problem,
+        challenge: Option<&'static str>,
+    ) -> Result<()> {
+        send_problem(session, problem, |resp| {
+            resp.insert_header("x-request-id", &ctx.request_id)?;
+            if let Some(c) = challenge {
+                resp.insert_header(http::header::WWW_AUTHENTICATE, c)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn with_id(mut p: Problem, ctx: &RequestCtx) -> Problem {
+    p.request_id = Some(ctx.request_id.clone());
+    p
+}
+
+const CHALLENGE_MISSING: &str = "Bearer realm=\"floodgate\"";
+const CHALLENGE_INVALID: &str = "Bearer realm=\"floodgate\", error=\"invalid_token\"";
+
+/// The request's host: the Host header (HTTP/1.1) or the URI authority (HTTP/2).
+fn request_host(req: &RequestHeader) -> Option<String> {
+    req.headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri.authority().map(|a| a.as_str().to_string()))
+}

@@ -1,0 +1,424 @@
+//! Rate-limit rules: which rules apply to a request, and the counter key each one charges.
+//!
+//! Rules are checked in file order and every rule whose `match` fits applies. A rule keyed on
+//! something the request does not have (no API key, no such header) does not apply; that is
+//! counted so an operator can see a rule that never bites.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, Method};
+use sha2::{Digest, Sha256};
+
+use crate::auth::Identity;
+use crate::config::{host_eq, path_has_prefix};
+use crate::limiter::{Check, Limit};
+
+/// Longest key value (bytes) taken from the network; the rest is ignored. Values are hashed, so
+/// this bounds hashing work, not storage.
+pub const MAX_KEY_VALUE: usize = 1024;
+
+/// One `[[rules]]`, validated.
+#[derive(Debug)]
+pub struct Rule {
+    /// Unique name: shown in headers, metrics, logs; counters are keyed by it.
+    pub name: Arc<str>,
+    /// When the rule applies.
+    pub matcher: RuleMatch,
+    /// The parts of the counter key, in order.
+    pub key: Vec<KeyPart>,
+    /// The algorithm and its numbers.
+    pub limit: Limit,
+    /// Local (per instance) or global (shared store).
+    pub scope: Scope,
+    /// What to do when the store fails.
+    pub on_store_error: FailureMode,
+    /// Units charged per request.
+    pub cost: u64,
+    /// Evaluate and count, never reject.
+    pub shadow: bool,
+    /// Show this rule in the RateLimit headers.
+    pub headers: bool,
+    /// Status of this rule's rejections.
+    pub status: u16,
+    /// Requests the rule matched but could not key (a key part was absent).
+    pub skipped: AtomicU64,
+}
+
+/// A rule's `match`. Every field that is set must fit.
+#[derive(Debug, Default)]
+pub struct RuleMatch {
+    /// Route name.
+    pub route: Option<String>,
+    /// Exact path.
+    pub path: Option<String>,
+    /// Path prefix (segment-wise).
+    pub path_prefix: Option<String>,
+    /// Methods.
+    pub methods: Option<Vec<Method>>,
+    /// Host (port and case ignored).
+    pub host: Option<String>,
+    /// The caller's plan.
+    pub plan: Option<String>,
+    /// A header, present (and equal to the value, if given).
+    pub header: Option<(HeaderName, Option<String>)>,
+}
+
+/// One part of a counter key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The client IP.
+    Ip,
+    /// The API key's id (never the secret).
+    ApiKey,
+    /// The key's user.
+    User,
+    /// The key's plan.
+    Plan,
+    /// The route name.
+    Route,
+    /// The method.
+    Method,
+    /// The path (without query).
+    Path,
+    /// A request header's value.
+    Header(HeaderName),
+    /// A query parameter's value.
+    Query(String),
+}
+
+impl KeyPart {
+    /// Parses a key part as written in gateway.toml.
+    pub fn parse(text: &str) -> Result<KeyPart, String> {
+        Ok(match text {
+            "ip" => KeyPart::Ip,
+            "api_key" => KeyPart::ApiKey,
+            "user" => KeyPart::User,
+            "plan" => KeyPart::Plan,
+            "route" => KeyPart::Route,
+            "method" => KeyPart::Method,
+            "path" => KeyPart::Path,
+            other => {
+                if let Some(name) = other.strip_prefix("header:") {
+                    let name = HeaderName::from_bytes(name.as_bytes())
+                        .map_err(|_| format!("\"{other}\": \"{name}\" is not a valid header name"))?;
+                    KeyPart::Header(name)
+                } else if let Some(name) = other.strip_prefix("query:") {
+                    if name.is_empty() {
+                        return Err(format!("\"{other}\" names no query parameter"));
+                    }
+                    KeyPart::Query(name.to_string())
+                } else {
+                    return Err(format!(
+                        "unknown key part \"{other}\" (expected ip, api_key, user, plan, route, method, path, \"header:NAME\" or \"query:NAME\")"
+                    ));
+                }
+            }
+        })
+    }
+
+    /// The form written in gateway.toml.
+    pub fn to_config_string(&self) -> String {
+        match self {
+            KeyPart::Ip => "ip".into(),
+            KeyPart::ApiKey => "api_key".into(),
+            KeyPart::User => "user".into(),
+            KeyPart::Plan => "plan".into(),
+            KeyPart::Route => "route".into(),
+            KeyPart::Method => "method".into(),
+            KeyPart::Path => "path".into(),
+            KeyPart::Header(h) => format!("header:{h}"),
+            KeyPart::Query(q) => format!("query:{q}"),
+        }
+    }
+}
+
+/// Where a rule's counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// In this process only: never touches the store.
+    Local,
+    /// In the configured store, shared by every instance.
+    Global,
+}
+
+impl Scope {
+    /// The name used in gateway.toml.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Local => "local",
+            Scope::Global => "global",
+        }
+    }
+}
+
+/// What a global rule does when the store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Allow (and count the fail-open decision).
+    Open,
+    /// Refuse with 503.
+    Closed,
+    /// Decide in process with `limit / instances`.
+    Local,
+}
+
+impl FailureMode {
+    /// The name used in gateway.toml.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Local => "local",
+        }
+    }
+}
+
+/// What rules see of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    /// The matched route's name.
+    pub route: &'a str,
+    /// Method.
+    pub method: &'a Method,
+    /// Path without query.
+    pub path: &'a str,
+    /// Query string, if any.
+    pub query: Option<&'a str>,
+    /// Host (from the Host header or the URI authority).
+    pub host: Option<&'a str>,
+    /// Request headers.
+    pub headers: &'a HeaderMap,
+    /// Client IP (after trusted X-Forwarded-For).
+    pub ip: IpAddr,
+    /// The caller, when a valid key was presented.
+    pub identity: Option<&'a Identity>,
+}
+
+impl Rule {
+    /// Whether the rule's `match` fits the request.
+    pub fn matches(&self, req: &RequestView<'_>) -> bool {
+        let m = &self.matcher;
+        if let Some(route) = &m.route {
+            if route != req.route {
+                return false;
+            }
+        }
+        if let Some(path) = &m.path {
+            if path != req.path {
+                return false;
+            }
+        }
+        if let Some(prefix) = &m.path_prefix {
+            if !path_has_prefix(req.path, prefix) {
+                return false;
+            }
+        }
+        if let Some(methods) = &m.methods {
+            if !methods.contains(req.method) {
+                return false;
+            }
+        }
+        if let Some(host) = &m.host {
+            if !req.host.is_some_and(|h| host_eq(h, host)) {
+                return false;
+            }
+        }
+        if let Some(plan) = &m.plan {
+            if req.identity.and_then(|i| i.plan.as_deref()) != Some(plan.as_str()) {
+                return false;
+            }
+        }
+        if let Some((name, value)) = &m.header {
+            match (req.headers.get(name), value) {
+                (None, _) => return false,
+                (Some(v), Some(want)) if v.as_bytes() != want.as_bytes() => return false,
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// The counter key for this request, or `None` when a key part is absent (the rule then
+    /// does not apply). The digest covers every part with its kind and length, so values cannot
+    /// be shifted from one part into another to reach someone else's counter.
+    pub fn key_digest(&self, req: &RequestView<'_>) -> Option<u64> {
+        let mut h = Sha256::new();
+        let mut ip_buf = [0u8; 16];
+        for part in &self.key {
+            let value: &[u8] = match part {
+                KeyPart::Ip => match req.ip {
+                    IpAddr::V4(v4) => {
+                        ip_buf[..4].copy_from_slice(&v4.octets());
+                        &ip_buf[..4]
+                    }
+                    IpAddr::V6(v6) => {
+                        ip_buf = v6.octets();
+                        &ip_buf[..]
+                    }
+                },
+                KeyPart::ApiKey => req.identity?.id.as_bytes(),
+                KeyPart::User => req.identity?.user.as_bytes(),
+                KeyPart::Plan => req.identity?.plan.as_deref()?.as_bytes(),
+                KeyPart::Route => req.route.as_bytes(),
+                KeyPart::Method => req.method.as_str().as_bytes(),
+                KeyPart::Path => req.path.as_bytes(),
+                KeyPart::Header(name) => req.headers.get(name)?.as_bytes(),
+                KeyPart::Query(name) => query_param(req.query?, name)?.as_bytes(),
+            };
+            let value = &value[..value.len().min(MAX_KEY_VALUE)];
+            h.update([part_tag(part)]);
+            h.update((value.len() as u32).to_le_bytes());
+            h.update(value);
+        }
+        let digest = h.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Some(u64::from_le_bytes(first))
+    }
+
+    /// The store check for this request, or `None` when the rule cannot be keyed. Counts the
+    /// skip.
+    pub fn check_for(&self, req: &RequestView<'_>) -> Option<Check> {
+        match self.key_digest(req) {
+            Some(key) => Some(Check {
+                rule: self.name.clone(),
+                key,
+                limit: self.limit.clone(),
+                cost: self.cost,
+            }),
+            None => {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+fn part_tag(part: &KeyPart) -> u8 {
+    match part {
+        KeyPart::Ip => 1,
+        KeyPart::ApiKey => 2,
+        KeyPart::User => 3,
+        KeyPart::Plan => 4,
+        KeyPart::Route => 5,
+        KeyPart::Method => 6,
+        KeyPart::Path => 7,
+        KeyPart::Header(_) => 8,
+        KeyPart::Query(_) => 9,
+    }
+}
+
+/// The raw (not percent-decoded) value of the first `name` parameter of a query string.
+pub fn query_param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Algorithm, LeakyMode};
+    use std::time::Duration;
+
+    fn rule(key: Vec<KeyPart>, matcher: RuleMatch) -> Rule {
+        Rule {
+            name: "r".into(),
+            matcher,
+            key,
+            limit: Limit {
+                algorithm: Algorithm::FixedWindow,
+                limit: 1,
+                window: Duration::from_secs(1),
+                burst: 1,
+                mode: LeakyMode::Police,
+                max_delay: Duration::ZERO,
+            },
+            scope: Scope::Local,
+            on_store_error: FailureMode::Open,
+            cost: 1,
+            shadow: false,
+            headers: true,
+            status: 429,
+            skipped: AtomicU64::new(0),
+        }
+    }
+
+    fn view<'a>(headers: &'a HeaderMap, query: Option<&'a str>, identity: Option<&'a Identity>) -> RequestView<'a> {
+        RequestView {
+            route: "orders",
+            method: &Method::GET,
+            path: "/orders/1",
+            query,
+            host: Some("api.example.com"),
+            headers,
+            ip: "10.1.2.3".parse().unwrap(),
+            identity,
+        }
+    }
+
+    #[test]
+    fn absent_key_part_skips_and_counts() {
+        let h = HeaderMap::new();
+        let r = rule(vec![KeyPart::ApiKey], RuleMatch::default());
+        assert!(r.check_for(&view(&h, None, None)).is_none());
+        assert_eq!(r.skipped.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn composite_keys_differ_by_each_part() {
+        let h = HeaderMap::new();
+        let r = rule(vec![KeyPart::Ip, KeyPart::Query("page".into())], RuleMatch::default());
+        let a = r.key_digest(&view(&h, Some("page=1"), None)).unwrap();
+        let b = r.key_digest(&view(&h, Some("page=2"), None)).unwrap();
+        let a2 = r.key_digest(&view(&h, Some("x=9&page=1"), None)).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, a2);
+    }
+
+    #[test]
+    fn values_cannot_shift_between_parts() {
+        let mut h1 = HeaderMap::new();
+        h1.insert("a", "xy".parse().unwrap());
+        h1.insert("b", "z".parse().unwrap());
+        let mut h2 = HeaderMap::new();
+        h2.insert("a", "x".parse().unwrap());
+        h2.insert("b", "yz".parse().unwrap());
+        let parts = vec![
+            KeyPart::Header(HeaderName::from_static("a")),
+            KeyPart::Header(HeaderName::from_static("b")),
+        ];
+        let r = rule(parts, RuleMatch::default());
+        assert_ne!(r.key_digest(&view(&h1, None, None)), r.key_digest(&view(&h2, None, None)));
+    }
+
+    #[test]
+    fn match_fields_all_apply() {
+        let mut h = HeaderMap::new();
+        h.insert("x-tier", "free".parse().unwrap());
+        let m = RuleMatch {
+            route: Some("orders".into()),
+            path_prefix: Some("/orders".into()),
+            methods: Some(vec![Method::GET]),
+            header: Some((HeaderName::from_static("x-tier"), Some("free".into()))),
+            ..Default::default()
+        };
+        let r = rule(vec![KeyPart::Ip], m);
+        assert!(r.matches(&view(&h, None, None)));
+        let mut other = HeaderMap::new();
+        other.insert("x-tier", "pro".parse().unwrap());
+        assert!(!r.matches(&view(&other, None, None)));
+        let plan_rule = rule(vec![KeyPart::Ip], RuleMatch { plan: Some("pro".into()), ..Default::default() });
+        assert!(!plan_rule.matches(&view(&h, None, None)));
+    }
+
+    #[test]
+    fn query_param_takes_first_exact_name() {
+        assert_eq!(query_param("a=1&ab=2&a=3", "a"), Some("1"));
+        assert_eq!(query_param("ab=2", "a"), None);
+        assert_eq!(query_param("flag&x=1", "flag"), Some(""));
+    }
+}

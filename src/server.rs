@@ -1,0 +1,87 @@
+//! Builds and runs the Pingora server from a validated config: the proxy service on every
+//! plain (HTTP/1.1 + h2c) and TLS (HTTP/2 by ALPN) listener, and the admin service.
+
+use std::sync::Arc;
+
+use pingora::apps::HttpServerOptions;
+use pingora::listeners::tls::TlsSettings;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use pingora::services::listening::Service;
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::proxy::{Gateway, Proxy};
+
+/// Pingora's own process flags that floodgate passes through.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessFlags {
+    /// Take over the listening sockets of a running instance (`--upgrade`).
+    pub upgrade: bool,
+    /// Run in the background.
+    pub daemon: bool,
+    /// Where the upgrade socket lives (shared by the old and new process).
+    pub upgrade_sock: Option<String>,
+    /// Where the pid file is written.
+    pub pid_file: Option<String>,
+}
+
+/// Builds the server; `run_forever` on the result serves until a signal stops it.
+pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
+    let mut conf = ServerConf {
+        threads: config.server.threads,
+        daemon: flags.daemon,
+        grace_period_seconds: Some(config.server.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    if let Some(sock) = &flags.upgrade_sock {
+        conf.upgrade_sock = sock.clone();
+    }
+    if let Some(pid) = &flags.pid_file {
+        conf.pid_file = pid.clone();
+    }
+    let opt = Opt {
+        upgrade: flags.upgrade,
+        daemon: flags.daemon,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let server_conf = server.configuration.clone();
+    let tls = config.server.tls.clone();
+    let listen = config.server.listen.clone();
+    let admin_listen = config.server.admin_listen;
+    let gateway = Arc::new(Gateway::new(config));
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server_conf,
+        Proxy { gateway: gateway.clone() },
+        "floodgate proxy",
+    );
+    if let Some(app) = proxy.app_logic_mut() {
+        let mut opts = HttpServerOptions::default();
+        opts.h2c = true;
+        app.server_options = Some(opts);
+    }
+    for addr in &listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    if let Some(tls) = &tls {
+        let cert = tls.cert.to_string_lossy();
+        let key = tls.key.to_string_lossy();
+        for addr in &tls.listen {
+            let mut settings = TlsSettings::intermediate(&cert, &key)
+                .map_err(|e| format!("cannot load TLS certificate or key: {e}"))?;
+            settings.enable_h2();
+            proxy.add_tls_with_settings(&addr.to_string(), None, settings);
+        }
+    }
+    server.add_service(proxy);
+
+    let mut admin = Service::new("floodgate admin".to_string(), Admin { gateway });
+    admin.add_tcp(&admin_listen.to_string());
+    server.add_service(admin);
+    Ok(server)
+}

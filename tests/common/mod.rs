@@ -1,0 +1,240 @@
+//! Shared test harness: starts the real `floodgate` and `orders-api` binaries on free loopback
+//! ports with generated configs, waits until they answer, and stops them on drop (also when a
+//! test panics), with SIGINT so that no grace period is waited out.
+
+#![allow(dead_code)]
+
+use std::io::Write as _;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Waits until something accepts TCP connections on `addr`, or panics after `limit`.
+pub fn wait_for_port(addr: SocketAddr, limit: Duration, child: &mut Child, what: &str) {
+    let start = Instant::now();
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited before listening on {addr}: {status}");
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what} did not listen on {addr} within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Sends SIGINT (Pingora's fast shutdown) and waits; SIGKILL if it lingers.
+pub fn stop(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .arg("-INT")
+        .arg(child.id().to_string())
+        .status();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A running demo Orders API.
+pub struct OrdersApi {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl OrdersApi {
+    /// Starts one named `name` on a free port.
+    pub fn start(name: &str) -> OrdersApi {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
+            .args(["--listen", &addr.to_string(), "--name", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start orders-api");
+        wait_for_port(addr, Duration::from_secs(20), &mut child, "orders-api");
+        OrdersApi { child, addr }
+    }
+}
+
+impl Drop for OrdersApi {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// A running floodgate with its own temp folder (config, keys, pid and upgrade socket).
+pub struct Gateway {
+    child: Child,
+    /// The folder holding its files.
+    pub dir: tempfile::TempDir,
+    /// The plain listener.
+    pub addr: SocketAddr,
+    /// The admin listener.
+    pub admin: SocketAddr,
+    /// Where stderr (the logs) goes.
+    pub log: PathBuf,
+}
+
+/// The `[server]` table every test config starts with: free ports, one thread.
+pub fn server_section(addr: SocketAddr, admin: SocketAddr) -> String {
+    format!("[server]\nlisten = [\"{addr}\"]\nadmin_listen = \"{admin}\"\nthreads = 1\ngrace_period = \"1s\"\n")
+}
+
+impl Gateway {
+    /// Starts floodgate with `body` appended to a generated `[server]` table (use `extra_server`
+    /// for more `[server]` keys). Files in `files` are written next to the config first.
+    pub fn start_with(extra_server: &str, body: &str, files: &[(&str, &str)]) -> Gateway {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, content) in files {
+            std::fs::write(dir.path().join(name), content).expect("write file");
+        }
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let config = format!("{}{extra_server}\n{body}", server_section(addr, admin));
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, config).expect("write config");
+        let log = dir.path().join("floodgate.log");
+        let child = spawn_floodgate(&path, dir.path(), &log);
+        let mut gw = Gateway {
+            child,
+            dir,
+            addr,
+            admin,
+            log,
+        };
+        wait_for_port(
+            admin,
+            Duration::from_secs(30),
+            &mut gw.child,
+            "floodgate (admin)",
+        );
+        wait_for_port(addr, Duration::from_secs(30), &mut gw.child, "floodgate");
+        gw
+    }
+
+    /// Starts floodgate with `body` as everything after `[server]`.
+    pub fn start(body: &str) -> Gateway {
+        Gateway::start_with("", body, &[])
+    }
+
+    /// `http://127.0.0.1:PORT` + path.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// The admin URL for `path`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    /// What it has logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it now (drop does the same).
+    pub fn stop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// Spawns the binary for `config` with its process files in `dir` and logs to `log`.
+pub fn spawn_floodgate(config: &Path, dir: &Path, log: &Path) -> Child {
+    let log_file = std::fs::File::create(log).expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("-c")
+        .arg(config)
+        .arg("--pid-file")
+        .arg(dir.join("floodgate.pid"))
+        .arg("--upgrade-sock")
+        .arg(dir.join("upgrade.sock"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("start floodgate")
+}
+
+/// Runs `floodgate check -c FILE` on `config` text (written as gateway.toml in a temp folder,
+/// with `files` beside it) and returns (success, stdout, stderr).
+pub fn check(config: &str, files: &[(&str, &str)]) -> (bool, String, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, content) in files {
+        std::fs::write(dir.path().join(name), content).expect("write file");
+    }
+    let path = dir.path().join("gateway.toml");
+    let mut f = std::fs::File::create(&path).expect("config");
+    f.write_all(config.as_bytes()).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .expect("run floodgate check");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An upstream table and a route to it, the common case.
+pub fn orders_upstream(targets: &[SocketAddr]) -> String {
+    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+    format!("[[upstreams]]\nname = \"orders\"\ntargets = [{}]\nconnect_timeout = \"500ms\"\nread_timeout = \"2s\"\n", list.join(", "))
+}
+
+/// The demo keys: `test` (acme-prod, user acme, plan pro) and `partner` (globex-partner).
+pub const DEMO_KEYS: &str = r#"
+[[auth.keys]]
+id = "acme-prod"
+sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+user = "acme"
+plan = "pro"
+
+[[auth.keys]]
+id = "globex-partner"
+secret = "partner"
+user = "globex"
+plan = "partner"
+"#;
+
+/// A reqwest client with no proxy settings from the environment.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
