@@ -1,0 +1,39 @@
+# floodgate: the two quick-start commands are `make run` and `make test`.
+SHELL := /bin/bash
+CARGO ?= cargo
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ORDERS_LISTEN ?= 127.0.0.1:9000
+CONFIG ?= gateway.toml
+
+.PHONY: run test deps build lint check-config bench
+
+## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
+run: deps-build
+	$(CARGO) build --release --bins
+	@echo "orders-api on $(ORDERS_LISTEN); floodgate on :8080 (admin 127.0.0.1:9901). Try:"
+	@echo "  curl -H 'x-api-key: test' localhost:8080/orders"
+	@./target/release/orders-api --listen $(ORDERS_LISTEN) & oa=$$!; \
+	  trap 'kill -INT $$oa 2>/dev/null; wait $$oa 2>/dev/null' EXIT INT TERM; \
+	  ./target/release/floodgate -c $(CONFIG)
+
+## Install what the build and the tests need, then run every check and test.
+test: deps lint
+	$(CARGO) test --all-targets -- --test-threads=4
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## cmake (pingora-core's zlib-ng) for the build.
+deps-build:
+	@command -v cmake >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake; }
+
+## cmake for the build, redis-server (and redis-cli) for the Redis tests, rustfmt and clippy.
+deps: deps-build
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+## Validate the shipped configs.
+check-config:
+	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)

@@ -1,0 +1,259 @@
+//! The store's promises: all-or-nothing per request, keys bounded and expired, counters kept
+//! across reloads, slots released.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::limiter::{Algorithm, LeakyMode, Limit};
+
+const SEC: u64 = 1_000_000_000;
+
+fn store(max_keys: usize) -> (MemoryStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000 * SEC));
+    (MemoryStore::with_clock(max_keys, clock.clone()), clock)
+}
+
+fn check(rule: &str, key: u64, algorithm: Algorithm, limit: u64) -> Check {
+    Check {
+        rule: Arc::from(rule),
+        key,
+        limit: Limit {
+            algorithm,
+            limit,
+            window: Duration::from_secs(60),
+            burst: limit,
+            mode: LeakyMode::Police,
+            max_delay: Duration::ZERO,
+        },
+        cost: 1,
+    }
+}
+
+fn allowed(store: &MemoryStore, checks: &[Check]) -> Vec<bool> {
+    store.decide(checks).iter().map(|d| d.allowed).collect()
+}
+
+#[test]
+fn a_rejected_request_charges_no_rule() {
+    let (store, _) = store(1_000);
+    let roomy = check("per-ip", 1, Algorithm::TokenBucket, 10);
+    let tight = check("login", 1, Algorithm::FixedWindow, 2);
+    let both = [roomy.clone(), tight.clone()];
+    assert_eq!(allowed(&store, &both), [true, true]);
+    assert_eq!(allowed(&store, &both), [true, true]);
+    for _ in 0..5 {
+        let decisions = store.decide(&both);
+        assert!(decisions[0].allowed && !decisions[1].allowed);
+        assert_eq!(decisions[1].remaining, 0);
+    }
+    // Only the two admitted requests were charged to the roomy rule.
+    assert_eq!(store.decide(&[roomy])[0].remaining, 7);
+}
+
+#[test]
+fn every_algorithm_is_all_or_nothing() {
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+    ];
+    for algorithm in algorithms {
+        let (store, _) = store(1_000);
+        let exhausted = check("exhausted", 7, Algorithm::FixedWindow, 1);
+        assert_eq!(allowed(&store, &[exhausted.clone()]), [true]);
+        let other = check("other", 7, algorithm, 3);
+        for _ in 0..10 {
+            assert_eq!(allowed(&store, &[other.clone(), exhausted.clone()]), [true, false]);
+        }
+        let d = &store.decide(&[other])[0];
+        assert_eq!((d.allowed, d.remaining), (true, 2), "{algorithm:?}");
+    }
+}
+
+#[test]
+fn a_key_checked_twice_sees_its_own_charge() {
+    let (store, _) = store(1_000);
+    let c = check("r", 1, Algorithm::FixedWindow, 3);
+    let decisions = store.decide(&[c.clone(), c.clone()]);
+    assert_eq!(decisions[0].remaining, 2);
+    assert_eq!(decisions[1].remaining, 1);
+    assert_eq!(allowed(&store, &[c.clone(), c.clone()]), [true, false]);
+    // That request was rejected: its first half was not charged either.
+    assert_eq!(store.decide(&[c])[0].remaining, 0);
+}
+
+#[test]
+fn state_is_per_rule_and_key() {
+    let (store, _) = store(1_000);
+    assert_eq!(allowed(&store, &[check("a", 1, Algorithm::FixedWindow, 1)]), [true]);
+    assert_eq!(allowed(&store, &[check("a", 1, Algorithm::FixedWindow, 1)]), [false]);
+    assert_eq!(allowed(&store, &[check("a", 2, Algorithm::FixedWindow, 1)]), [true]);
+    assert_eq!(allowed(&store, &[check("b", 1, Algorithm::FixedWindow, 1)]), [true]);
+}
+
+#[test]
+fn a_reload_keeps_counters_unless_the_algorithm_changed() {
+    let (store, _) = store(1_000);
+    let before = check("orders", 1, Algorithm::TokenBucket, 10);
+    for _ in 0..6 {
+        store.decide(&[before.clone()]);
+    }
+    let raised = check("orders", 1, Algorithm::TokenBucket, 20);
+    assert_eq!(store.decide(&[raised])[0].remaining, 13);
+    let changed = check("orders", 1, Algorithm::FixedWindow, 10);
+    assert_eq!(store.decide(&[changed])[0].remaining, 9);
+}
+
+#[test]
+fn release_gives_slots_back_and_drops_the_key() {
+    let (store, _) = store(1_000);
+    let slot = check("exports", 9, Algorithm::Concurrency, 2);
+    assert_eq!(allowed(&store, &[slot.clone(), slot.clone()]), [true, true]);
+    assert_eq!(allowed(&store, &[slot.clone()]), [false]);
+    store.release(&slot);
+    assert_eq!(allowed(&store, &[slot.clone()]), [true]);
+    store.release(&slot);
+    store.release(&slot);
+    assert!(store.is_empty(), "nothing in flight: no state kept");
+    store.release(&slot);
+    assert_eq!(store.decide(&[slot])[0].remaining, 1);
+}
+
+#[test]
+fn idle_keys_expire() {
+    let (store, clock) = store(1_000);
+    for key in 0..100 {
+        store.decide(&[check("r", key, Algorithm::TokenBucket, 10)]);
+        store.decide(&[check("log", key, Algorithm::SlidingWindowLog, 10)]);
+    }
+    assert_eq!(store.len(), 200);
+    store.sweep();
+    assert_eq!(store.len(), 200, "still counting");
+    // A token bucket of 10 a minute refills one token in 6 s; the log forgets after 60 s.
+    clock.advance(Duration::from_secs(6));
+    store.sweep();
+    assert_eq!(store.len(), 100);
+    clock.advance(Duration::from_secs(54));
+    store.sweep();
+    assert!(store.is_empty());
+    assert_eq!(store.evictions(), 0);
+}
+
+#[test]
+fn decisions_sweep_as_they_go() {
+    let (store, clock) = store(100_000);
+    for key in 0..10_000 {
+        store.decide(&[check("r", key, Algorithm::FixedWindow, 10)]);
+    }
+    assert_eq!(store.len(), 10_000);
+    clock.advance(Duration::from_secs(120));
+    // Each shard is swept after as many operations as it holds keys.
+    for _ in 0..2 {
+        for key in 0..10_000 {
+            store.decide(&[check("other", key, Algorithm::Concurrency, 10)]);
+            store.release(&check("other", key, Algorithm::Concurrency, 10));
+        }
+    }
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn max_keys_bounds_the_store_and_counts_evictions() {
+    let (store, clock) = store(100);
+    for key in 0..100 {
+        assert_eq!(allowed(&store, &[check("r", key, Algorithm::TokenBucket, 10)]), [true]);
+    }
+    assert_eq!((store.len(), store.evictions()), (100, 0));
+    for key in 100..150 {
+        assert_eq!(allowed(&store, &[check("r", key, Algorithm::TokenBucket, 10)]), [true]);
+    }
+    assert_eq!((store.len(), store.evictions()), (100, 50));
+    // Expired keys make room without counting as evictions.
+    clock.advance(Duration::from_secs(60));
+    for key in 200..300 {
+        store.decide(&[check("r", key, Algorithm::TokenBucket, 10)]);
+    }
+    assert_eq!((store.len(), store.evictions()), (100, 50));
+}
+
+#[test]
+fn eviction_prefers_keys_closest_to_expiry_and_spares_slots_in_flight() {
+    let (store, _) = store(8);
+    let busy = check("exports", 0, Algorithm::Concurrency, 5);
+    assert_eq!(allowed(&store, &[busy.clone()]), [true]);
+    for key in 1..200 {
+        store.decide(&[check("r", key, Algorithm::TokenBucket, 10)]);
+    }
+    assert_eq!(store.len(), 8);
+    assert_eq!(store.decide(&[busy])[0].remaining, 3, "the slot in flight was kept");
+}
+
+#[test]
+fn a_request_never_evicts_its_own_keys() {
+    let (store, _) = store(1);
+    let checks = [
+        check("a", 1, Algorithm::FixedWindow, 5),
+        check("b", 1, Algorithm::FixedWindow, 5),
+    ];
+    assert_eq!(allowed(&store, &checks), [true, true]);
+    let decisions = store.decide(&checks);
+    assert_eq!((decisions[0].remaining, decisions[1].remaining), (3, 3));
+    // Over by one while a request needed it; the next new key brings it back.
+    assert_eq!(store.len(), 2);
+    store.decide(&[check("c", 1, Algorithm::FixedWindow, 5)]);
+    assert_eq!(store.len(), 1);
+}
+
+#[test]
+fn shard_capacities_sum_to_max_keys() {
+    for max_keys in [1, 7, 1_000, 1_023, 4_096, 100_000, 1_000_003] {
+        let store = MemoryStore::new(max_keys);
+        let total: usize = store.shards.iter().map(|s| s.0.lock().capacity).sum();
+        assert_eq!(total, max_keys);
+        assert!(store.shards.len().is_power_of_two() && store.shards.len() <= MAX_SHARDS);
+    }
+    assert_eq!(MemoryStore::new(0).max_keys(), 1);
+}
+
+#[test]
+fn threads_share_one_limit() {
+    let (store, _) = store(1_000);
+    let store = Arc::new(store);
+    let admitted: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                scope.spawn(move || {
+                    let checks = [
+                        check("a", 1, Algorithm::SlidingWindowLog, 500),
+                        check("b", 2, Algorithm::TokenBucket, 1_000),
+                    ];
+                    (0..200)
+                        .filter(|_| store.decide(&checks).iter().all(|d| d.allowed))
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    });
+    assert_eq!(admitted, 500);
+    let b = &store.decide(&[check("b", 2, Algorithm::TokenBucket, 1_000)])[0];
+    assert_eq!(b.remaining, 499);
+}
+
+#[test]
+fn the_production_clock_is_unix_time_and_monotonic() {
+    let clock = MonotonicClock::new();
+    let a = clock.now_ns();
+    let b = clock.now_ns();
+    assert!(b >= a);
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    assert!(a.abs_diff(unix) < 5 * SEC);
+}

@@ -1,0 +1,133 @@
+//! `floodgate check` and start-up validation: good files print routes and rules in order, bad
+//! files name file, line and column and exit non-zero.
+
+mod common;
+
+use common::check;
+
+const GOOD: &str = r#"
+[[upstreams]]
+name = "orders"
+targets = ["127.0.0.1:9000"]
+
+[[routes]]
+name = "orders"
+match = { path_prefix = "/orders" }
+upstream = "orders"
+
+[[rules]]
+name = "first"
+key = ["ip"]
+algorithm = "token_bucket"
+limit = 10
+window = "1s"
+
+[[rules]]
+name = "second"
+match = { route = "orders" }
+key = ["api_key", "header:x-tenant"]
+algorithm = "sliding_window_log"
+limit = 5
+window = "1m"
+"#;
+
+#[test]
+fn shipped_config_is_valid() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(["check", "-c", concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for rule in ["per-ip-flood", "orders-per-key", "login", "exports", "partner-smoothing"] {
+        assert!(text.contains(rule), "{rule} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn good_file_lists_rules_in_order() {
+    let (ok, out, err) = check(GOOD, &[]);
+    assert!(ok, "{err}");
+    let first = out.find("1. first").expect("first rule listed");
+    let second = out.find("2. second").expect("second rule listed");
+    assert!(first < second);
+    assert!(out.contains("key [api_key, header:x-tenant]"));
+    assert!(out.contains("1. orders: path_prefix=/orders -> upstream orders"));
+}
+
+/// Each bad file, with the line:column the error must name and a phrase of its sentence.
+#[test]
+fn bad_files_name_line_and_column() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("[server]\nlisten = [\"0.0.0.0:8080\"\n", "gateway.toml:", "expected"),
+        ("[server]\nlisten = [\"0.0.0.0:8080\"]\nthreds = 2\n", "gateway.toml:3:1", "unknown field `threds`"),
+        (
+            "[[upstreams]]\nname = \"orders\"\ntargets = [\"127.0.0.1:9000\"]\n\n[[routes]]\nname = \"r\"\nupstream = \"order\"\n",
+            "gateway.toml:7:12",
+            "not defined",
+        ),
+        (
+            "[[rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 1\nwindow = \"1 minute\"\n",
+            "gateway.toml:6:10",
+            "duration",
+        ),
+        (
+            "[[rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n\n[[rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n",
+            "gateway.toml:9:8",
+            "defined twice",
+        ),
+        (
+            "[[rules]]\nname = \"a\"\nkey = [\"ipp\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n",
+            "gateway.toml:3:8",
+            "unknown key part",
+        ),
+        (
+            "[[rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 0\nwindow = \"1s\"\n",
+            "gateway.toml:5:9",
+            "at least 1",
+        ),
+        (
+            "[[rules]]\nname = \"a\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 5\nwindow = \"1s\"\nlimt = 9\n",
+            "gateway.toml:7:1",
+            "unknown field `limt`",
+        ),
+        ("[store]\nbackend = \"redis\"\n", "gateway.toml:2:11", "needs store.url"),
+        (
+            "[[auth.keys]]\nid = \"k\"\nsha256 = \"abc\"\n",
+            "gateway.toml:3:10",
+            "64 hex digits",
+        ),
+    ];
+    for (config, location, phrase) in cases {
+        let (ok, _out, err) = check(config, &[]);
+        assert!(!ok, "accepted a bad file:\n{config}");
+        assert!(err.contains(location), "expected {location} in: {err}");
+        assert!(err.contains(phrase), "expected \"{phrase}\" in: {err}");
+    }
+}
+
+#[test]
+fn keys_file_errors_name_the_keys_file() {
+    let config = "[auth]\nkeys_file = \"keys.toml\"\n";
+    let (ok, out, err) = check(config, &[("keys.toml", "[[keys]]\nid = \"k\"\nsecret = \"s\"\n")]);
+    assert!(ok, "{err}");
+    assert!(out.contains("warning: key \"k\" uses a plaintext `secret`"));
+    let (ok, _, err) = check(config, &[("keys.toml", "[[keys]]\nid = \"k\"\nsecret = \"s\"\nplna = \"x\"\n")]);
+    assert!(!ok);
+    assert!(err.contains("keys.toml:4:1"), "{err}");
+}
+
+#[test]
+fn the_gateway_refuses_to_start_on_a_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, "[server]\nthreads = 0\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gateway.toml:2:11"), "{err}");
+}

@@ -1,0 +1,271 @@
+//! The gateway as a reverse proxy, through the real binary: routing, auth, identity headers,
+//! forwarding headers, round robin, and upstream failures.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn base(targets: &[std::net::SocketAddr]) -> String {
+    format!(
+        "{DEMO_KEYS}\n{}\n{}",
+        orders_upstream(targets),
+        r#"
+[[routes]]
+name = "login"
+match = { path = "/login", methods = ["POST"] }
+upstream = "orders"
+auth = "none"
+
+[[routes]]
+name = "debug"
+match = { path_prefix = "/debug" }
+upstream = "orders"
+auth = "optional"
+
+[[routes]]
+name = "orders"
+match = { path_prefix = "/orders" }
+upstream = "orders"
+auth = "required"
+"#
+    )
+}
+
+async fn echoed_headers(resp: reqwest::Response) -> serde_json::Map<String, Value> {
+    let v: Value = resp.json().await.expect("json");
+    v["headers"].as_object().cloned().expect("headers object")
+}
+
+#[tokio::test]
+async fn routes_auth_and_404() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&base(&[api.addr]));
+    let c = client();
+
+    // Valid hashed key through the configured header.
+    let r = c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-request-id").is_some());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["orders"][0]["id"], 1);
+
+    // Plaintext (`secret =`) key through Authorization: Bearer.
+    let r = c.get(gw.url("/orders/2")).bearer_auth("partner").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Missing key: 401 problem+json with a challenge.
+    let r = c.get(gw.url("/orders")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Bearer"));
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["status"], 401);
+
+    // Unknown key: 401 with invalid_token.
+    let r = c.get(gw.url("/orders")).header("x-api-key", "wrong").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers()["www-authenticate"].to_str().unwrap().contains("invalid_token"));
+
+    // Optional route: anonymous passes, a wrong key does not.
+    let r = c.get(gw.url("/debug/headers")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c.get(gw.url("/debug/headers")).header("x-api-key", "wrong").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+
+    // Route with auth = "none" and a method filter.
+    let r = c.post(gw.url("/login")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "the demo API has no /login, but the gateway routed it");
+    assert!(r.headers().get("x-served-by").is_some());
+    let r = c.get(gw.url("/login")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "GET /login matches no route");
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert!(r.headers().get("x-served-by").is_none());
+
+    // No route at all.
+    let r = c.get(gw.url("/nowhere")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:floodgate:problem:no-route");
+
+    // POST with a JSON body reaches the API.
+    let r = c
+        .post(gw.url("/orders"))
+        .header("x-api-key", "test")
+        .json(&serde_json::json!({"item": "filter papers", "quantity": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let created: Value = r.json().await.unwrap();
+    assert_eq!(created["item"], "filter papers");
+}
+
+#[tokio::test]
+async fn identity_headers_and_key_stripping() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&base(&[api.addr]));
+    let c = client();
+
+    let r = c
+        .get(gw.url("/debug/headers"))
+        .header("x-api-key", "test")
+        .header("x-floodgate-user", "spoofed")
+        .header("x-request-id", "trace-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-request-id"], "trace-42");
+    let h = echoed_headers(r).await;
+    assert_eq!(h["x-floodgate-key-id"], "acme-prod");
+    assert_eq!(h["x-floodgate-user"], "acme", "a client cannot claim an identity");
+    assert_eq!(h["x-floodgate-plan"], "pro");
+    assert!(!h.contains_key("x-api-key"), "the key is stripped by default");
+    assert_eq!(h["x-request-id"], "trace-42");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+
+    // Bearer keys are stripped too; an insane request id is replaced.
+    let r = c
+        .get(gw.url("/debug/headers"))
+        .bearer_auth("partner")
+        .header("x-request-id", "has spaces and is bad")
+        .send()
+        .await
+        .unwrap();
+    let id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(id.len(), 32);
+    let h = echoed_headers(r).await;
+    assert!(!h.contains_key("authorization"));
+    assert_eq!(h["x-floodgate-key-id"], "globex-partner");
+    assert_eq!(h["x-request-id"], id.as_str());
+
+    // Anonymous on an optional route: no identity headers at all.
+    let h = echoed_headers(c.get(gw.url("/debug/headers")).send().await.unwrap()).await;
+    assert!(!h.contains_key("x-floodgate-key-id"));
+}
+
+#[tokio::test]
+async fn forward_key_keeps_the_key() {
+    let api = OrdersApi::start("orders-1");
+    let body = base(&[api.addr]).replacen("[[auth.keys]]", "[auth]\nforward_key = true\n\n[[auth.keys]]", 1);
+    let gw = Gateway::start(&body);
+    let h = echoed_headers(
+        client().get(gw.url("/debug/headers")).header("x-api-key", "test").send().await.unwrap(),
+    )
+    .await;
+    assert_eq!(h["x-api-key"], "test");
+}
+
+#[tokio::test]
+async fn forwarded_for_is_believed_only_from_trusted_peers() {
+    let api = OrdersApi::start("orders-1");
+    let c = client();
+
+    // Untrusted peer (nothing trusted): the peer is the client; its XFF is kept in the chain
+    // for the upstream, with the peer appended.
+    let gw = Gateway::start(&base(&[api.addr]));
+    let h = echoed_headers(
+        c.get(gw.url("/debug/headers")).header("x-forwarded-for", "6.6.6.6").send().await.unwrap(),
+    )
+    .await;
+    assert_eq!(h["x-forwarded-for"], "6.6.6.6, 127.0.0.1");
+    drop(gw);
+
+    // Trusted loopback peer: rules see the rightmost untrusted address. A rule keyed on ip
+    // with limit 1 shows whose counter is charged.
+    let rules = r#"
+[[rules]]
+name = "per-ip"
+match = { route = "debug" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+"#;
+    let gw = Gateway::start_with(
+        "trusted_proxies = [\"127.0.0.0/8\"]",
+        &format!("{}{rules}", base(&[api.addr])),
+        &[],
+    );
+    let send = |xff: &'static str| c.get(gw.url("/debug/headers")).header("x-forwarded-for", xff).send();
+    assert_eq!(send("1.1.1.1").await.unwrap().status(), 200);
+    assert_eq!(send("1.1.1.1").await.unwrap().status(), 429, "same client IP");
+    assert_eq!(send("2.2.2.2, 127.0.0.5").await.unwrap().status(), 200, "trusted hops are skipped");
+    assert_eq!(send("1.1.1.1, 2.2.2.2").await.unwrap().status(), 429, "rightmost untrusted wins");
+    drop(gw);
+
+    // Untrusted peer sending XFF: the header is ignored for identity.
+    let gw = Gateway::start(&format!("{}{rules}", base(&[api.addr])));
+    let send = |xff: &'static str| c.get(gw.url("/debug/headers")).header("x-forwarded-for", xff).send();
+    assert_eq!(send("1.1.1.1").await.unwrap().status(), 200);
+    assert_eq!(send("3.3.3.3").await.unwrap().status(), 429, "both are the peer 127.0.0.1");
+}
+
+#[tokio::test]
+async fn round_robin_skips_refusing_targets_and_reports_502_504() {
+    let a = OrdersApi::start("orders-a");
+    let b = OrdersApi::start("orders-b");
+    let dead: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let gw = Gateway::start(&base(&[a.addr, dead, b.addr]));
+    let c = client();
+    let mut served = std::collections::BTreeMap::new();
+    for _ in 0..12 {
+        let r = c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
+        assert_eq!(r.status(), 200, "a refusing target is skipped, never surfaced");
+        let by = r.headers()["x-served-by"].to_str().unwrap().to_string();
+        *served.entry(by).or_insert(0) += 1;
+    }
+    assert_eq!(served.len(), 2, "both live targets serve: {served:?}");
+    assert!(served.values().all(|n| *n >= 3), "round robin spreads the load: {served:?}");
+    drop(gw);
+
+    // Every target down: 502 problem+json.
+    let gw = Gateway::start(&base(&[dead]));
+    let r = c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    drop(gw);
+
+    // A slow upstream past read_timeout (2s in the harness): 504.
+    let gw = Gateway::start(&base(&[a.addr]));
+    let r = c
+        .get(gw.url("/orders?delay_ms=5000"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["status"], 504);
+}
+
+#[tokio::test]
+async fn h2c_on_plain_listener() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&base(&[api.addr]));
+    let c = reqwest::Client::builder().no_proxy().http2_prior_knowledge().build().unwrap();
+    let r = c.get(gw.url("/orders/1")).header("x-api-key", "test").send().await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    let r = c.get(gw.url("/orders/1")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+#[test]
+fn secrets_never_reach_the_logs() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&base(&[api.addr]));
+    rt.block_on(async {
+        let c = client();
+        c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
+        c.get(gw.url("/orders")).header("x-api-key", "sup3r-s3cret-guess").send().await.unwrap();
+        c.get(gw.url("/orders")).bearer_auth("partner").send().await.unwrap();
+    });
+    let logs = gw.logs();
+    assert!(logs.contains("acme-prod"), "access log names the key id: {logs}");
+    assert!(!logs.contains("sup3r-s3cret-guess"));
+    assert!(!logs.contains("Bearer partner"));
+    assert!(!logs.contains("\"partner\""));
+}
