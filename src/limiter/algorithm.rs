@@ -64,11 +64,16 @@ pub enum State {
     TokenBucket {
         /// When the bucket holds `burst` tokens again if nothing more is taken.
         full_at: u64,
+        /// Nanoseconds per token when `full_at` was computed: a reload that changes the rate
+        /// converts the missing time with it, so the number of missing tokens is kept.
+        interval: u64,
     },
     /// Leaky bucket (GCRA): the theoretical arrival time of the next request.
     LeakyBucket {
         /// When the bucket will be empty (police) / the next free departure slot (shape).
         tat: u64,
+        /// Nanoseconds per request when `tat` was computed (see the token bucket's).
+        interval: u64,
     },
     /// Concurrency: requests in flight.
     Concurrency {
@@ -382,21 +387,24 @@ pub fn sliding_window_counter(
 /// - rejected: `retry_after` = time until `cost` tokens are there. A `cost > burst` is never
 ///   admitted; its `retry_after` is the window.
 ///
-/// Reload: the missing tokens are kept as time (`full_at`), so a new rate refills the same
-/// gap at the new speed; a smaller `burst` applies at once.
+/// Reload: the number of missing tokens is kept, refilled at the new rate; a smaller `burst`
+/// applies at once.
 pub fn token_bucket(
     state: Option<&State>,
     limit: &Limit,
     now_ns: u64,
     cost: u64,
 ) -> (Decision, Update) {
-    let full_at = match state {
-        Some(State::TokenBucket { full_at }) => *full_at,
+    let debt = match state {
+        Some(State::TokenBucket { full_at, interval }) => backlog(*full_at, *interval, limit, now_ns),
         _ => 0,
     };
-    let (decision, new_full_at) = gcra_police(full_at, limit, now_ns, cost);
+    let (decision, new_full_at) = gcra_police(debt, limit, now_ns, cost);
     let update = match new_full_at {
-        Some(full_at) => Update::Set(State::TokenBucket { full_at }),
+        Some(full_at) => Update::Set(State::TokenBucket {
+            full_at,
+            interval: interval_ns(limit),
+        }),
         None => Update::Nothing,
     };
     (decision, update)
@@ -425,35 +433,49 @@ pub fn token_bucket(
 /// `remaining` = how many more cost-1 requests would be admitted right now; `reset` = time
 /// until the line is empty. Rejected: `retry_after` = time until the wait is short enough.
 ///
-/// Reload: `tat` is kept as time, so a new rate drains the same backlog at the new speed; a
-/// change of mode keeps it too.
+/// Reload: the number of requests in the bucket is kept and drains at the new rate; a change
+/// of mode keeps it too.
 pub fn leaky_bucket(
     state: Option<&State>,
     limit: &Limit,
     now_ns: u64,
     cost: u64,
 ) -> (Decision, Update) {
-    let tat = match state {
-        Some(State::LeakyBucket { tat }) => *tat,
+    let backlog = match state {
+        Some(State::LeakyBucket { tat, interval }) => backlog(*tat, *interval, limit, now_ns),
         _ => 0,
     };
     let (decision, new_tat) = match limit.mode {
-        LeakyMode::Police => gcra_police(tat, limit, now_ns, cost),
-        LeakyMode::Shape => gcra_shape(tat, limit, now_ns, cost),
+        LeakyMode::Police => gcra_police(backlog, limit, now_ns, cost),
+        LeakyMode::Shape => gcra_shape(backlog, limit, now_ns, cost),
     };
     let update = match new_tat {
-        Some(tat) => Update::Set(State::LeakyBucket { tat }),
+        Some(tat) => Update::Set(State::LeakyBucket {
+            tat,
+            interval: interval_ns(limit),
+        }),
         None => Update::Nothing,
     };
     (decision, update)
 }
 
-/// The token bucket and the police leaky bucket: `tat` is when the bucket is full (token) or
-/// empty (leaky) again. Returns the new `tat` when admitted.
-fn gcra_police(tat: u64, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
+/// The time still to drain from a stored `tat` (token bucket: `full_at`) at `now`, at the
+/// rule's current rate: a backlog stored at another rate (a reload) is converted so that it
+/// counts the same number of units, rounded up.
+fn backlog(tat: u64, stored_interval: u64, limit: &Limit, now_ns: u64) -> u128 {
+    let backlog = u128::from(tat.saturating_sub(now_ns));
+    let interval = interval_ns(limit);
+    if stored_interval == interval || stored_interval == 0 {
+        return backlog;
+    }
+    (backlog * u128::from(interval)).div_ceil(u128::from(stored_interval))
+}
+
+/// The token bucket and the police leaky bucket: `debt` is the time until the bucket is full
+/// (token) or empty (leaky) again. Returns the new `tat` / `full_at` when admitted.
+fn gcra_police(debt: u128, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
     let interval = u128::from(interval_ns(limit));
     let burst = limit.burst;
-    let debt = u128::from(tat.saturating_sub(now_ns));
     let capacity = u128::from(burst) * interval;
     let charged = debt + u128::from(cost) * interval;
     if charged <= capacity {
@@ -470,11 +492,11 @@ fn gcra_police(tat: u64, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Op
     (rejected(burst, debt, retry_after), None)
 }
 
-/// The shape leaky bucket (see [`leaky_bucket`]). Returns the new `tat` when admitted.
-fn gcra_shape(tat: u64, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
+/// The shape leaky bucket (see [`leaky_bucket`]): `delay` is the wait until the next free
+/// slot. Returns the new `tat` when admitted.
+fn gcra_shape(delay: u128, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
     let interval = u128::from(interval_ns(limit));
     let burst = limit.burst;
-    let delay = u128::from(tat.saturating_sub(now_ns));
     let longest_wait = u128::from(duration_ns(limit.max_delay)).min(u128::from(burst) * interval);
     if delay <= longest_wait {
         let line = delay + u128::from(cost) * interval;
@@ -536,8 +558,8 @@ pub fn expires_at(state: &State) -> u64 {
         State::FixedWindow { window_end, .. } => *window_end,
         State::SlidingWindowLog(log) => log.back().copied().unwrap_or(0),
         State::SlidingWindowCounter { expires, .. } => *expires,
-        State::TokenBucket { full_at } => *full_at,
-        State::LeakyBucket { tat } => *tat,
+        State::TokenBucket { full_at, .. } => *full_at,
+        State::LeakyBucket { tat, .. } => *tat,
         State::Concurrency { in_flight: 0 } => 0,
         State::Concurrency { .. } => u64::MAX,
     }
