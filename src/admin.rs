@@ -11,7 +11,9 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use subtle::ConstantTimeEq;
 
-use crate::proxy::Gateway;
+use crate::describe;
+use crate::gateway::{Gateway, ReloadStatus};
+use crate::metrics::metrics;
 use crate::response::{Problem, PROBLEM_JSON};
 
 /// The admin HTTP application.
@@ -27,7 +29,11 @@ impl ServeHttp for Admin {
         let path = req.uri.path().to_string();
         let method = req.method.clone();
         if path == "/healthz" {
-            return text(StatusCode::OK, "text/plain; charset=utf-8", b"ok\n".to_vec());
+            return text(
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                b"ok\n".to_vec(),
+            );
         }
         let cfg = self.gateway.config.load();
         if let Some(token) = &cfg.server.admin_token {
@@ -51,17 +57,61 @@ impl ServeHttp for Admin {
                 return resp;
             }
         }
+        let query = req.uri.query().unwrap_or("").to_string();
         match (method.as_str(), path.as_str()) {
             ("GET", "/readyz") => {
+                let st = self.gateway.reload_status();
                 let body = serde_json::json!({
                     "status": "ready",
                     "config": cfg.path.display().to_string(),
-                    "store": cfg.store.backend.as_str(),
+                    "store": {"backend": cfg.store.backend.as_str(), "up": metrics().store_up.get() == 1},
                     "routes": cfg.routes.len(),
                     "rules": cfg.rules.len(),
+                    "reload": reload_json(&st),
                 });
                 json(StatusCode::OK, &body)
             }
+            ("GET", "/metrics") => {
+                let m = metrics();
+                let store = self.gateway.limiter.memory();
+                m.memory_keys.set(store.len() as i64);
+                m.memory_evictions.set(store.evictions() as i64);
+                text(StatusCode::OK, "text/plain; version=0.0.4", m.render())
+            }
+            ("GET", "/rules") if query.split('&').any(|p| p == "format=markdown") => text(
+                StatusCode::OK,
+                "text/markdown; charset=utf-8",
+                describe::rules_markdown(&cfg).into_bytes(),
+            ),
+            ("GET", "/rules") => {
+                let rules: Vec<serde_json::Value> =
+                    cfg.rules.iter().map(|r| describe::rule_json(r)).collect();
+                json(StatusCode::OK, &serde_json::json!({ "rules": rules }))
+            }
+            ("GET", "/diagram") => text(
+                StatusCode::OK,
+                "text/vnd.mermaid; charset=utf-8",
+                describe::diagram(&cfg).into_bytes(),
+            ),
+            ("POST", "/reload") => match self.gateway.reload("POST /reload").await {
+                Ok(st) => json(
+                    StatusCode::OK,
+                    &serde_json::json!({"result": "success", "reload": reload_json(&st)}),
+                ),
+                Err(e) => {
+                    let p = Problem::new(
+                        "urn:floodgate:problem:invalid-config",
+                        "Invalid Config",
+                        422,
+                        format!("{e}; the previous config stays in force"),
+                    );
+                    text(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        PROBLEM_JSON,
+                        p.to_body().to_vec(),
+                    )
+                }
+            },
             _ => {
                 let p = Problem::new(
                     "urn:floodgate:problem:no-route",
@@ -75,6 +125,15 @@ impl ServeHttp for Admin {
     }
 }
 
+fn reload_json(st: &ReloadStatus) -> serde_json::Value {
+    serde_json::json!({
+        "generation": st.generation,
+        "last_success_unix": st.last_success_unix,
+        "last_error": st.last_error,
+        "restart_required": st.restart_required,
+    })
+}
+
 /// A response with a body and its Content-Length.
 pub fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     let mut resp = Response::new(body);
@@ -83,7 +142,8 @@ pub fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<V
         resp.headers_mut().insert(http::header::CONTENT_TYPE, v);
     }
     let len = resp.body().len();
-    resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    resp.headers_mut()
+        .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
     resp
 }
 

@@ -106,8 +106,14 @@ pub fn presented_key<'h>(headers: &'h HeaderMap, header: &HeaderName) -> Option<
 }
 
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
     &v[start..end]
 }
 
@@ -118,7 +124,11 @@ mod tests {
     fn store() -> KeyStore {
         KeyStore::new(vec![ApiKey {
             digest: digest_of("test"),
-            identity: Arc::new(Identity { id: "acme-prod".into(), user: "acme".into(), plan: Some("pro".into()) }),
+            identity: Arc::new(Identity {
+                id: "acme-prod".into(),
+                user: "acme".into(),
+                plan: Some("pro".into()),
+            }),
         }])
     }
 
@@ -129,7 +139,10 @@ mod tests {
         assert!(s.lookup(b"tes").is_none());
         assert!(s.lookup(b"").is_none());
         // The documented example digest is SHA-256("test").
-        assert_eq!(hex::encode(digest_of("test")), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+        assert_eq!(
+            hex::encode(digest_of("test")),
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+        );
     }
 
     #[test]

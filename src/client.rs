@@ -16,9 +16,13 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
     }
     let mut client = peer;
     for value in headers.get_all("x-forwarded-for").iter().rev() {
-        let Ok(text) = value.to_str() else { return client };
+        let Ok(text) = value.to_str() else {
+            return client;
+        };
         for hop in text.rsplit(',') {
-            let Some(ip) = parse_hop(hop) else { return client };
+            let Some(ip) = parse_hop(hop) else {
+                return client;
+            };
             client = ip;
             if !is_trusted(&ip) {
                 return ip;
@@ -50,7 +54,8 @@ pub fn request_id(headers: &HeaderMap) -> String {
         let b = v.as_bytes();
         if !b.is_empty()
             && b.len() <= MAX_REQUEST_ID
-            && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
         {
             // Checked to be ASCII above.
             return String::from_utf8_lossy(b).into_owned();
@@ -88,9 +93,15 @@ mod tests {
         let got = client_ip(peer, &xff("6.6.6.6, 1.2.3.4, 10.0.0.7"), &trusted);
         assert_eq!(got, "1.2.3.4".parse::<IpAddr>().unwrap());
         assert_eq!(client_ip(peer, &HeaderMap::new(), &trusted), peer);
-        assert_eq!(client_ip(peer, &xff("[2001:db8::1]:443"), &trusted), "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            client_ip(peer, &xff("[2001:db8::1]:443"), &trusted),
+            "2001:db8::1".parse::<IpAddr>().unwrap()
+        );
         // Garbage stops the walk at the last good hop.
-        assert_eq!(client_ip(peer, &xff("junk, 10.0.0.9"), &trusted), "10.0.0.9".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            client_ip(peer, &xff("junk, 10.0.0.9"), &trusted),
+            "10.0.0.9".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]

@@ -19,7 +19,10 @@ pub fn route_match(r: &Route) -> String {
         parts.push(format!("path_prefix={p}"));
     }
     if let Some(m) = &r.methods {
-        parts.push(format!("methods={}", m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")));
+        parts.push(format!(
+            "methods={}",
+            m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")
+        ));
     }
     if parts.is_empty() {
         "any request".to_string()
@@ -45,7 +48,10 @@ pub fn rule_match(r: &Rule) -> String {
         parts.push(format!("path_prefix={v}"));
     }
     if let Some(v) = &m.methods {
-        parts.push(format!("methods={}", v.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")));
+        parts.push(format!(
+            "methods={}",
+            v.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")
+        ));
     }
     if let Some(v) = &m.plan {
         parts.push(format!("plan={v}"));
@@ -84,8 +90,13 @@ pub fn rule_limit(r: &Rule) -> String {
 /// A duration the way gateway.toml writes it.
 pub fn humantime(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    for (unit, size) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-        if ms >= size && ms % size == 0 {
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -112,7 +123,10 @@ pub fn check_report(cfg: &Config) -> String {
             r.auth.as_str()
         );
     }
-    let _ = writeln!(out, "rules (checked in order; every matching rule applies):");
+    let _ = writeln!(
+        out,
+        "rules (checked in order; every matching rule applies):"
+    );
     for (i, r) in cfg.rules.iter().enumerate() {
         let keys: Vec<String> = r.key.iter().map(|k| k.to_config_string()).collect();
         let _ = writeln!(
@@ -130,6 +144,168 @@ pub fn check_report(cfg: &Config) -> String {
         );
     }
     out
+}
+
+/// A rule as the admin API's JSON shows it.
+pub fn rule_json(r: &Rule) -> serde_json::Value {
+    let m = &r.matcher;
+    let mut matcher = serde_json::Map::new();
+    let mut put = |k: &str, v: Option<serde_json::Value>| {
+        if let Some(v) = v {
+            matcher.insert(k.to_string(), v);
+        }
+    };
+    put("route", m.route.clone().map(Into::into));
+    put("host", m.host.clone().map(Into::into));
+    put("path", m.path.clone().map(Into::into));
+    put("path_prefix", m.path_prefix.clone().map(Into::into));
+    put(
+        "methods",
+        m.methods
+            .as_ref()
+            .map(|v| v.iter().map(|m| m.as_str()).collect::<Vec<_>>().into()),
+    );
+    put("plan", m.plan.clone().map(Into::into));
+    put(
+        "header",
+        m.header
+            .as_ref()
+            .map(|(n, v)| serde_json::json!({"name": n.as_str(), "value": v})),
+    );
+    let l = &r.limit;
+    let mut v = serde_json::json!({
+        "name": &*r.name,
+        "match": matcher,
+        "key": r.key.iter().map(|k| k.to_config_string()).collect::<Vec<_>>(),
+        "algorithm": l.algorithm.as_str(),
+        "limit": l.limit,
+        "scope": r.scope.as_str(),
+        "on_store_error": r.on_store_error.as_str(),
+        "cost": r.cost,
+        "shadow": r.shadow,
+        "headers": r.headers,
+        "status": r.status,
+    });
+    if l.algorithm != Algorithm::Concurrency {
+        v["window"] = humantime(l.window).into();
+    }
+    if matches!(l.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+        v["burst"] = l.burst.into();
+    }
+    if l.algorithm == Algorithm::LeakyBucket {
+        v["mode"] = match l.mode {
+            LeakyMode::Police => "police",
+            LeakyMode::Shape => "shape",
+        }
+        .into();
+        if l.mode == LeakyMode::Shape {
+            v["max_delay"] = humantime(l.max_delay).into();
+        }
+    }
+    v
+}
+
+/// The rules, in the order they are checked, as a Markdown table.
+pub fn rules_markdown(cfg: &Config) -> String {
+    let mut out = String::from(
+        "| # | rule | match | key | algorithm | limit | scope | on store error | shadow |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (i, r) in cfg.rules.iter().enumerate() {
+        let keys: Vec<String> = r.key.iter().map(|k| k.to_config_string()).collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            i + 1,
+            md(&r.name),
+            md(&rule_match(r)),
+            md(&keys.join(", ")),
+            r.limit.algorithm.as_str(),
+            md(&rule_limit(r)),
+            r.scope.as_str(),
+            r.on_store_error.as_str(),
+            if r.shadow { "yes" } else { "no" }
+        );
+    }
+    out
+}
+
+fn md(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// Text safe inside a quoted Mermaid label.
+fn mermaid(s: &str) -> String {
+    s.replace('"', "#quot;")
+        .replace('<', "#lt;")
+        .replace('>', "#gt;")
+}
+
+/// A Mermaid flowchart of the request path: clients, floodgate, the rules in order (each can
+/// reject to 429), the upstreams, the store and metrics.
+pub fn diagram(cfg: &Config) -> String {
+    let mut out = String::from("flowchart LR\n");
+    let _ = writeln!(out, "    clients([clients]) --> gw[floodgate]");
+    let _ = writeln!(
+        out,
+        "    gw --> route{{\"route: {} routes, first match\"}}",
+        cfg.routes.len()
+    );
+    let _ = writeln!(out, "    route -- no route --> nf[404]");
+    let _ = writeln!(out, "    route --> auth{{\"API key\"}}");
+    let _ = writeln!(out, "    auth -- missing or invalid --> ua[401]");
+    let _ = writeln!(out, "    rej[\"429 Too Many Requests + Retry-After\"]");
+    let mut prev = "auth".to_string();
+    for (i, r) in cfg.rules.iter().enumerate() {
+        let id = format!("r{}", i + 1);
+        let shadow = if r.shadow { " (shadow)" } else { "" };
+        let _ = writeln!(
+            out,
+            "    {prev} --> {id}[\"{}. {}{}<br/>{}<br/>key: {}\"]",
+            i + 1,
+            mermaid(&r.name),
+            shadow,
+            mermaid(&rule_limit(r)),
+            mermaid(
+                &r.key
+                    .iter()
+                    .map(|k| k.to_config_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        );
+        if !r.shadow {
+            let _ = writeln!(out, "    {id} -- over limit --> rej");
+        }
+        if r.scope == crate::rules::Scope::Global {
+            let _ = writeln!(out, "    {id} -.- store");
+        }
+        prev = id;
+    }
+    let _ = writeln!(out, "    {prev} -- allowed --> upstreams");
+    let _ = writeln!(out, "    subgraph upstreams");
+    for u in &cfg.upstreams {
+        let _ = writeln!(
+            out,
+            "        u_{}[\"{}: {} target(s)\"]",
+            sanitize(&u.name),
+            mermaid(&u.name),
+            u.targets.len()
+        );
+    }
+    let _ = writeln!(out, "    end");
+    let _ = writeln!(
+        out,
+        "    store[(\"store: {}\")]",
+        cfg.store.backend.as_str()
+    );
+    let _ = writeln!(out, "    prom[Prometheus] -.-> |/metrics| gw");
+    out
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 #[cfg(test)]

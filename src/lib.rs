@@ -3,13 +3,16 @@
 //! The request path and module layout are described in the README; each module owns one
 //! concern and the proxy glues them together.
 
+pub mod admin;
 pub mod auth;
-pub mod config;
-pub mod limiter;
-pub mod rules;
 pub mod client;
+pub mod config;
+pub mod describe;
+pub mod gateway;
+pub mod limiter;
+pub mod metrics;
 pub mod proxy;
 pub mod response;
-pub mod admin;
+pub mod rules;
 pub mod server;
-pub mod describe;
+pub mod shutdown;

@@ -39,6 +39,8 @@ struct Cli {
 enum Command {
     /// Validate the config and print the routes and rules in the order they are checked.
     Check,
+    /// Print a Mermaid flowchart of the request path and the rules.
+    Diagram,
 }
 
 fn init_logging(format: LogFormat) {
@@ -59,6 +61,16 @@ fn main() -> ExitCode {
         Some(Command::Check) => match Config::load(&cli.config) {
             Ok(cfg) => {
                 print!("{}", floodgate::describe::check_report(&cfg));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Some(Command::Diagram) => match Config::load(&cli.config) {
+            Ok(cfg) => {
+                print!("{}", floodgate::describe::diagram(&cfg));
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
@@ -22,28 +21,11 @@ use pingora::ErrorType;
 use crate::auth::{presented_key, Identity};
 use crate::client::{client_ip, request_id};
 use crate::config::{AuthMode, Config, Upstream};
-use crate::limiter::engine::{Leases, Limiter, Verdict};
+use crate::gateway::Gateway;
+use crate::limiter::engine::{Leases, Verdict};
+use crate::metrics::metrics;
 use crate::response::{send_problem, whole_seconds_at_least_one, Problem, RateLimitHeaders};
 use crate::rules::RequestView;
-
-/// State shared by every request: the current config and the counters.
-pub struct Gateway {
-    /// The config in force; a reload swaps it whole.
-    pub config: ArcSwap<Config>,
-    /// Rate-limit counters.
-    pub limiter: Limiter,
-}
-
-impl Gateway {
-    /// A gateway running `config`.
-    pub fn new(config: Config) -> Self {
-        let limiter = Limiter::new(config.store.max_keys);
-        Gateway {
-            config: ArcSwap::from_pointee(config),
-            limiter,
-        }
-    }
-}
 
 /// The proxy service.
 pub struct Proxy {
@@ -65,6 +47,7 @@ pub struct RequestCtx {
     headers: Option<RateLimitHeaders>,
     rejected_by: Option<String>,
     attempts: usize,
+    upstream_start: Option<Instant>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     leases: Option<Leases>,
 }
@@ -93,6 +76,7 @@ impl ProxyHttp for Proxy {
             headers: None,
             rejected_by: None,
             attempts: 0,
+            upstream_start: None,
             leases: None,
         }
     }
@@ -126,17 +110,20 @@ impl ProxyHttp for Proxy {
 
         if route.auth != AuthMode::None {
             let presented = presented_key(&req.headers, &cfg.auth.header);
-            ctx.key_from_bearer = presented.is_some() && req.headers.get(&cfg.auth.header).is_none();
+            ctx.key_from_bearer =
+                presented.is_some() && req.headers.get(&cfg.auth.header).is_none();
             match presented.map(|k| cfg.auth.keys.lookup(k)) {
                 Some(Some(identity)) => ctx.identity = Some(identity),
                 Some(None) => {
                     let problem = with_id(Problem::unauthorized(false), ctx);
-                    self.answer(session, ctx, &problem, Some(CHALLENGE_INVALID)).await?;
+                    self.answer(session, ctx, &problem, Some(CHALLENGE_INVALID))
+                        .await?;
                     return Ok(true);
                 }
                 None if route.auth == AuthMode::Required => {
                     let problem = with_id(Problem::unauthorized(true), ctx);
-                    self.answer(session, ctx, &problem, Some(CHALLENGE_MISSING)).await?;
+                    self.answer(session, ctx, &problem, Some(CHALLENGE_MISSING))
+                        .await?;
                     return Ok(true);
                 }
                 None => {}
@@ -170,7 +157,11 @@ impl ProxyHttp for Proxy {
         if checks.is_empty() {
             return Ok(false);
         }
+        let started = Instant::now();
         let outcome = self.gateway.limiter.decide(&applying, checks);
+        metrics()
+            .decision_seconds
+            .observe(started.elapsed().as_secs_f64());
         for name in &outcome.shadow_rejected {
             tracing::info!(rule = %name, request_id = %ctx.request_id, "shadow rule would have rejected the request");
         }
@@ -187,11 +178,19 @@ impl ProxyHttp for Proxy {
                 }
                 Ok(false)
             }
-            Verdict::Reject { status, retry_after, rules } => {
+            Verdict::Reject {
+                status,
+                retry_after,
+                rules,
+            } => {
                 let secs = whole_seconds_at_least_one(retry_after);
                 let names: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
                 ctx.rejected_by = Some(names.join(","));
-                let title = if status == 429 { "Too Many Requests" } else { "Request Rejected" };
+                let title = if status == 429 {
+                    "Too Many Requests"
+                } else {
+                    "Request Rejected"
+                };
                 let mut problem = Problem::new(
                     "urn:floodgate:problem:rate-limited",
                     title,
@@ -213,7 +212,11 @@ impl ProxyHttp for Proxy {
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         let upstream = ctx
             .upstream()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
@@ -221,7 +224,10 @@ impl ProxyHttp for Proxy {
         let base = if ctx.attempts == 0 {
             upstream.next.fetch_add(1, Ordering::Relaxed)
         } else {
-            upstream.next.load(Ordering::Relaxed).wrapping_add(ctx.attempts)
+            upstream
+                .next
+                .load(Ordering::Relaxed)
+                .wrapping_add(ctx.attempts)
         };
         let addr = upstream.targets[base % upstream.targets.len()];
         let mut peer = HttpPeer::new(addr, false, String::new());
@@ -230,7 +236,13 @@ impl ProxyHttp for Proxy {
         Ok(Box::new(peer))
     }
 
-    fn fail_to_connect(&self, _session: &mut Session, _peer: &HttpPeer, ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
         ctx.attempts += 1;
         let targets = ctx.upstream().map_or(1, |u| u.targets.len());
         if ctx.attempts < targets {
@@ -245,20 +257,28 @@ impl ProxyHttp for Proxy {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let Some(cfg) = ctx.config.clone() else { return Ok(()) };
+        let Some(cfg) = ctx.config.clone() else {
+            return Ok(());
+        };
         // The peer is appended to the chain it sent (which we trust only as far as configured).
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip().to_string());
         if let Some(peer) = peer {
-            let chain = match upstream_request.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            let chain = match upstream_request
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
                 Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
                 _ => peer,
             };
             upstream_request.insert_header("x-forwarded-for", chain)?;
         }
-        upstream_request.insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
+        ctx.upstream_start = Some(Instant::now());
+        upstream_request
+            .insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
         upstream_request.insert_header("x-request-id", &ctx.request_id)?;
         // Identity headers are ours alone: a client must not be able to claim one.
         for h in ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"] {
@@ -280,7 +300,27 @@ impl ProxyHttp for Proxy {
         Ok(())
     }
 
-    async fn response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut RequestCtx) -> Result<()> {
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        _upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
+            metrics()
+                .upstream_seconds
+                .with_label_values(&[&*upstream.name])
+                .observe(start.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
         resp.insert_header("x-request-id", &ctx.request_id)?;
         if let Some(h) = &ctx.headers {
             h.apply(resp)?;
@@ -288,7 +328,12 @@ impl ProxyHttp for Proxy {
         Ok(())
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => 504,
@@ -302,18 +347,37 @@ impl ProxyHttp for Proxy {
             },
         };
         if code > 0 {
-            let name = ctx.upstream().map(|u| u.name.to_string()).unwrap_or_default();
+            let name = ctx
+                .upstream()
+                .map(|u| u.name.to_string())
+                .unwrap_or_default();
             let problem = match code {
                 502 | 504 => Problem::upstream(code, &name),
-                400 => Problem::new("urn:floodgate:problem:bad-request", "Bad Request", 400, "the request could not be read"),
-                _ => Problem::new("urn:floodgate:problem:internal", "Internal Server Error", 500, "the gateway failed"),
+                400 => Problem::new(
+                    "urn:floodgate:problem:bad-request",
+                    "Bad Request",
+                    400,
+                    "the request could not be read",
+                ),
+                _ => Problem::new(
+                    "urn:floodgate:problem:internal",
+                    "Internal Server Error",
+                    500,
+                    "the gateway failed",
+                ),
             };
             let problem = with_id(problem, ctx);
+            // Pingora will not reuse this connection: say so, or a keep-alive client may send
+            // its next request into a socket that is being closed.
+            session.set_keepalive(None);
             if let Err(err) = self.answer(session, ctx, &problem, None).await {
                 tracing::debug!(error = %err, "could not send the error response");
             }
         }
-        FailToProxy { error_code: code, can_reuse_downstream: false }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
@@ -327,6 +391,11 @@ impl ProxyHttp for Proxy {
             .zip(ctx.route)
             .and_then(|(c, i)| c.routes.get(i))
             .map(|r| r.name.to_string());
+        let mut status_buf = itoa_status(status);
+        metrics()
+            .requests
+            .with_label_values(&[route.as_deref().unwrap_or("-"), status_str(&mut status_buf)])
+            .inc();
         tracing::info!(
             target: "access",
             method = %req.method,
@@ -362,6 +431,20 @@ impl Proxy {
         })
         .await
     }
+}
+
+/// A status code's three digits without allocating (this runs for every request).
+fn itoa_status(status: u16) -> [u8; 3] {
+    let s = status.min(999);
+    [
+        b'0' + (s / 100) as u8,
+        b'0' + (s / 10 % 10) as u8,
+        b'0' + (s % 10) as u8,
+    ]
+}
+
+fn status_str(buf: &mut [u8; 3]) -> &str {
+    std::str::from_utf8(buf).unwrap_or("000")
 }
 
 fn with_id(mut p: Problem, ctx: &RequestCtx) -> Problem {

@@ -41,7 +41,12 @@ pub struct Problem {
 
 impl Problem {
     /// A problem with the standard fields only.
-    pub fn new(kind: &'static str, title: &'static str, status: u16, detail: impl Into<String>) -> Self {
+    pub fn new(
+        kind: &'static str,
+        title: &'static str,
+        status: u16,
+        detail: impl Into<String>,
+    ) -> Self {
         Problem {
             kind,
             title,
@@ -55,7 +60,12 @@ impl Problem {
 
     /// 404: no route matches.
     pub fn not_found(path: &str) -> Self {
-        Problem::new("urn:floodgate:problem:no-route", "Not Found", 404, format!("no route matches {path}"))
+        Problem::new(
+            "urn:floodgate:problem:no-route",
+            "Not Found",
+            404,
+            format!("no route matches {path}"),
+        )
     }
 
     /// 401: missing or unknown API key.
@@ -65,15 +75,26 @@ impl Problem {
         } else {
             "the API key is not valid"
         };
-        Problem::new("urn:floodgate:problem:unauthorized", "Unauthorized", 401, detail)
+        Problem::new(
+            "urn:floodgate:problem:unauthorized",
+            "Unauthorized",
+            401,
+            detail,
+        )
     }
 
     /// 502/504: the upstream failed.
     pub fn upstream(status: u16, upstream: &str) -> Self {
         let (title, detail) = if status == 504 {
-            ("Gateway Timeout", format!("upstream \"{upstream}\" did not answer in time"))
+            (
+                "Gateway Timeout",
+                format!("upstream \"{upstream}\" did not answer in time"),
+            )
         } else {
-            ("Bad Gateway", format!("upstream \"{upstream}\" could not be reached or failed"))
+            (
+                "Bad Gateway",
+                format!("upstream \"{upstream}\" could not be reached or failed"),
+            )
         };
         Problem::new("urn:floodgate:problem:upstream", title, status, detail)
     }
@@ -81,7 +102,9 @@ impl Problem {
     /// The JSON body.
     pub fn to_body(&self) -> Bytes {
         // Serializing plain strings and numbers cannot fail; fall back to a minimal body anyway.
-        serde_json::to_vec(self).map(Bytes::from).unwrap_or_else(|_| Bytes::from_static(b"{}"))
+        serde_json::to_vec(self)
+            .map(Bytes::from)
+            .unwrap_or_else(|_| Bytes::from_static(b"{}"))
     }
 }
 
@@ -110,7 +133,10 @@ pub struct RateLimitHeaders {
 impl RateLimitHeaders {
     /// Builds the fields. `q` is the rule's limit, `w` its window in seconds (omitted for
     /// concurrency, which has none), `r` what is left, `t` seconds until it is all back.
-    pub fn build<'a>(applied: impl Iterator<Item = (&'a Rule, &'a Decision)>, legacy: bool) -> Self {
+    pub fn build<'a>(
+        applied: impl Iterator<Item = (&'a Rule, &'a Decision)>,
+        legacy: bool,
+    ) -> Self {
         let mut h = RateLimitHeaders::default();
         let mut tightest: Option<(u64, u64, u64)> = None;
         for (rule, d) in applied {
@@ -122,7 +148,11 @@ impl RateLimitHeaders {
             if !rule.limit.window.is_zero() {
                 let _ = write!(h.policy, ";w={}", ceil_secs(rule.limit.window).max(1));
             }
-            let t = ceil_secs(if d.allowed { d.reset } else { d.retry_after.max(d.reset) });
+            let t = ceil_secs(if d.allowed {
+                d.reset
+            } else {
+                d.retry_after.max(d.reset)
+            });
             let _ = write!(h.state, "{sep}\"{}\";r={};t={}", rule.name, d.remaining, t);
             if legacy {
                 let candidate = (rule.limit.limit, d.remaining, t);

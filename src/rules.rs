@@ -5,7 +5,6 @@
 //! counted so an operator can see a rule that never bites.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, Method};
@@ -14,6 +13,7 @@ use sha2::{Digest, Sha256};
 use crate::auth::Identity;
 use crate::config::{host_eq, path_has_prefix};
 use crate::limiter::{Check, Limit};
+use crate::metrics::RuleCounters;
 
 /// Longest key value (bytes) taken from the network; the rest is ignored. Values are hashed, so
 /// this bounds hashing work, not storage.
@@ -42,8 +42,8 @@ pub struct Rule {
     pub headers: bool,
     /// Status of this rule's rejections.
     pub status: u16,
-    /// Requests the rule matched but could not key (a key part was absent).
-    pub skipped: AtomicU64,
+    /// Its decision counters (allowed, rejected, skipped, failure modes).
+    pub counters: RuleCounters,
 }
 
 /// A rule's `match`. Every field that is set must fit.
@@ -101,8 +101,9 @@ impl KeyPart {
             "path" => KeyPart::Path,
             other => {
                 if let Some(name) = other.strip_prefix("header:") {
-                    let name = HeaderName::from_bytes(name.as_bytes())
-                        .map_err(|_| format!("\"{other}\": \"{name}\" is not a valid header name"))?;
+                    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        format!("\"{other}\": \"{name}\" is not a valid header name")
+                    })?;
                     KeyPart::Header(name)
                 } else if let Some(name) = other.strip_prefix("query:") {
                     if name.is_empty() {
@@ -289,7 +290,7 @@ impl Rule {
                 cost: self.cost,
             }),
             None => {
-                self.skipped.fetch_add(1, Ordering::Relaxed);
+                self.counters.skipped.inc();
                 None
             }
         }
@@ -343,11 +344,15 @@ mod tests {
             shadow: false,
             headers: true,
             status: 429,
-            skipped: AtomicU64::new(0),
+            counters: RuleCounters::for_rule("unit-test-rule"),
         }
     }
 
-    fn view<'a>(headers: &'a HeaderMap, query: Option<&'a str>, identity: Option<&'a Identity>) -> RequestView<'a> {
+    fn view<'a>(
+        headers: &'a HeaderMap,
+        query: Option<&'a str>,
+        identity: Option<&'a Identity>,
+    ) -> RequestView<'a> {
         RequestView {
             route: "orders",
             method: &Method::GET,
@@ -364,14 +369,18 @@ mod tests {
     fn absent_key_part_skips_and_counts() {
         let h = HeaderMap::new();
         let r = rule(vec![KeyPart::ApiKey], RuleMatch::default());
+        let before = r.counters.skipped.get();
         assert!(r.check_for(&view(&h, None, None)).is_none());
-        assert_eq!(r.skipped.load(Ordering::Relaxed), 1);
+        assert!(r.counters.skipped.get() > before);
     }
 
     #[test]
     fn composite_keys_differ_by_each_part() {
         let h = HeaderMap::new();
-        let r = rule(vec![KeyPart::Ip, KeyPart::Query("page".into())], RuleMatch::default());
+        let r = rule(
+            vec![KeyPart::Ip, KeyPart::Query("page".into())],
+            RuleMatch::default(),
+        );
         let a = r.key_digest(&view(&h, Some("page=1"), None)).unwrap();
         let b = r.key_digest(&view(&h, Some("page=2"), None)).unwrap();
         let a2 = r.key_digest(&view(&h, Some("x=9&page=1"), None)).unwrap();
@@ -392,7 +401,10 @@ mod tests {
             KeyPart::Header(HeaderName::from_static("b")),
         ];
         let r = rule(parts, RuleMatch::default());
-        assert_ne!(r.key_digest(&view(&h1, None, None)), r.key_digest(&view(&h2, None, None)));
+        assert_ne!(
+            r.key_digest(&view(&h1, None, None)),
+            r.key_digest(&view(&h2, None, None))
+        );
     }
 
     #[test]
@@ -411,7 +423,13 @@ mod tests {
         let mut other = HeaderMap::new();
         other.insert("x-tier", "pro".parse().unwrap());
         assert!(!r.matches(&view(&other, None, None)));
-        let plan_rule = rule(vec![KeyPart::Ip], RuleMatch { plan: Some("pro".into()), ..Default::default() });
+        let plan_rule = rule(
+            vec![KeyPart::Ip],
+            RuleMatch {
+                plan: Some("pro".into()),
+                ..Default::default()
+            },
+        );
         assert!(!plan_rule.matches(&view(&h, None, None)));
     }
 

@@ -7,11 +7,15 @@ use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
+use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
+use crate::config::watch::Reloader;
 use crate::config::Config;
-use crate::proxy::{Gateway, Proxy};
+use crate::gateway::Gateway;
+use crate::proxy::Proxy;
+use crate::shutdown::{requests, Drain};
 
 /// Pingora's own process flags that floodgate passes through.
 #[derive(Debug, Clone, Default)]
@@ -31,7 +35,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     let mut conf = ServerConf {
         threads: config.server.threads,
         daemon: flags.daemon,
-        grace_period_seconds: Some(config.server.grace_period.as_secs()),
+        // Only a backstop: the drain service (crate::shutdown) exits when the requests in
+        // flight are done or at grace_period to the millisecond; Pingora's whole-second wait
+        // runs a second longer so that it never cuts the drain short.
+        grace_period_seconds: Some(config.server.grace_period.as_secs() + 1),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
@@ -53,11 +60,14 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     let tls = config.server.tls.clone();
     let listen = config.server.listen.clone();
     let admin_listen = config.server.admin_listen;
+    let grace_period = config.server.grace_period;
     let gateway = Arc::new(Gateway::new(config));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server_conf,
-        Proxy { gateway: gateway.clone() },
+        Proxy {
+            gateway: gateway.clone(),
+        },
         "floodgate proxy",
     );
     if let Some(app) = proxy.app_logic_mut() {
@@ -80,8 +90,25 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     }
     server.add_service(proxy);
 
+    server.add_service(pingora::services::background::background_service(
+        "memory store sweeper",
+        gateway.limiter.sweeper(),
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "config reloader",
+        Reloader {
+            gateway: gateway.clone(),
+        },
+    ));
+
     let mut admin = Service::new("floodgate admin".to_string(), Admin { gateway });
     admin.add_tcp(&admin_listen.to_string());
     server.add_service(admin);
+
+    // SIGTERM / upgrade: exit once no request is in flight instead of Pingora's fixed wait.
+    server.add_service(background_service(
+        "drain",
+        Drain::new(requests().clone(), grace_period),
+    ));
     Ok(server)
 }

@@ -34,12 +34,26 @@ window = "1m"
 #[test]
 fn shipped_config_is_valid() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .args(["check", "-c", concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")])
+        .args([
+            "check",
+            "-c",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    for rule in ["per-ip-flood", "orders-per-key", "login", "exports", "partner-smoothing"] {
+    for rule in [
+        "per-ip-flood",
+        "orders-per-key",
+        "login",
+        "exports",
+        "partner-smoothing",
+    ] {
         assert!(text.contains(rule), "{rule} missing from:\n{text}");
     }
 }
@@ -109,10 +123,19 @@ fn bad_files_name_line_and_column() {
 #[test]
 fn keys_file_errors_name_the_keys_file() {
     let config = "[auth]\nkeys_file = \"keys.toml\"\n";
-    let (ok, out, err) = check(config, &[("keys.toml", "[[keys]]\nid = \"k\"\nsecret = \"s\"\n")]);
+    let (ok, out, err) = check(
+        config,
+        &[("keys.toml", "[[keys]]\nid = \"k\"\nsecret = \"s\"\n")],
+    );
     assert!(ok, "{err}");
     assert!(out.contains("warning: key \"k\" uses a plaintext `secret`"));
-    let (ok, _, err) = check(config, &[("keys.toml", "[[keys]]\nid = \"k\"\nsecret = \"s\"\nplna = \"x\"\n")]);
+    let (ok, _, err) = check(
+        config,
+        &[(
+            "keys.toml",
+            "[[keys]]\nid = \"k\"\nsecret = \"s\"\nplna = \"x\"\n",
+        )],
+    );
     assert!(!ok);
     assert!(err.contains("keys.toml:4:1"), "{err}");
 }

@@ -44,38 +44,68 @@ async fn routes_auth_and_404() {
     let c = client();
 
     // Valid hashed key through the configured header.
-    let r = c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
+    let r = c
+        .get(gw.url("/orders"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("x-request-id").is_some());
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["orders"][0]["id"], 1);
 
     // Plaintext (`secret =`) key through Authorization: Bearer.
-    let r = c.get(gw.url("/orders/2")).bearer_auth("partner").send().await.unwrap();
+    let r = c
+        .get(gw.url("/orders/2"))
+        .bearer_auth("partner")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 
     // Missing key: 401 problem+json with a challenge.
     let r = c.get(gw.url("/orders")).send().await.unwrap();
     assert_eq!(r.status(), 401);
-    assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Bearer"));
+    assert!(r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .starts_with("Bearer"));
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["status"], 401);
 
     // Unknown key: 401 with invalid_token.
-    let r = c.get(gw.url("/orders")).header("x-api-key", "wrong").send().await.unwrap();
+    let r = c
+        .get(gw.url("/orders"))
+        .header("x-api-key", "wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    assert!(r.headers()["www-authenticate"].to_str().unwrap().contains("invalid_token"));
+    assert!(r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains("invalid_token"));
 
     // Optional route: anonymous passes, a wrong key does not.
     let r = c.get(gw.url("/debug/headers")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let r = c.get(gw.url("/debug/headers")).header("x-api-key", "wrong").send().await.unwrap();
+    let r = c
+        .get(gw.url("/debug/headers"))
+        .header("x-api-key", "wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
 
     // Route with auth = "none" and a method filter.
     let r = c.post(gw.url("/login")).send().await.unwrap();
-    assert_eq!(r.status(), 404, "the demo API has no /login, but the gateway routed it");
+    assert_eq!(
+        r.status(),
+        404,
+        "the demo API has no /login, but the gateway routed it"
+    );
     assert!(r.headers().get("x-served-by").is_some());
     let r = c.get(gw.url("/login")).send().await.unwrap();
     assert_eq!(r.status(), 404, "GET /login matches no route");
@@ -118,9 +148,15 @@ async fn identity_headers_and_key_stripping() {
     assert_eq!(r.headers()["x-request-id"], "trace-42");
     let h = echoed_headers(r).await;
     assert_eq!(h["x-floodgate-key-id"], "acme-prod");
-    assert_eq!(h["x-floodgate-user"], "acme", "a client cannot claim an identity");
+    assert_eq!(
+        h["x-floodgate-user"], "acme",
+        "a client cannot claim an identity"
+    );
     assert_eq!(h["x-floodgate-plan"], "pro");
-    assert!(!h.contains_key("x-api-key"), "the key is stripped by default");
+    assert!(
+        !h.contains_key("x-api-key"),
+        "the key is stripped by default"
+    );
     assert_eq!(h["x-request-id"], "trace-42");
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h["x-forwarded-for"], "127.0.0.1");
@@ -148,10 +184,19 @@ async fn identity_headers_and_key_stripping() {
 #[tokio::test]
 async fn forward_key_keeps_the_key() {
     let api = OrdersApi::start("orders-1");
-    let body = base(&[api.addr]).replacen("[[auth.keys]]", "[auth]\nforward_key = true\n\n[[auth.keys]]", 1);
+    let body = base(&[api.addr]).replacen(
+        "[[auth.keys]]",
+        "[auth]\nforward_key = true\n\n[[auth.keys]]",
+        1,
+    );
     let gw = Gateway::start(&body);
     let h = echoed_headers(
-        client().get(gw.url("/debug/headers")).header("x-api-key", "test").send().await.unwrap(),
+        client()
+            .get(gw.url("/debug/headers"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap(),
     )
     .await;
     assert_eq!(h["x-api-key"], "test");
@@ -166,7 +211,11 @@ async fn forwarded_for_is_believed_only_from_trusted_peers() {
     // for the upstream, with the peer appended.
     let gw = Gateway::start(&base(&[api.addr]));
     let h = echoed_headers(
-        c.get(gw.url("/debug/headers")).header("x-forwarded-for", "6.6.6.6").send().await.unwrap(),
+        c.get(gw.url("/debug/headers"))
+            .header("x-forwarded-for", "6.6.6.6")
+            .send()
+            .await
+            .unwrap(),
     )
     .await;
     assert_eq!(h["x-forwarded-for"], "6.6.6.6, 127.0.0.1");
@@ -188,18 +237,42 @@ window = "1h"
         &format!("{}{rules}", base(&[api.addr])),
         &[],
     );
-    let send = |xff: &'static str| c.get(gw.url("/debug/headers")).header("x-forwarded-for", xff).send();
+    let send = |xff: &'static str| {
+        c.get(gw.url("/debug/headers"))
+            .header("x-forwarded-for", xff)
+            .send()
+    };
     assert_eq!(send("1.1.1.1").await.unwrap().status(), 200);
-    assert_eq!(send("1.1.1.1").await.unwrap().status(), 429, "same client IP");
-    assert_eq!(send("2.2.2.2, 127.0.0.5").await.unwrap().status(), 200, "trusted hops are skipped");
-    assert_eq!(send("1.1.1.1, 2.2.2.2").await.unwrap().status(), 429, "rightmost untrusted wins");
+    assert_eq!(
+        send("1.1.1.1").await.unwrap().status(),
+        429,
+        "same client IP"
+    );
+    assert_eq!(
+        send("2.2.2.2, 127.0.0.5").await.unwrap().status(),
+        200,
+        "trusted hops are skipped"
+    );
+    assert_eq!(
+        send("1.1.1.1, 2.2.2.2").await.unwrap().status(),
+        429,
+        "rightmost untrusted wins"
+    );
     drop(gw);
 
     // Untrusted peer sending XFF: the header is ignored for identity.
     let gw = Gateway::start(&format!("{}{rules}", base(&[api.addr])));
-    let send = |xff: &'static str| c.get(gw.url("/debug/headers")).header("x-forwarded-for", xff).send();
+    let send = |xff: &'static str| {
+        c.get(gw.url("/debug/headers"))
+            .header("x-forwarded-for", xff)
+            .send()
+    };
     assert_eq!(send("1.1.1.1").await.unwrap().status(), 200);
-    assert_eq!(send("3.3.3.3").await.unwrap().status(), 429, "both are the peer 127.0.0.1");
+    assert_eq!(
+        send("3.3.3.3").await.unwrap().status(),
+        429,
+        "both are the peer 127.0.0.1"
+    );
 }
 
 #[tokio::test]
@@ -211,18 +284,35 @@ async fn round_robin_skips_refusing_targets_and_reports_502_504() {
     let c = client();
     let mut served = std::collections::BTreeMap::new();
     for _ in 0..12 {
-        let r = c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
-        assert_eq!(r.status(), 200, "a refusing target is skipped, never surfaced");
+        let r = c
+            .get(gw.url("/orders"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "a refusing target is skipped, never surfaced"
+        );
         let by = r.headers()["x-served-by"].to_str().unwrap().to_string();
         *served.entry(by).or_insert(0) += 1;
     }
     assert_eq!(served.len(), 2, "both live targets serve: {served:?}");
-    assert!(served.values().all(|n| *n >= 3), "round robin spreads the load: {served:?}");
+    assert!(
+        served.values().all(|n| *n >= 3),
+        "round robin spreads the load: {served:?}"
+    );
     drop(gw);
 
     // Every target down: 502 problem+json.
     let gw = Gateway::start(&base(&[dead]));
-    let r = c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
+    let r = c
+        .get(gw.url("/orders"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 502);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     drop(gw);
@@ -244,8 +334,17 @@ async fn round_robin_skips_refusing_targets_and_reports_502_504() {
 async fn h2c_on_plain_listener() {
     let api = OrdersApi::start("orders-1");
     let gw = Gateway::start(&base(&[api.addr]));
-    let c = reqwest::Client::builder().no_proxy().http2_prior_knowledge().build().unwrap();
-    let r = c.get(gw.url("/orders/1")).header("x-api-key", "test").send().await.unwrap();
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = c
+        .get(gw.url("/orders/1"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
     assert_eq!(r.status(), 200);
     let r = c.get(gw.url("/orders/1")).send().await.unwrap();
@@ -259,12 +358,27 @@ fn secrets_never_reach_the_logs() {
     let gw = Gateway::start(&base(&[api.addr]));
     rt.block_on(async {
         let c = client();
-        c.get(gw.url("/orders")).header("x-api-key", "test").send().await.unwrap();
-        c.get(gw.url("/orders")).header("x-api-key", "sup3r-s3cret-guess").send().await.unwrap();
-        c.get(gw.url("/orders")).bearer_auth("partner").send().await.unwrap();
+        c.get(gw.url("/orders"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap();
+        c.get(gw.url("/orders"))
+            .header("x-api-key", "sup3r-s3cret-guess")
+            .send()
+            .await
+            .unwrap();
+        c.get(gw.url("/orders"))
+            .bearer_auth("partner")
+            .send()
+            .await
+            .unwrap();
     });
     let logs = gw.logs();
-    assert!(logs.contains("acme-prod"), "access log names the key id: {logs}");
+    assert!(
+        logs.contains("acme-prod"),
+        "access log names the key id: {logs}"
+    );
     assert!(!logs.contains("sup3r-s3cret-guess"));
     assert!(!logs.contains("Bearer partner"));
     assert!(!logs.contains("\"partner\""));

@@ -28,7 +28,12 @@ async fn https_with_h2_by_alpn() {
         .resolve("localhost", tls_addr)
         .build()
         .unwrap();
-    let r = h2.get(&url).header("x-api-key", "test").send().await.unwrap();
+    let r = h2
+        .get(&url)
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.version(), reqwest::Version::HTTP_2, "ALPN picks h2");
     let h = h2
@@ -51,7 +56,12 @@ async fn https_with_h2_by_alpn() {
     assert_eq!(r.status(), 401, "auth applies on TLS too");
 
     // The plain listener keeps working beside TLS.
-    let r = client().get(gw.url("/orders/1")).header("x-api-key", "test").send().await.unwrap();
+    let r = client()
+        .get(gw.url("/orders/1"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 }
 
@@ -65,11 +75,21 @@ async fn forwarded_proto_is_https_behind_tls() {
         "{}\n[[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n",
         orders_upstream(&[api.addr])
     );
-    let _gw = Gateway::start_with(&tls, &body, &[("gw.crt", &cert.cert.pem()), ("gw.key", &cert.key_pair.serialize_pem())]);
+    let _gw = Gateway::start_with(
+        &tls,
+        &body,
+        &[
+            ("gw.crt", &cert.cert.pem()),
+            ("gw.key", &cert.key_pair.serialize_pem()),
+        ],
+    );
     let c = reqwest::Client::builder()
         .no_proxy()
         .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())
-        .resolve("localhost", format!("127.0.0.1:{tls_port}").parse().unwrap())
+        .resolve(
+            "localhost",
+            format!("127.0.0.1:{tls_port}").parse().unwrap(),
+        )
         .build()
         .unwrap();
     let v: serde_json::Value = c

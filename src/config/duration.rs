@@ -8,9 +8,9 @@ use std::time::Duration;
 /// the same to every operator, and `90s` says it plainly.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("duration \"{text}\" has no unit; write e.g. \"{text}s\" (units: ms, s, m, h, d)"))?;
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| {
+        format!("duration \"{text}\" has no unit; write e.g. \"{text}s\" (units: ms, s, m, h, d)")
+    })?;
     let (number, unit) = text.split_at(split);
     if number.is_empty() {
         return Err(format!(
@@ -52,7 +52,16 @@ mod tests {
 
     #[test]
     fn refuses_what_is_ambiguous() {
-        for bad in ["", "10", "s", "1.5s", "1m30s", "1w", "-1s", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "10",
+            "s",
+            "1.5s",
+            "1m30s",
+            "1w",
+            "-1s",
+            "99999999999999999999s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad} should be refused");
         }
     }

@@ -31,7 +31,12 @@ impl ConfigError {
     }
 
     /// An error at a byte span of `source`, the text of `file`.
-    pub fn at(file: &Path, source: &str, span: Option<Range<usize>>, message: impl Into<String>) -> Self {
+    pub fn at(
+        file: &Path,
+        source: &str,
+        span: Option<Range<usize>>,
+        message: impl Into<String>,
+    ) -> Self {
         let (line, column) = span.map_or((0, 0), |s| line_column(source, s.start));
         ConfigError {
             file: file.to_path_buf(),
@@ -47,7 +52,14 @@ impl fmt::Display for ConfigError {
         if self.line == 0 {
             write!(f, "{}: {}", self.file.display(), self.message)
         } else {
-            write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file.display(),
+                self.line,
+                self.column,
+                self.message
+            )
         }
     }
 }
@@ -80,6 +92,9 @@ mod tests {
     fn display_names_file_line_column() {
         let e = ConfigError::at(Path::new("g.toml"), "x\ny = 1", Some(2..3), "bad");
         assert_eq!(e.to_string(), "g.toml:2:1: bad");
-        assert_eq!(ConfigError::whole_file(Path::new("g.toml"), "gone").to_string(), "g.toml: gone");
+        assert_eq!(
+            ConfigError::whole_file(Path::new("g.toml"), "gone").to_string(),
+            "g.toml: gone"
+        );
     }
 }

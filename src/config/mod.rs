@@ -9,6 +9,7 @@ pub mod duration;
 pub mod error;
 pub mod schema;
 mod validate;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,9 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
+    /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
+    /// reloader compares files against it to tell a real change from a no-op event.
+    pub fingerprint: [u8; 32],
     /// Things that are valid but unwise (plaintext secrets): logged at start, printed by check.
     pub warnings: Vec<String>,
 }
@@ -247,6 +251,17 @@ pub fn host_eq(request_host: &str, wanted: &str) -> bool {
         }
     };
     bare.eq_ignore_ascii_case(wanted.trim_start_matches('[').trim_end_matches(']'))
+}
+
+/// Digest of some files' bytes in order (length-prefixed; a missing file counts as empty).
+pub fn fingerprint_of(contents: &[&[u8]]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for bytes in contents {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
+    h.finalize().into()
 }
 
 impl Config {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +40,10 @@ impl Src<'_> {
     fn positive(&self, v: &Spanned<i64>, what: &str) -> Result<u64, ConfigError> {
         match u64::try_from(*v.get_ref()) {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(self.err(v.span(), format!("{what} must be a whole number of at least 1"))),
+            _ => Err(self.err(
+                v.span(),
+                format!("{what} must be a whole number of at least 1"),
+            )),
         }
     }
 
@@ -48,7 +51,10 @@ impl Src<'_> {
         v.get_ref().parse().map_err(|_| {
             self.err(
                 v.span(),
-                format!("{what} \"{}\" is not an address like \"0.0.0.0:8080\" or \"[::1]:8080\"", v.get_ref()),
+                format!(
+                    "{what} \"{}\" is not an address like \"0.0.0.0:8080\" or \"[::1]:8080\"",
+                    v.get_ref()
+                ),
             )
         })
     }
@@ -57,23 +63,33 @@ impl Src<'_> {
         list.iter()
             .map(|m| {
                 let upper = m.get_ref().to_ascii_uppercase();
-                Method::from_bytes(upper.as_bytes())
-                    .map_err(|_| self.err(m.span(), format!("\"{}\" is not an HTTP method", m.get_ref())))
+                Method::from_bytes(upper.as_bytes()).map_err(|_| {
+                    self.err(
+                        m.span(),
+                        format!("\"{}\" is not an HTTP method", m.get_ref()),
+                    )
+                })
             })
             .collect()
     }
 
     fn path(&self, v: &Option<Spanned<String>>) -> Result<Option<String>, ConfigError> {
         match v {
-            Some(p) if !p.get_ref().starts_with('/') => {
-                Err(self.err(p.span(), format!("path \"{}\" must start with \"/\"", p.get_ref())))
-            }
+            Some(p) if !p.get_ref().starts_with('/') => Err(self.err(
+                p.span(),
+                format!("path \"{}\" must start with \"/\"", p.get_ref()),
+            )),
             Some(p) => Ok(Some(p.get_ref().clone())),
             None => Ok(None),
         }
     }
 
-    fn one_of<T: Copy>(&self, v: &Spanned<String>, what: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
+    fn one_of<T: Copy>(
+        &self,
+        v: &Spanned<String>,
+        what: &str,
+        options: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
         options
             .iter()
             .find(|(name, _)| *name == v.get_ref())
@@ -82,7 +98,11 @@ impl Src<'_> {
                 let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
                 self.err(
                     v.span(),
-                    format!("{what} \"{}\" is not one of {}", v.get_ref(), names.join(", ")),
+                    format!(
+                        "{what} \"{}\" is not one of {}",
+                        v.get_ref(),
+                        names.join(", ")
+                    ),
                 )
             })
     }
@@ -98,7 +118,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let server = server(&src, &raw.server, &dir)?;
     let store = store(&src, &raw.store)?;
     let mut warnings = Vec::new();
-    let auth = auth(&src, &raw.auth, &dir, &mut warnings)?;
+    let (auth, keys_text) = auth(&src, &raw.auth, &dir, &mut warnings)?;
     let upstreams = upstreams(&src, &raw.upstreams)?;
     let routes = routes(&src, &raw.routes, &upstreams)?;
     let rules = rules(&src, &raw.rules, &routes)?;
@@ -110,6 +130,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         routes,
         rules,
+        fingerprint: fingerprint_of(&[text.as_bytes(), keys_text.as_bytes()]),
         warnings,
     })
 }
@@ -142,7 +163,14 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
             let text = c.get_ref();
             text.parse::<IpNet>()
                 .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| src.err(c.span(), format!("trusted proxy \"{text}\" is not a CIDR like \"10.0.0.0/8\" or an IP")))
+                .map_err(|_| {
+                    src.err(
+                        c.span(),
+                        format!(
+                            "trusted proxy \"{text}\" is not a CIDR like \"10.0.0.0/8\" or an IP"
+                        ),
+                    )
+                })
         })
         .collect::<Result<_, _>>()?;
     let grace_period = match &raw.grace_period {
@@ -151,13 +179,20 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
     };
     let admin_token = match &raw.admin_token {
         Some(t) if t.get_ref().is_empty() => {
-            return Err(src.err(t.span(), "admin_token must not be empty (remove it to disable admin auth)"))
+            return Err(src.err(
+                t.span(),
+                "admin_token must not be empty (remove it to disable admin auth)",
+            ))
         }
         Some(t) => Some(t.get_ref().clone()),
         None => None,
     };
     let log_format = match &raw.log_format {
-        Some(f) => src.one_of(f, "log_format", &[("text", LogFormat::Text), ("json", LogFormat::Json)])?,
+        Some(f) => src.one_of(
+            f,
+            "log_format",
+            &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+        )?,
         None => LogFormat::Text,
     };
     let tls = match &raw.tls {
@@ -190,12 +225,20 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
     })
 }
 
-fn existing_file(src: &Src, v: &Spanned<String>, dir: &Path, what: &str) -> Result<PathBuf, ConfigError> {
+fn existing_file(
+    src: &Src,
+    v: &Spanned<String>,
+    dir: &Path,
+    what: &str,
+) -> Result<PathBuf, ConfigError> {
     let p = dir.join(v.get_ref());
     if p.is_file() {
         Ok(p)
     } else {
-        Err(src.err(v.span(), format!("{what} \"{}\" does not exist", p.display())))
+        Err(src.err(
+            v.span(),
+            format!("{what} \"{}\" does not exist", p.display()),
+        ))
     }
 }
 
@@ -204,7 +247,11 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
         Some(b) => src.one_of(
             b,
             "store.backend",
-            &[("memory", Backend::Memory), ("redis", Backend::Redis), ("redis-cluster", Backend::RedisCluster)],
+            &[
+                ("memory", Backend::Memory),
+                ("redis", Backend::Redis),
+                ("redis-cluster", Backend::RedisCluster),
+            ],
         )?,
         None => Backend::Memory,
     };
@@ -226,12 +273,17 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
             }
         },
         Backend::RedisCluster => match &raw.urls {
-            Some(list) if !list.get_ref().is_empty() => {
-                list.get_ref().iter().map(check_url).collect::<Result<_, _>>()?
-            }
+            Some(list) if !list.get_ref().is_empty() => list
+                .get_ref()
+                .iter()
+                .map(check_url)
+                .collect::<Result<_, _>>()?,
             _ => {
                 let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
-                return Err(src.err(span, "store.backend = \"redis-cluster\" needs store.urls (seed nodes)"));
+                return Err(src.err(
+                    span,
+                    "store.backend = \"redis-cluster\" needs store.urls (seed nodes)",
+                ));
             }
         },
     };
@@ -257,40 +309,64 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
         backend,
         urls,
         timeout,
-        key_prefix: raw.key_prefix.clone().unwrap_or_else(|| "floodgate:".to_string()),
+        key_prefix: raw
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| "floodgate:".to_string()),
         instances,
         max_keys,
     })
 }
 
-fn auth(src: &Src, raw: &RawAuth, dir: &Path, warnings: &mut Vec<String>) -> Result<Auth, ConfigError> {
+/// `[auth]` and the text of its keys file (empty when there is none).
+fn auth(
+    src: &Src,
+    raw: &RawAuth,
+    dir: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<(Auth, String), ConfigError> {
     let header = match &raw.header {
-        Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes())
-            .map_err(|_| src.err(h.span(), format!("\"{}\" is not a valid header name", h.get_ref())))?,
+        Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+            src.err(
+                h.span(),
+                format!("\"{}\" is not a valid header name", h.get_ref()),
+            )
+        })?,
         None => HeaderName::from_static("x-api-key"),
     };
     let mut seen = HashSet::new();
     let mut keys = Vec::new();
     collect_keys(src, &raw.keys, &mut seen, &mut keys, warnings)?;
+    let mut keys_text = String::new();
     let keys_file = match &raw.keys_file {
         Some(f) => {
             let path = dir.join(f.get_ref());
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| src.err(f.span(), format!("cannot read keys file \"{}\": {e}", path.display())))?;
-            let file_src = Src { path: &path, text: &text };
-            let parsed: RawKeysFile = toml::from_str(&text)
-                .map_err(|e| ConfigError::at(&path, &text, e.span(), e.message().trim_end().to_string()))?;
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                src.err(
+                    f.span(),
+                    format!("cannot read keys file \"{}\": {e}", path.display()),
+                )
+            })?;
+            let file_src = Src {
+                path: &path,
+                text: &text,
+            };
+            let parsed: RawKeysFile = toml::from_str(&text).map_err(|e| {
+                ConfigError::at(&path, &text, e.span(), e.message().trim_end().to_string())
+            })?;
             collect_keys(&file_src, &parsed.keys, &mut seen, &mut keys, warnings)?;
+            keys_text = text;
             Some(path)
         }
         None => None,
     };
-    Ok(Auth {
+    let auth = Auth {
         header,
         forward_key: raw.forward_key,
         keys_file,
         keys: KeyStore::new(keys),
-    })
+    };
+    Ok((auth, keys_text))
 }
 
 fn collect_keys(
@@ -319,7 +395,9 @@ fn collect_keys(
             }
             (None, Some(s)) => {
                 if s.get_ref().is_empty() {
-                    return Err(src.err(s.span(), format!("key \"{id}\": secret must not be empty")));
+                    return Err(
+                        src.err(s.span(), format!("key \"{id}\": secret must not be empty"))
+                    );
                 }
                 warnings.push(format!(
                     "key \"{id}\" uses a plaintext `secret`; store its sha256 instead outside development"
@@ -327,7 +405,10 @@ fn collect_keys(
                 digest_of(s.get_ref())
             }
             _ => {
-                return Err(src.err(k.span(), format!("key \"{id}\" needs exactly one of sha256 or secret")));
+                return Err(src.err(
+                    k.span(),
+                    format!("key \"{id}\" needs exactly one of sha256 or secret"),
+                ));
             }
         };
         out.push(ApiKey {
@@ -348,21 +429,34 @@ fn upstreams(src: &Src, raw: &[RawUpstream]) -> Result<Vec<Arc<Upstream>>, Confi
     for u in raw {
         let name = u.name.get_ref();
         if !seen.insert(name.clone()) {
-            return Err(src.err(u.name.span(), format!("upstream \"{name}\" is defined twice")));
+            return Err(src.err(
+                u.name.span(),
+                format!("upstream \"{name}\" is defined twice"),
+            ));
         }
         if u.targets.get_ref().is_empty() {
-            return Err(src.err(u.targets.span(), format!("upstream \"{name}\" needs at least one target")));
+            return Err(src.err(
+                u.targets.span(),
+                format!("upstream \"{name}\" needs at least one target"),
+            ));
         }
         let mut targets = Vec::new();
         for t in u.targets.get_ref() {
-            let addrs = t
-                .get_ref()
-                .to_socket_addrs()
-                .map_err(|e| src.err(t.span(), format!("upstream target \"{}\" is not a reachable host:port ({e})", t.get_ref())))?;
-            let first = addrs
-                .into_iter()
-                .next()
-                .ok_or_else(|| src.err(t.span(), format!("upstream target \"{}\" resolves to no address", t.get_ref())))?;
+            let addrs = t.get_ref().to_socket_addrs().map_err(|e| {
+                src.err(
+                    t.span(),
+                    format!(
+                        "upstream target \"{}\" is not a reachable host:port ({e})",
+                        t.get_ref()
+                    ),
+                )
+            })?;
+            let first = addrs.into_iter().next().ok_or_else(|| {
+                src.err(
+                    t.span(),
+                    format!("upstream target \"{}\" resolves to no address", t.get_ref()),
+                )
+            })?;
             targets.push(first);
         }
         let connect_timeout = match &u.connect_timeout {
@@ -384,7 +478,11 @@ fn upstreams(src: &Src, raw: &[RawUpstream]) -> Result<Vec<Arc<Upstream>>, Confi
     Ok(out)
 }
 
-fn routes(src: &Src, raw: &[RawRoute], upstreams: &[Arc<Upstream>]) -> Result<Vec<Route>, ConfigError> {
+fn routes(
+    src: &Src,
+    raw: &[RawRoute],
+    upstreams: &[Arc<Upstream>],
+) -> Result<Vec<Route>, ConfigError> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for r in raw {
@@ -399,14 +497,21 @@ fn routes(src: &Src, raw: &[RawRoute], upstreams: &[Arc<Upstream>]) -> Result<Ve
             .ok_or_else(|| {
                 src.err(
                     r.upstream.span(),
-                    format!("route \"{name}\" names upstream \"{}\", which is not defined", r.upstream.get_ref()),
+                    format!(
+                        "route \"{name}\" names upstream \"{}\", which is not defined",
+                        r.upstream.get_ref()
+                    ),
                 )
             })?;
         let auth = match &r.auth {
             Some(a) => src.one_of(
                 a,
                 "route auth",
-                &[("required", AuthMode::Required), ("optional", AuthMode::Optional), ("none", AuthMode::None)],
+                &[
+                    ("required", AuthMode::Required),
+                    ("optional", AuthMode::Optional),
+                    ("none", AuthMode::None),
+                ],
             )?,
             None => AuthMode::Required,
         };
@@ -429,7 +534,11 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
     let mut out = Vec::new();
     for r in raw {
         let name = r.name.get_ref();
-        if name.is_empty() || name.contains('"') || name.contains('\\') || name.chars().any(char::is_control) {
+        if name.is_empty()
+            || name.contains('"')
+            || name.contains('\\')
+            || name.chars().any(char::is_control)
+        {
             return Err(src.err(r.name.span(), "rule name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"));
         }
         if !seen.insert(name.clone()) {
@@ -449,38 +558,67 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
         )?;
         let limit = src.positive(&r.limit, "limit")?;
         let window = match (&r.window, algorithm) {
-            (Some(w), Algorithm::Concurrency) => {
-                return Err(src.err(w.span(), format!("rule \"{name}\": concurrency limits requests in flight and takes no window")))
-            }
+            (Some(w), Algorithm::Concurrency) => return Err(src.err(
+                w.span(),
+                format!(
+                    "rule \"{name}\": concurrency limits requests in flight and takes no window"
+                ),
+            )),
             (None, Algorithm::Concurrency) => Duration::ZERO,
             (Some(w), _) => {
                 let d = src.duration(w)?;
                 if d < Duration::from_millis(1) {
-                    return Err(src.err(w.span(), format!("rule \"{name}\": window must be at least 1ms")));
+                    return Err(src.err(
+                        w.span(),
+                        format!("rule \"{name}\": window must be at least 1ms"),
+                    ));
                 }
                 d
             }
             (None, _) => {
-                return Err(src.err(r.algorithm.span(), format!("rule \"{name}\": {} needs a window, e.g. window = \"1m\"", algorithm.as_str())))
+                return Err(src.err(
+                    r.algorithm.span(),
+                    format!(
+                        "rule \"{name}\": {} needs a window, e.g. window = \"1m\"",
+                        algorithm.as_str()
+                    ),
+                ))
             }
         };
         let burst = match &r.burst {
-            Some(b) if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) => src.positive(b, "burst")?,
+            Some(b) if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
+                src.positive(b, "burst")?
+            }
             Some(b) => {
-                return Err(src.err(b.span(), format!("rule \"{name}\": burst applies to token_bucket and leaky_bucket only")))
+                return Err(src.err(
+                    b.span(),
+                    format!("rule \"{name}\": burst applies to token_bucket and leaky_bucket only"),
+                ))
             }
             None => limit,
         };
         let mode = match &r.mode {
-            Some(m) if algorithm == Algorithm::LeakyBucket => {
-                src.one_of(m, "mode", &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)])?
+            Some(m) if algorithm == Algorithm::LeakyBucket => src.one_of(
+                m,
+                "mode",
+                &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)],
+            )?,
+            Some(m) => {
+                return Err(src.err(
+                    m.span(),
+                    format!("rule \"{name}\": mode applies to leaky_bucket only"),
+                ))
             }
-            Some(m) => return Err(src.err(m.span(), format!("rule \"{name}\": mode applies to leaky_bucket only"))),
             None => LeakyMode::Police,
         };
         let max_delay = match &r.max_delay {
             Some(d) if mode == LeakyMode::Shape => src.duration(d)?,
-            Some(d) => return Err(src.err(d.span(), format!("rule \"{name}\": max_delay applies to leaky_bucket with mode = \"shape\" only"))),
+            Some(d) => return Err(src.err(
+                d.span(),
+                format!(
+                    "rule \"{name}\": max_delay applies to leaky_bucket with mode = \"shape\" only"
+                ),
+            )),
             None if mode == LeakyMode::Shape => window,
             None => Duration::ZERO,
         };
@@ -491,17 +629,39 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             .map(|k| KeyPart::parse(k.get_ref()).map_err(|m| src.err(k.span(), m)))
             .collect::<Result<Vec<_>, _>>()?;
         if key.is_empty() {
-            return Err(src.err(r.key.span(), format!("rule \"{name}\": key needs at least one part, e.g. [\"ip\"]")));
+            return Err(src.err(
+                r.key.span(),
+                format!("rule \"{name}\": key needs at least one part, e.g. [\"ip\"]"),
+            ));
+        }
+        if algorithm == Algorithm::SlidingWindowLog
+            && limit > crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
+        {
+            return Err(src.err(
+                r.limit.span(),
+                format!(
+                    "rule \"{name}\": sliding_window_log keeps one timestamp per request, so its limit is capped at {}; use sliding_window_counter for larger limits",
+                    crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
+                ),
+            ));
         }
         let scope = match &r.scope {
-            Some(s) => src.one_of(s, "scope", &[("local", Scope::Local), ("global", Scope::Global)])?,
+            Some(s) => src.one_of(
+                s,
+                "scope",
+                &[("local", Scope::Local), ("global", Scope::Global)],
+            )?,
             None => Scope::Global,
         };
         let on_store_error = match &r.on_store_error {
             Some(s) => src.one_of(
                 s,
                 "on_store_error",
-                &[("open", FailureMode::Open), ("closed", FailureMode::Closed), ("local", FailureMode::Local)],
+                &[
+                    ("open", FailureMode::Open),
+                    ("closed", FailureMode::Closed),
+                    ("local", FailureMode::Local),
+                ],
             )?,
             None => FailureMode::Open,
         };
@@ -509,22 +669,49 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             Some(c) => src.positive(c, "cost")?,
             None => 1,
         };
+        let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+            burst
+        } else {
+            limit
+        };
+        if cost > capacity {
+            let span = r.cost.as_ref().map_or(r.limit.span(), |c| c.span());
+            return Err(src.err(
+                span,
+                format!("rule \"{name}\": cost {cost} is more than the rule can ever admit at once ({capacity}), so every request would be rejected"),
+            ));
+        }
         let status = match &r.status {
             Some(s) if (400..=599).contains(s.get_ref()) => *s.get_ref() as u16,
-            Some(s) => return Err(src.err(s.span(), format!("rule \"{name}\": status must be between 400 and 599"))),
+            Some(s) => {
+                return Err(src.err(
+                    s.span(),
+                    format!("rule \"{name}\": status must be between 400 and 599"),
+                ))
+            }
             None => 429,
         };
         let m = &r.matcher;
         if let Some(route) = &m.route {
             if !routes.iter().any(|rt| &*rt.name == route.get_ref()) {
-                return Err(src.err(route.span(), format!("rule \"{name}\" matches route \"{}\", which is not defined", route.get_ref())));
+                return Err(src.err(
+                    route.span(),
+                    format!(
+                        "rule \"{name}\" matches route \"{}\", which is not defined",
+                        route.get_ref()
+                    ),
+                ));
             }
         }
         let header = match &m.header {
             Some(h) => {
                 let hm = h.get_ref();
-                let hn = HeaderName::from_bytes(hm.name.get_ref().as_bytes())
-                    .map_err(|_| src.err(hm.name.span(), format!("\"{}\" is not a valid header name", hm.name.get_ref())))?;
+                let hn = HeaderName::from_bytes(hm.name.get_ref().as_bytes()).map_err(|_| {
+                    src.err(
+                        hm.name.span(),
+                        format!("\"{}\" is not a valid header name", hm.name.get_ref()),
+                    )
+                })?;
                 Some((hn, hm.value.clone()))
             }
             None => None,
@@ -555,7 +742,7 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             shadow: r.shadow,
             headers: r.headers.unwrap_or(true),
             status,
-            skipped: AtomicU64::new(0),
+            counters: crate::metrics::RuleCounters::for_rule(name),
         }));
     }
     Ok(out)

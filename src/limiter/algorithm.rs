@@ -21,9 +21,6 @@
 //! algorithm any more and is treated as no state. A reload that only changes the numbers keeps
 //! the state and reinterprets it, as described for each algorithm.
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -155,6 +152,11 @@ impl Update {
     }
 }
 
+/// The largest `limit` the sliding window log honours; above it the log acts as if the limit
+/// were this. The log keeps 8 bytes per unit admitted in the last window, so this bounds one
+/// key to 8 MB; config validation should reject larger limits for this algorithm.
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 1_000_000;
+
 fn new_log(count: u64, expires: u64) -> State {
     let mut log = VecDeque::new();
     push_log(&mut log, count, expires);
@@ -238,8 +240,8 @@ pub fn fixed_window(
 /// - rejected: `retry_after` = time until enough of the oldest entries stop counting for
 ///   `cost` to fit. A `cost > limit` is never admitted; its `retry_after` is the window.
 ///
-/// Memory: 8 bytes per live unit, so this algorithm suits small limits (a login rule).
-/// Reload: entries keep the window they were admitted under; a lower `limit` applies at once.
+/// Memory: 8 bytes per live unit, so this algorithm suits small limits (a login rule); a
+/// `limit` above [`MAX_SLIDING_LOG_LIMIT`] acts as that. Reload: entries keep the window they were admitted under; a lower `limit` applies at once.
 pub fn sliding_window_log(
     state: Option<&State>,
     limit: &Limit,
@@ -247,7 +249,7 @@ pub fn sliding_window_log(
     cost: u64,
 ) -> (Decision, Update) {
     let window = window_ns(limit);
-    let quota = limit.limit;
+    let quota = limit.limit.min(MAX_SLIDING_LOG_LIMIT);
     let empty = VecDeque::new();
     let log = match state {
         Some(State::SlidingWindowLog(log)) => log.as_ref(),
@@ -279,7 +281,9 @@ pub fn sliding_window_log(
     let retry_after = expired
         .checked_add(must_expire - 1)
         .and_then(|index| log.get(index))
-        .map_or(u128::from(window), |&expires| u128::from(expires - now_ns));
+        .map_or(u128::from(window), |&expires| {
+            u128::from(expires.saturating_sub(now_ns))
+        });
     (rejected(quota, reset, retry_after), Update::Nothing)
 }
 
@@ -396,7 +400,9 @@ pub fn token_bucket(
     cost: u64,
 ) -> (Decision, Update) {
     let debt = match state {
-        Some(State::TokenBucket { full_at, interval }) => backlog(*full_at, *interval, limit, now_ns),
+        Some(State::TokenBucket { full_at, interval }) => {
+            backlog(*full_at, *interval, limit, now_ns)
+        }
         _ => 0,
     };
     let (decision, new_full_at) = gcra_police(debt, limit, now_ns, cost);
@@ -477,12 +483,15 @@ fn gcra_police(debt: u128, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, 
     let interval = u128::from(interval_ns(limit));
     let burst = limit.burst;
     let capacity = u128::from(burst) * interval;
-    let charged = debt + u128::from(cost) * interval;
+    let charged = debt.saturating_add(u128::from(cost) * interval);
     if charged <= capacity {
         // Whole tokens left: burst - ceil(charged / interval).
         let remaining = sat(capacity - charged) / interval_ns(limit);
         let decision = allowed(burst, remaining, charged, 0);
-        return (decision, Some(sat(u128::from(now_ns) + charged)));
+        return (
+            decision,
+            Some(sat(u128::from(now_ns).saturating_add(charged))),
+        );
     }
     let retry_after = if cost > burst {
         u128::from(window_ns(limit))
@@ -499,14 +508,14 @@ fn gcra_shape(delay: u128, limit: &Limit, now_ns: u64, cost: u64) -> (Decision, 
     let burst = limit.burst;
     let longest_wait = u128::from(duration_ns(limit.max_delay)).min(u128::from(burst) * interval);
     if delay <= longest_wait {
-        let line = delay + u128::from(cost) * interval;
+        let line = delay.saturating_add(u128::from(cost) * interval);
         let remaining = if line <= longest_wait {
             sat((longest_wait - line) / interval + 1).min(burst)
         } else {
             0
         };
         let decision = allowed(burst, remaining, line, delay);
-        return (decision, Some(sat(u128::from(now_ns) + line)));
+        return (decision, Some(sat(u128::from(now_ns).saturating_add(line))));
     }
     (rejected(burst, delay, delay - longest_wait), None)
 }
@@ -610,3 +619,6 @@ fn window_ns(limit: &Limit) -> u64 {
 fn interval_ns(limit: &Limit) -> u64 {
     window_ns(limit).div_ceil(limit.limit.max(1)).max(1)
 }
+
+#[cfg(test)]
+mod tests;

@@ -72,6 +72,13 @@ impl Limiter {
         &self.store
     }
 
+    /// A background service that sweeps idle keys out of the in-process store.
+    pub fn sweeper(&self) -> Sweeper {
+        Sweeper {
+            store: self.store.clone(),
+        }
+    }
+
     /// Decides `checks`, one per applying rule (same order as `rules`).
     pub fn decide(&self, rules: &[Arc<Rule>], checks: Vec<Check>) -> Outcome {
         let mut enforcing_rules = Vec::with_capacity(rules.len());
@@ -91,7 +98,10 @@ impl Limiter {
             self.store.decide(&enforcing)
         };
         let admitted = decisions.iter().all(|d| d.allowed);
-        let mut leases = Leases { store: self.store.clone(), checks: Vec::new() };
+        let mut leases = Leases {
+            store: self.store.clone(),
+            checks: Vec::new(),
+        };
         let verdict = if admitted {
             let delay = decisions.iter().map(|d| d.delay).max().unwrap_or_default();
             leases.checks = enforcing
@@ -113,17 +123,36 @@ impl Limiter {
                     names.push(rule.name.clone());
                 }
             }
-            Verdict::Reject { status, retry_after, rules: names }
+            Verdict::Reject {
+                status,
+                retry_after,
+                rules: names,
+            }
         };
         let mut shadow_rejected = Vec::new();
         if admitted {
             for (rule, check) in shadow {
                 let d = self.store.decide(std::slice::from_ref(&check));
                 match d.first() {
-                    Some(d) if !d.allowed => shadow_rejected.push(rule.name.clone()),
-                    Some(_) if check.limit.algorithm == Algorithm::Concurrency => leases.checks.push(check),
-                    _ => {}
+                    Some(d) if !d.allowed => {
+                        rule.counters.shadow_rejected.inc();
+                        shadow_rejected.push(rule.name.clone());
+                    }
+                    Some(_) => {
+                        rule.counters.allowed.inc();
+                        if check.limit.algorithm == Algorithm::Concurrency {
+                            leases.checks.push(check);
+                        }
+                    }
+                    None => {}
                 }
+            }
+        }
+        for (rule, d) in enforcing_rules.iter().zip(&decisions) {
+            if admitted {
+                rule.counters.allowed.inc();
+            } else if !d.allowed {
+                rule.counters.rejected.inc();
             }
         }
         let applied = enforcing_rules
@@ -131,7 +160,12 @@ impl Limiter {
             .zip(decisions)
             .map(|(rule, decision)| Applied { rule, decision })
             .collect();
-        Outcome { verdict, applied, shadow_rejected, leases }
+        Outcome {
+            verdict,
+            applied,
+            shadow_rejected,
+            leases,
+        }
     }
 }
 
@@ -151,7 +185,9 @@ impl Leases {
 
 impl std::fmt::Debug for Leases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases").field("slots", &self.checks.len()).finish()
+        f.debug_struct("Leases")
+            .field("slots", &self.checks.len())
+            .finish()
     }
 }
 
@@ -159,6 +195,33 @@ impl Drop for Leases {
     fn drop(&mut self) {
         for c in self.checks.drain(..) {
             self.store.release(&c);
+        }
+    }
+}
+
+/// How often idle keys are swept out of the in-process store, so that quiet shards give their
+/// memory back even when no request touches them.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Background service that sweeps the in-process store every [`SWEEP_EVERY`].
+pub struct Sweeper {
+    /// The store to sweep.
+    pub store: Arc<MemoryStore>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for Sweeper {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    let store = self.store.clone();
+                    // Sweeping a million keys takes milliseconds: keep it off the workers.
+                    let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+                }
+            }
         }
     }
 }

@@ -10,12 +10,19 @@
 //! may call it directly (never across an `.await`).
 //!
 //! Idle keys are dropped once their state is equivalent to no state ([`algorithm::expires_at`]):
-//! decisions ignore expired states at once, and the memory is reclaimed by a sweep of a shard
-//! that runs after about as many operations on it as it holds keys (amortised: one key looked
-//! at per operation), or by [`MemoryStore::sweep`]. The number of keys is bounded by
-//! `max_keys`; a shard that is full evicts a key to make room (see [`MemoryStore::decide`]).
+//! decisions ignore expired states at once, and the memory is reclaimed by sweeps that
+//! decisions run as they go: each shard keeps its keys in 16 tables and sweeps one of them
+//! every `keys / 16` operations, so each key is looked at about once per as many operations
+//! as the shard holds keys (one key per operation on average) and no decision pays for more
+//! than 1/16 of a shard. [`MemoryStore::sweep`] sweeps everything, for shards gone quiet.
+//!
+//! The number of keys is bounded by `max_keys`, split evenly among the shards; a shard that is
+//! full evicts a key to make room (see [`MemoryStore::decide`]). Because keys spread over the
+//! shards at random, the first evictions come a little before `max_keys` keys in all (with
+//! 64 shards and a million keys, the fullest shard fills at about 99.3%): size `max_keys`
+//! with headroom.
 
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,7 +53,9 @@ impl MonotonicClock {
     pub fn new() -> Self {
         let origin_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX));
+            .map_or(0, |since| {
+                u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+            });
         MonotonicClock {
             origin: Instant::now(),
             origin_unix_ns,
@@ -109,8 +118,12 @@ const MAX_SHARDS: usize = 64;
 /// A shard is not made smaller than this many keys by splitting, so that small stores (tests,
 /// tiny `max_keys`) have one exact bound instead of 64 tiny ones.
 const MIN_KEYS_PER_SHARD: usize = 1024;
-/// A shard is swept after at least this many operations, however few keys it holds.
-const MIN_OPS_BETWEEN_SWEEPS: u64 = 64;
+/// Hash tables per shard, swept one at a time so that no decision waits for a pass over a
+/// whole shard (a shard of 15,000 keys takes about 80 µs; one segment, 1/16 of that).
+const SEGMENTS: usize = 16;
+/// A segment is swept after at least this many operations on its shard, however few keys
+/// the shard holds.
+const MIN_OPS_BETWEEN_SWEEPS: u64 = 8;
 /// How many keys an eviction looks at to pick the one closest to expiry.
 const EVICTION_SAMPLE: usize = 8;
 
@@ -128,12 +141,19 @@ pub struct MemoryStore {
 #[repr(align(128))]
 struct PaddedShard(Mutex<Shard>);
 
+type Table = HashMap<u64, State, BuildHasherDefault<KeyHasher>>;
+
+/// The keys of one lock, in [`SEGMENTS`] tables so they can be swept piecemeal.
 struct Shard {
-    map: HashMap<u64, State, BuildHasherDefault<KeyHasher>>,
+    segments: [Table; SEGMENTS],
+    /// Keys held in all segments.
+    len: usize,
     /// Keys this shard may hold: the shards' capacities sum to `max_keys`.
     capacity: usize,
-    /// Operations since the last sweep: a sweep is due once it reaches the number of keys.
+    /// Operations since the last segment was swept.
     ops_since_sweep: u64,
+    /// The segment the next sweep looks at.
+    next_sweep: usize,
 }
 
 /// The map's hasher: keys are already uniform 64-bit hashes, so they are their own hash.
@@ -175,9 +195,11 @@ impl MemoryStore {
         let shards = (0..count)
             .map(|index| {
                 PaddedShard(Mutex::new(Shard {
-                    map: HashMap::default(),
+                    segments: Default::default(),
+                    len: 0,
                     capacity: base + usize::from(index < extra),
                     ops_since_sweep: 0,
+                    next_sweep: 0,
                 }))
             })
             .collect();
@@ -210,11 +232,11 @@ impl MemoryStore {
             let mut shard = self.shard(hash).lock();
             shard.ops_since_sweep += 1;
             let (decision, update) =
-                algorithm::decide(shard.map.get(&hash), &check.limit, now, check.cost);
+                algorithm::decide(shard.get(hash), &check.limit, now, check.cost);
             if decision.allowed {
                 self.write(&mut shard, hash, update, now, &[hash]);
             }
-            self.sweep_if_due(&mut shard, now);
+            shard.sweep_if_due(now);
             return vec![decision];
         }
 
@@ -248,7 +270,7 @@ impl MemoryStore {
             };
             let stored = match earlier {
                 Some(j) => pending[j].as_ref(),
-                None => shard.map.get(&hash),
+                None => shard.get(hash),
             };
             let (decision, update) = algorithm::decide(stored, &check.limit, now, check.cost);
             if repeated {
@@ -265,7 +287,7 @@ impl MemoryStore {
             }
         }
         for (_, shard) in &mut guards {
-            self.sweep_if_due(shard, now);
+            shard.sweep_if_due(now);
         }
         decisions
     }
@@ -276,27 +298,29 @@ impl MemoryStore {
     pub fn release(&self, check: &Check) {
         let hash = self.hash(check);
         let mut shard = self.shard(hash).lock();
-        if let Some(state) = shard.map.get_mut(&hash) {
+        if let Some(state) = shard.get_mut(hash) {
             if algorithm::release(state, check.cost) {
-                shard.map.remove(&hash);
+                shard.remove(hash);
             }
         }
     }
 
-    /// Drops every expired key now, one shard at a time (each lock held for one pass over
-    /// its shard). Optional: decisions already sweep as they go; a periodic call returns the
-    /// memory of keys that went idle in shards that see no traffic any more.
+    /// Drops every expired key now, one segment at a time (each lock held for one pass over
+    /// 1/16 of a shard). Optional: decisions already sweep as they go; a periodic call returns
+    /// the memory of keys that went idle in shards that see no traffic any more.
     pub fn sweep(&self) {
         let now = self.clock.now_ns();
         for shard in self.shards.iter() {
-            sweep(&mut shard.0.lock(), now);
+            for segment in 0..SEGMENTS {
+                shard.0.lock().sweep(segment, now);
+            }
         }
     }
 
     /// Keys held, expired ones not yet swept included. Locks each shard in turn: for metrics,
     /// not for the request path.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.0.lock().map.len()).sum()
+        self.shards.iter().map(|shard| shard.0.lock().len).sum()
     }
 
     /// Whether no key is held.
@@ -319,8 +343,8 @@ impl MemoryStore {
         self.hasher.hash_one((&*check.rule, check.key))
     }
 
-    /// The shard of a key. Uses bits 32.. of the hash: hashbrown places a key by its low bits
-    /// and tags it with its top 7, which must stay varied within one shard.
+    /// The shard of a key: bits 32 to 37 of its hash (segments use the next bits; hashbrown
+    /// places a key by its low bits and tags it with its top 7, which must stay varied).
     fn shard_index(&self, hash: u64) -> usize {
         (hash >> 32) as usize & (self.shards.len() - 1)
     }
@@ -332,18 +356,19 @@ impl MemoryStore {
     /// Charges one admitted check to its key, making room for a new key if the shard is full.
     /// `protected` are the keys of the request being charged, never evicted by it.
     fn write(&self, shard: &mut Shard, hash: u64, update: Update, now: u64, protected: &[u64]) {
-        if let Some(state) = shard.map.get_mut(&hash) {
+        if let Some(state) = shard.get_mut(hash) {
             update.apply(state);
             return;
         }
         let Some(state) = update.into_state() else {
             return;
         };
-        if shard.map.len() >= shard.capacity && shard.ops_since_sweep >= sweep_period(shard) {
-            sweep(shard, now);
+        if shard.len >= shard.capacity {
+            // Expired keys make room without forgetting anything.
+            shard.sweep_if_due(now);
         }
-        while shard.map.len() >= shard.capacity {
-            match evict(shard, now, protected) {
+        while shard.len >= shard.capacity {
+            match shard.evict(hash, now, protected) {
                 Some(true) => {
                     self.evictions.fetch_add(1, Ordering::Relaxed);
                 }
@@ -353,13 +378,7 @@ impl MemoryStore {
                 None => break,
             }
         }
-        shard.map.insert(hash, state);
-    }
-
-    fn sweep_if_due(&self, shard: &mut Shard, now: u64) {
-        if shard.ops_since_sweep >= sweep_period(shard) {
-            sweep(shard, now);
-        }
+        shard.insert(hash, state);
     }
 }
 
@@ -373,7 +392,8 @@ impl std::fmt::Debug for MemoryStore {
     }
 }
 
-/// The guard of shard `index`, which the caller locked.
+/// The guard of shard `index`. Every shard of the request was locked, so it is always found
+/// (the default position only spares an `unwrap`).
 fn guard<'a, 'g>(guards: &'a mut [(usize, MutexGuard<'g, Shard>)], index: usize) -> &'a mut Shard {
     let position = guards
         .iter()
@@ -394,35 +414,80 @@ fn charged(state: Option<State>, update: Update) -> Option<State> {
     }
 }
 
-/// Operations between two sweeps of a shard: as many as it holds keys, so that sweeping
-/// costs about one key looked at per operation.
-fn sweep_period(shard: &Shard) -> u64 {
-    (shard.map.len() as u64).max(MIN_OPS_BETWEEN_SWEEPS)
-}
+impl Shard {
+    /// The segment of a key: bits 38 to 41 of its hash, independent of the shard's.
+    fn segment(hash: u64) -> usize {
+        (hash >> 38) as usize % SEGMENTS
+    }
 
-fn sweep(shard: &mut Shard, now: u64) {
-    shard
-        .map
-        .retain(|_, state| algorithm::expires_at(state) > now);
-    shard.ops_since_sweep = 0;
-}
+    fn get(&self, hash: u64) -> Option<&State> {
+        self.segments[Self::segment(hash)].get(&hash)
+    }
 
-/// Removes one key of a full shard: an expired one if the sample holds one, else the one that
-/// expires first. `Some(true)`: a live key was evicted; `Some(false)`: an expired key was
-/// dropped; `None`: nothing could be removed.
-///
-/// The sample is the first keys in table order: keys sit at positions given by their hash, so
-/// that is a random sample of the keys, at no cost.
-fn evict(shard: &mut Shard, now: u64, protected: &[u64]) -> Option<bool> {
-    let (victim, expires) = shard
-        .map
-        .iter()
-        .filter(|(key, _)| !protected.contains(key))
-        .take(EVICTION_SAMPLE)
-        .map(|(&key, state)| (key, algorithm::expires_at(state)))
-        .min_by_key(|&(_, expires)| expires)?;
-    shard.map.remove(&victim);
-    Some(expires > now)
+    fn get_mut(&mut self, hash: u64) -> Option<&mut State> {
+        self.segments[Self::segment(hash)].get_mut(&hash)
+    }
+
+    /// Adds a key the shard does not hold.
+    fn insert(&mut self, hash: u64, state: State) {
+        if self.segments[Self::segment(hash)]
+            .insert(hash, state)
+            .is_none()
+        {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, hash: u64) {
+        if self.segments[Self::segment(hash)].remove(&hash).is_some() {
+            self.len -= 1;
+        }
+    }
+
+    /// Sweeps the next segment once the shard has seen as many operations since the last
+    /// sweep as a segment holds keys: each key is then looked at about once per as many
+    /// operations as the shard holds keys, one key per operation on average, and no
+    /// operation pays for more than one segment.
+    fn sweep_if_due(&mut self, now: u64) {
+        let period = ((self.len / SEGMENTS) as u64).max(MIN_OPS_BETWEEN_SWEEPS);
+        if self.ops_since_sweep >= period {
+            let segment = self.next_sweep;
+            self.next_sweep = (segment + 1) % SEGMENTS;
+            self.sweep(segment, now);
+        }
+    }
+
+    /// Drops the expired keys of one segment, and gives back the memory of a table left
+    /// mostly empty (after a burst of keys that went idle): hash tables never shrink alone.
+    fn sweep(&mut self, segment: usize, now: u64) {
+        let table = &mut self.segments[segment];
+        let before = table.len();
+        table.retain(|_, state| algorithm::expires_at(state) > now);
+        let after = table.len();
+        if table.capacity() > 64 && table.capacity() > 4 * after {
+            table.shrink_to(2 * after);
+        }
+        self.len -= before - after;
+        self.ops_since_sweep = 0;
+    }
+
+    /// Removes one key to make room for `hash`: an expired one if the sample holds one, else
+    /// the one that expires first. `Some(true)`: a live key was evicted; `Some(false)`: an
+    /// expired key was dropped; `None`: nothing could be removed.
+    ///
+    /// The sample is the first keys in table order, starting with the new key's segment: keys
+    /// sit at positions given by their hash, so that is a random sample, at no cost.
+    fn evict(&mut self, hash: u64, now: u64, protected: &[u64]) -> Option<bool> {
+        let first = Self::segment(hash);
+        let (victim, expires) = (0..SEGMENTS)
+            .flat_map(|offset| self.segments[(first + offset) % SEGMENTS].iter())
+            .filter(|(key, _)| !protected.contains(key))
+            .take(EVICTION_SAMPLE)
+            .map(|(&key, state)| (key, algorithm::expires_at(state)))
+            .min_by_key(|&(_, expires)| expires)?;
+        self.remove(victim);
+        Some(expires > now)
+    }
 }
 
 #[cfg(test)]

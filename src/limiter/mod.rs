@@ -1,8 +1,8 @@
 //! Rate-limit algorithms and the stores that keep their counters.
 //!
 //! Every algorithm is a pure state transition (`algorithm`): given the stored state of one key,
-//! the rule's [`Limit`], the time and a cost, it answers a [`Decision`] and the state to store if
-//! the request is admitted. Stores (`memory`, `redis`) only keep state and make a request's
+//! the rule's [`Limit`], the time and a cost, it answers a [`Decision`] and an O(1) update to
+//! apply if the request is admitted. Stores (`memory`, `redis`) only keep state and make a request's
 //! checks atomic: every rule is charged, or none is.
 
 pub mod algorithm;

@@ -238,3 +238,113 @@ pub fn client() -> reqwest::Client {
         .build()
         .expect("client")
 }
+
+// ---- Signals and process hand-off (tests/shutdown.rs, tests/upgrade.rs) ----
+
+/// Sends `signal` ("TERM", "QUIT", "INT", ...) to process `pid` with kill(1).
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+}
+
+/// Waits up to `limit` for `child` to exit: its status, or `None` if it is still running.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Any child process, stopped like the others (SIGINT, then SIGKILL) when dropped.
+pub struct Spawned {
+    /// The process.
+    pub child: Child,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// Spawns floodgate like [`spawn_floodgate`] (same pid file and upgrade socket in `dir`), with
+/// `extra` arguments such as `--upgrade`.
+pub fn spawn_floodgate_with(config: &Path, dir: &Path, log: &Path, extra: &[&str]) -> Spawned {
+    let log_file = std::fs::File::create(log).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("-c")
+        .arg(config)
+        .arg("--pid-file")
+        .arg(dir.join("floodgate.pid"))
+        .arg("--upgrade-sock")
+        .arg(dir.join("upgrade.sock"))
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("start floodgate");
+    Spawned { child }
+}
+
+impl Gateway {
+    /// Starts floodgate with a `[server]` table of the test's own: `server(addr, admin)` returns
+    /// it (see [`server_section`]), and `body` follows it.
+    pub fn start_custom(
+        server: impl FnOnce(SocketAddr, SocketAddr) -> String,
+        body: &str,
+        files: &[(&str, &str)],
+    ) -> Gateway {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, content) in files {
+            std::fs::write(dir.path().join(name), content).expect("write file");
+        }
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let config = format!("{}\n{body}", server(addr, admin));
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, config).expect("write config");
+        let log = dir.path().join("floodgate.log");
+        let child = spawn_floodgate(&path, dir.path(), &log);
+        let mut gw = Gateway {
+            child,
+            dir,
+            addr,
+            admin,
+            log,
+        };
+        wait_for_port(
+            admin,
+            Duration::from_secs(30),
+            &mut gw.child,
+            "floodgate (admin)",
+        );
+        wait_for_port(addr, Duration::from_secs(30), &mut gw.child, "floodgate");
+        gw
+    }
+
+    /// The config file it runs.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("gateway.toml")
+    }
+
+    /// Sends it `signal` ("TERM", "QUIT", "INT", ...).
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.child.id(), signal);
+    }
+
+    /// Waits up to `limit` for it to exit: its status, or `None` if it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        wait_exit(&mut self.child, limit)
+    }
+}

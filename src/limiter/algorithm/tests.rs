@@ -117,16 +117,19 @@ fn sliding_log_is_exact() {
     assert!(key.hit(&l, 0, 1).allowed);
     assert!(key.hit(&l, 10 * SEC, 1).allowed);
     let d = key.hit(&l, 20 * SEC, 1);
-    assert_eq!((d.allowed, d.remaining, d.reset), (true, 0, Duration::from_secs(60)));
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset),
+        (true, 0, Duration::from_secs(60))
+    );
     let d = key.hit(&l, 30 * SEC, 1);
     assert!(!d.allowed);
     // The first entry stops counting 60 s after it was admitted.
     assert_eq!(d.retry_after, Duration::from_secs(30));
     assert!(!key.hit(&l, 60 * SEC - 1, 1).allowed);
     assert!(key.hit(&l, 60 * SEC, 1).allowed);
-    // A cost of 2 waits for the two oldest to leave.
+    // A cost of 2 waits for the two oldest (admitted at 10 s and 20 s) to leave.
     let d = key.hit(&l, 61 * SEC, 2);
-    assert_eq!(d.retry_after, Duration::from_secs(9));
+    assert_eq!(d.retry_after, Duration::from_secs(19));
 }
 
 #[test]
@@ -146,7 +149,12 @@ fn sliding_log_drops_expired_entries_and_stays_bounded() {
 
 #[test]
 fn sliding_counter_weights_the_previous_window() {
-    let l = limit(Algorithm::SlidingWindowCounter, 10, Duration::from_secs(10), 10);
+    let l = limit(
+        Algorithm::SlidingWindowCounter,
+        10,
+        Duration::from_secs(10),
+        10,
+    );
     let mut key = Key::default();
     assert_eq!(key.burst(&l, 5 * SEC, 10), 10);
     // 2.5 s into the next window, 75% of the previous 10 still count: 2 fit (7.5 + 2 <= 10).
@@ -166,7 +174,12 @@ fn sliding_counter_weights_the_previous_window() {
 
 #[test]
 fn sliding_counter_retry_can_fall_in_the_next_window() {
-    let l = limit(Algorithm::SlidingWindowCounter, 4, Duration::from_secs(10), 4);
+    let l = limit(
+        Algorithm::SlidingWindowCounter,
+        4,
+        Duration::from_secs(10),
+        4,
+    );
     let mut key = Key::default();
     assert_eq!(key.burst(&l, SEC, 4), 4);
     let d = key.hit(&l, 2 * SEC, 1);
@@ -204,19 +217,15 @@ fn token_bucket_cost_above_burst_is_never_admitted() {
 
 #[test]
 fn token_bucket_rounds_the_rate_down_never_up() {
-    // 3 per second cannot be a whole number of nanoseconds per token: 333_333_334 ns.
-    let l = limit(Algorithm::TokenBucket, 3, Duration::from_secs(1), 1);
+    // 3 per second is 333_333_333.3 ns per token, rounded up to 333_333_334 ns.
+    let l = limit(Algorithm::TokenBucket, 3, Duration::from_secs(1), 1_000);
     let mut key = Key::default();
-    let mut admitted = 0;
-    let mut now = 0;
-    while now <= 100 * SEC {
-        if key.hit(&l, now, 1).allowed {
-            admitted += 1;
-        }
-        now += MS;
-    }
-    // 1 at once plus 3 a second for 100 s at most, and the rounding loses less than one.
-    assert_eq!(admitted, 300);
+    assert_eq!(key.burst(&l, 0, 2_000), 1_000);
+    // 100 s bring back 299.9999998 tokens: 299 whole ones, never 300.
+    assert_eq!(key.burst(&l, 100 * SEC, 1_000), 299);
+    // The 300th is whole 300 intervals after the start.
+    assert_eq!(key.burst(&l, 100 * SEC + 199, 1_000), 0);
+    assert_eq!(key.burst(&l, 100 * SEC + 200, 1_000), 1);
 }
 
 // ---- leaky bucket ----
@@ -227,7 +236,10 @@ fn leaky_police_is_a_bucket_of_burst_requests() {
     let mut key = Key::default();
     assert_eq!(key.burst(&l, SEC, 10), 5);
     let d = key.hit(&l, SEC, 1);
-    assert_eq!((d.allowed, d.retry_after, d.delay), (false, ms(100), Duration::ZERO));
+    assert_eq!(
+        (d.allowed, d.retry_after, d.delay),
+        (false, ms(100), Duration::ZERO)
+    );
     assert_eq!(key.burst(&l, SEC + 100 * MS, 10), 1);
 }
 
@@ -259,7 +271,10 @@ fn leaky_shape_max_delay_bounds_the_wait() {
         .map(|_| key.hit(&l, SEC, 1))
         .map(|d| d.allowed.then_some(d.delay))
         .collect();
-    assert_eq!(delays, [Some(ms(0)), Some(ms(100)), Some(ms(200)), None, None]);
+    assert_eq!(
+        delays,
+        [Some(ms(0)), Some(ms(100)), Some(ms(200)), None, None]
+    );
 }
 
 #[test]
@@ -315,24 +330,32 @@ fn absurd_numbers_do_not_panic() {
         Algorithm::LeakyBucket,
         Algorithm::Concurrency,
     ];
+    let numbers = [
+        (0, Duration::ZERO, 0),
+        (u64::MAX, Duration::MAX, u64::MAX),
+        (1, Duration::MAX, u64::MAX),
+        (u64::MAX, Duration::from_nanos(1), 1),
+        (3, Duration::from_secs(1), 2),
+    ];
     for algorithm in algorithms {
-        for (l, window, burst) in [
-            (0, Duration::ZERO, 0),
-            (u64::MAX, Duration::MAX, u64::MAX),
-            (1, Duration::MAX, u64::MAX),
-            (u64::MAX, Duration::from_nanos(1), 1),
-        ] {
+        // One key through every combination: reloads between extremes included.
+        let mut key = Key::default();
+        for (l, window, burst) in numbers {
             for mode in [LeakyMode::Police, LeakyMode::Shape] {
                 let l = Limit {
                     mode,
                     max_delay: Duration::MAX,
                     ..limit(algorithm, l, window, burst)
                 };
-                let mut key = Key::default();
-                for now in [0, 1, u64::MAX - 1, u64::MAX] {
+                // Time going backwards too: a caller's clock bug must not panic either.
+                for now in [0, 1, u64::MAX - 1, u64::MAX, 5] {
                     for cost in [0, 1, 2, u64::MAX] {
                         let d = key.hit(&l, now, cost);
                         assert!(d.allowed || d.retry_after > Duration::ZERO);
+                        if let Some(state) = &mut key.0 {
+                            expires_at(state);
+                            release(state, cost);
+                        }
                     }
                 }
             }
@@ -352,16 +375,24 @@ fn any_algorithm() -> impl Strategy<Value = Limit> {
         Just(Algorithm::Concurrency),
     ];
     let mode = prop_oneof![Just(LeakyMode::Police), Just(LeakyMode::Shape)];
-    (algorithm, 1..12u64, 1..5_000u64, 1..12u64, mode, 0..3_000u64).prop_map(
-        |(algorithm, l, window_ms, burst, mode, max_delay_ms)| Limit {
-            algorithm,
-            limit: l,
-            window: ms(window_ms),
-            burst,
-            mode,
-            max_delay: ms(max_delay_ms),
-        },
+    (
+        algorithm,
+        1..12u64,
+        1..5_000u64,
+        1..12u64,
+        mode,
+        0..3_000u64,
     )
+        .prop_map(
+            |(algorithm, l, window_ms, burst, mode, max_delay_ms)| Limit {
+                algorithm,
+                limit: l,
+                window: ms(window_ms),
+                burst,
+                mode,
+                max_delay: ms(max_delay_ms),
+            },
+        )
 }
 
 /// Arrivals: gaps in nanoseconds (often 0: bursts) and costs (mostly 1).

@@ -1,0 +1,167 @@
+//! What one rate-limit decision costs on the in-process store, per algorithm, and what one
+//! active key costs in memory.
+//!
+//! `cargo bench --bench decision` (about half a minute). Time is a `ManualClock` moved by 1 µs
+//! per decision, so that every run sees the same traffic: 1 M decisions per second of clock
+//! time against limits of 2 M per second, hence every request is admitted and charged (the
+//! expensive path). The production clock's own cost is measured apart (`clock/monotonic`):
+//! add it to a decision for the cost of `MemoryStore::new`.
+//!
+//! The memory measurement (printed first, only under `cargo bench`) inserts 1,000,000
+//! token-bucket keys and divides the growth of the resident set by that.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use floodgate::limiter::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
+use floodgate::limiter::{Algorithm, Check, LeakyMode, Limit};
+
+const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+    Algorithm::Concurrency,
+];
+
+/// Distinct keys of the "many keys" case: more than fit in the CPU caches.
+const MANY_KEYS: u64 = 100_000;
+
+fn check(rule: &str, key: u64, algorithm: Algorithm) -> Check {
+    Check {
+        rule: Arc::from(rule),
+        key,
+        limit: Limit {
+            algorithm,
+            // 2 M a second: never reached at 1 M decisions per second of clock time.
+            limit: 200_000,
+            window: Duration::from_millis(100),
+            burst: 200_000,
+            mode: LeakyMode::Police,
+            max_delay: Duration::ZERO,
+        },
+        cost: 1,
+    }
+}
+
+fn new_store() -> (MemoryStore, Arc<ManualClock>) {
+    store_of(1_000_000)
+}
+
+fn store_of(max_keys: usize) -> (MemoryStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    (MemoryStore::with_clock(max_keys, clock.clone()), clock)
+}
+
+/// One decision (for concurrency: a decision and its release, since slots must come back).
+fn decide(store: &MemoryStore, check: &Check) {
+    let decisions = store.decide(std::slice::from_ref(check));
+    if check.limit.algorithm == Algorithm::Concurrency {
+        store.release(check);
+    }
+    black_box(decisions);
+}
+
+fn decisions(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision");
+    for algorithm in ALGORITHMS {
+        let (store, clock) = new_store();
+        let hot = check("hot", 42, algorithm);
+        group.bench_function(BenchmarkId::new("one_key", algorithm.as_str()), |b| {
+            b.iter(|| {
+                clock.advance(Duration::from_micros(1));
+                decide(&store, &hot);
+            })
+        });
+
+        let (store, clock) = new_store();
+        let mut many = check("many", 0, algorithm);
+        group.bench_function(BenchmarkId::new("100k_keys", algorithm.as_str()), |b| {
+            b.iter(|| {
+                clock.advance(Duration::from_micros(1));
+                many.key = (many.key + 1) % MANY_KEYS;
+                decide(&store, &many);
+            })
+        });
+    }
+
+    // A typical request: three rules on two identities, decided and charged together.
+    let (store, clock) = new_store();
+    let request = [
+        check("per-ip", 1, Algorithm::TokenBucket),
+        check("per-key", 2, Algorithm::SlidingWindowCounter),
+        check("per-user", 3, Algorithm::FixedWindow),
+    ];
+    group.bench_function("three_rules", |b| {
+        b.iter(|| {
+            clock.advance(Duration::from_micros(1));
+            black_box(store.decide(&request));
+        })
+    });
+    group.finish();
+
+    let clock = MonotonicClock::new();
+    c.bench_function("clock/monotonic", |b| b.iter(|| black_box(clock.now_ns())));
+}
+
+/// Resident memory of this process in bytes, from /proc (Linux only).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn memory_per_key() {
+    const KEYS: u64 = 1_000_000;
+    // Room to spare: the bound is per shard, and a full shard would evict.
+    let (store, _clock) = store_of(2 * KEYS as usize);
+    let mut check = check("per-ip", 0, Algorithm::TokenBucket);
+    let Some(before) = resident_bytes() else {
+        println!("memory: /proc/self/status unreadable, not measured");
+        return;
+    };
+    let started = Instant::now();
+    for key in 0..KEYS {
+        check.key = key;
+        black_box(store.decide(std::slice::from_ref(&check)));
+    }
+    let elapsed = started.elapsed();
+    let after = resident_bytes().unwrap_or(before);
+    let keys = store.len() as u64;
+    println!(
+        "memory: {keys} token-bucket keys: resident set +{:.1} MiB = {} bytes/key \
+         (inserted in {:.0} ms, {} ns/insert, {} evictions)",
+        after.saturating_sub(before) as f64 / (1 << 20) as f64,
+        after.saturating_sub(before) / keys.max(1),
+        elapsed.as_secs_f64() * 1e3,
+        elapsed.as_nanos() / u128::from(KEYS),
+        store.evictions(),
+    );
+    // The most a decision pays for sweeping: one pass over one segment (1/16 of a shard).
+    let started = Instant::now();
+    store.sweep();
+    let sweep = started.elapsed();
+    println!(
+        "sweep: {:.1} ms for {keys} live keys, {:.1} µs per segment pass (64 shards x 16)",
+        sweep.as_secs_f64() * 1e3,
+        sweep.as_secs_f64() * 1e6 / 1024.0,
+    );
+}
+
+fn main() {
+    // Under `cargo test --benches` (each bench run once as a test) skip the slow measurement.
+    if std::env::args().any(|arg| arg == "--bench") {
+        memory_per_key();
+    }
+    let mut criterion = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .configure_from_args();
+    decisions(&mut criterion);
+    criterion.final_summary();
+}

@@ -1,0 +1,157 @@
+//! The state every request shares: the config in force (swapped whole on reload), the
+//! limiter's counters, and what the last reload said.
+//!
+//! A reload parses and validates the whole file first and swaps it in with one atomic pointer
+//! store: requests in flight keep the `Arc<Config>` they started with, new requests see the new
+//! one, and an invalid file changes nothing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::config::{Config, ConfigError};
+use crate::limiter::engine::Limiter;
+use crate::metrics::metrics;
+
+/// What the last reload attempt said, for the admin API.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    /// Successful loads (the start counts as the first).
+    pub generation: u64,
+    /// Unix time of the last successful load.
+    pub last_success_unix: u64,
+    /// The error of the last attempt, if it failed (file:line:column: message).
+    pub last_error: Option<String>,
+    /// Settings changed in the file that take effect only after a restart.
+    pub restart_required: Vec<String>,
+}
+
+/// Shared gateway state.
+pub struct Gateway {
+    /// The config in force.
+    pub config: ArcSwap<Config>,
+    /// Rate-limit counters (they survive reloads: state is keyed by rule name).
+    pub limiter: Limiter,
+    /// The config file to reload from.
+    pub path: PathBuf,
+    /// The settings that were in force at start (what listeners and store were built from).
+    started_with: Arc<Config>,
+    status: Mutex<ReloadStatus>,
+    /// Serializes reloads so that two triggers at once cannot swap in an older file last.
+    reload_lock: tokio::sync::Mutex<()>,
+}
+
+impl Gateway {
+    /// A gateway running `config`.
+    pub fn new(config: Config) -> Self {
+        let limiter = Limiter::new(config.store.max_keys);
+        let path = config.path.clone();
+        let config = Arc::new(config);
+        metrics().reloads.with_label_values(&["success"]).inc_by(0);
+        metrics().reloads.with_label_values(&["failure"]).inc_by(0);
+        metrics().last_reload.set(unix_now() as f64);
+        Gateway {
+            config: ArcSwap::new(config.clone()),
+            limiter,
+            path,
+            started_with: config,
+            status: Mutex::new(ReloadStatus {
+                generation: 1,
+                last_success_unix: unix_now(),
+                ..ReloadStatus::default()
+            }),
+            reload_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// What the last reload said.
+    pub fn reload_status(&self) -> ReloadStatus {
+        self.status.lock().clone()
+    }
+
+    /// Reads, validates and swaps in the config file. On error the old config stays in force
+    /// and the error is logged, counted and remembered for the admin API.
+    pub async fn reload(&self, trigger: &str) -> Result<ReloadStatus, ConfigError> {
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let path = self.path.clone();
+        // Reading files and resolving upstream names may block: keep it off the workers.
+        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ConfigError::whole_file(
+                    &self.path,
+                    format!("reload task failed: {e}"),
+                ))
+            });
+        match loaded {
+            Ok(new) => {
+                let restart = restart_only_changes(&self.started_with, &new);
+                for w in &new.warnings {
+                    tracing::warn!("{w}");
+                }
+                if !restart.is_empty() {
+                    tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
+                }
+                self.config.store(Arc::new(new));
+                metrics().reloads.with_label_values(&["success"]).inc();
+                metrics().last_reload.set(unix_now() as f64);
+                let mut st = self.status.lock();
+                st.generation += 1;
+                st.last_success_unix = unix_now();
+                st.last_error = None;
+                st.restart_required = restart;
+                tracing::info!(trigger, generation = st.generation, "config reloaded");
+                Ok(st.clone())
+            }
+            Err(e) => {
+                metrics().reloads.with_label_values(&["failure"]).inc();
+                tracing::error!(trigger, error = %e, "config reload failed; the previous config stays in force");
+                self.status.lock().last_error = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Names of settings that differ between the config the process started with and `new`, and
+/// that need a restart (listeners, threads, the store).
+pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, changed: bool| {
+        if changed {
+            out.push(name.to_string());
+        }
+    };
+    check("server.listen", old.server.listen != new.server.listen);
+    check(
+        "server.admin_listen",
+        old.server.admin_listen != new.server.admin_listen,
+    );
+    check("server.threads", old.server.threads != new.server.threads);
+    check("server.tls", old.server.tls != new.server.tls);
+    check(
+        "server.grace_period",
+        old.server.grace_period != new.server.grace_period,
+    );
+    check(
+        "server.log_format",
+        old.server.log_format != new.server.log_format,
+    );
+    check("store.backend", old.store.backend != new.store.backend);
+    check("store.url(s)", old.store.urls != new.store.urls);
+    check("store.max_keys", old.store.max_keys != new.store.max_keys);
+    check(
+        "store.key_prefix",
+        old.store.key_prefix != new.store.key_prefix,
+    );
+    out
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,242 @@
+//! Graceful shutdown: after SIGTERM (or after handing the listeners to a new process on an
+//! upgrade), exit as soon as the requests in flight have finished, or when
+//! `[server] grace_period` runs out, whichever comes first.
+//!
+//! Pingora 0.9 alone does not do that. On SIGTERM it flips its shutdown watch (every listener
+//! stops accepting and is closed, idle keep-alive connections are dropped), then sleeps
+//! `grace_period_seconds` unconditionally before stopping its runtimes. On SIGQUIT it first
+//! sends the listening sockets to the new process (`--upgrade`), waits 5 s so both accept, and
+//! then does the same. On SIGINT it never flips the watch and exits at once.
+//!
+//! [`Drain`] is a Pingora background service that waits for that same watch. When it flips,
+//! the listeners are closing, so no new request can start: it then polls [`InFlight`] and
+//! ends the process with exit code 0 once no request has been in flight for a short settle
+//! time, or when the grace period is over. Pingora's own wait stays behind it as the last
+//! resort. Being a service, it starts after a `-d` fork like every other service.
+//!
+//! What counts as "in flight" is a request whose header has been read and whose response has
+//! not been finished: the proxy holds one [`InFlightGuard`] per request (in its per-request
+//! context), taken from [`requests`].
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+/// How often the in-flight count is looked at while draining.
+const POLL: Duration = Duration::from_millis(20);
+
+/// How long the count must stay at zero before the process exits. It covers a request whose
+/// header was read just as the listeners closed (its guard is taken a moment later) and lets
+/// the last response bytes leave (an HTTP/2 connection writes them from its own task).
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// A count of requests in flight. Cloning shares the count.
+#[derive(Debug, Clone, Default)]
+pub struct InFlight {
+    count: Arc<AtomicUsize>,
+}
+
+impl InFlight {
+    /// A new count at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one request in until the returned guard is dropped. Call it when a request
+    /// starts (the proxy does so when it creates the request's context) and keep the guard as
+    /// long as the request is being answered.
+    pub fn enter(&self) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard {
+            count: self.count.clone(),
+        }
+    }
+
+    /// How many requests are in flight now.
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+}
+
+/// One request in flight; dropping it counts the request out, however the request ended.
+#[derive(Debug)]
+#[must_use = "the request counts as in flight only while the guard is held"]
+pub struct InFlightGuard {
+    count: Arc<AtomicUsize>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The process-wide count of proxied requests in flight, the one [`Drain`] waits for in the
+/// running gateway.
+pub fn requests() -> &'static InFlight {
+    static REQUESTS: OnceLock<InFlight> = OnceLock::new();
+    REQUESTS.get_or_init(InFlight::new)
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// No request was left in flight.
+    Idle {
+        /// Time from the start of the drain to the end of the settle time.
+        after: Duration,
+    },
+    /// The grace period ran out with requests still in flight.
+    GraceExpired {
+        /// How many requests were still in flight.
+        in_flight: usize,
+    },
+}
+
+/// Waits until `in_flight` has stayed at zero for `settle`, or until `grace` has passed since
+/// the call, polling every `poll`.
+pub async fn drain(
+    in_flight: &InFlight,
+    grace: Duration,
+    settle: Duration,
+    poll: Duration,
+) -> Drained {
+    let start = Instant::now();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        match in_flight.count() {
+            0 => {
+                let since = *idle_since.get_or_insert(now);
+                if now.duration_since(since) >= settle {
+                    return Drained::Idle {
+                        after: now.duration_since(start),
+                    };
+                }
+            }
+            n => {
+                idle_since = None;
+                if now.duration_since(start) >= grace {
+                    return Drained::GraceExpired { in_flight: n };
+                }
+            }
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// The background service that ends the process once a graceful shutdown has drained.
+/// Add it with `pingora::services::background::background_service("drain", Drain::new(..))`.
+#[derive(Debug)]
+pub struct Drain {
+    in_flight: InFlight,
+    grace: Duration,
+}
+
+impl Drain {
+    /// Drains `in_flight` for at most `grace` once the server starts shutting down gracefully.
+    pub fn new(in_flight: InFlight, grace: Duration) -> Self {
+        Drain { in_flight, grace }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Drain {
+    /// Runs for the whole life of the server: waits for Pingora's shutdown watch (flipped on
+    /// SIGTERM right away, and on SIGQUIT once the listeners have been handed over), then
+    /// drains and exits the process. Never returns on its own otherwise.
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        // An error means the server is gone without a graceful shutdown: nothing to drain.
+        if shutdown.wait_for(|stopping| *stopping).await.is_err() {
+            return;
+        }
+        tracing::info!(
+            in_flight = self.in_flight.count(),
+            grace_period = ?self.grace,
+            "graceful shutdown: listeners closed, waiting for requests in flight"
+        );
+        match drain(&self.in_flight, self.grace, SETTLE, POLL).await {
+            Drained::Idle { after } => {
+                tracing::info!(?after, "graceful shutdown: no request in flight, exiting");
+            }
+            Drained::GraceExpired { in_flight } => {
+                tracing::warn!(
+                    in_flight,
+                    grace_period = ?self.grace,
+                    "graceful shutdown: grace period over, exiting with requests still in flight"
+                );
+            }
+        }
+        std::process::exit(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn guards_count_in_and_out() {
+        let f = InFlight::new();
+        let a = f.enter();
+        let b = f.clone().enter();
+        assert_eq!(f.count(), 2);
+        drop(a);
+        assert_eq!(f.count(), 1);
+        drop(b);
+        assert_eq!(f.count(), 0);
+    }
+
+    #[test]
+    fn process_wide_count_is_one_count() {
+        let g = requests().enter();
+        assert!(requests().count() >= 1);
+        drop(g);
+    }
+
+    #[tokio::test]
+    async fn idle_drains_after_settle() {
+        let f = InFlight::new();
+        let out = drain(&f, Duration::from_secs(10), 30 * MS, 5 * MS).await;
+        match out {
+            Drained::Idle { after } => {
+                assert!(after >= 30 * MS);
+                assert!(after < Duration::from_secs(5), "{after:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn waits_for_the_last_request() {
+        let f = InFlight::new();
+        let guard = f.enter();
+        let started = Instant::now();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(200 * MS).await;
+            drop(guard);
+        });
+        let out = drain(&f, Duration::from_secs(10), 20 * MS, 5 * MS).await;
+        release.await.unwrap();
+        assert!(matches!(out, Drained::Idle { .. }), "{out:?}");
+        assert!(started.elapsed() >= 200 * MS);
+        assert_eq!(f.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn grace_period_bounds_the_wait() {
+        let f = InFlight::new();
+        let _stuck = f.enter();
+        let started = Instant::now();
+        let out = drain(&f, 100 * MS, 20 * MS, 5 * MS).await;
+        assert_eq!(out, Drained::GraceExpired { in_flight: 1 });
+        assert!(started.elapsed() >= 100 * MS);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,776 @@
+//! Static checks of what cannot be run on a machine without a Docker engine or a Kubernetes
+//! cluster: the Dockerfile, the compose stack and the Kubernetes manifests parse, refer to
+//! images, files, services and ports that exist, agree with each other on ports, and the
+//! gateway.toml files they mount pass `floodgate check`.
+//!
+//! Host names of compose services and Kubernetes Services only resolve inside those networks,
+//! and `floodgate check` resolves upstream targets; so before checking, every `"NAME:PORT"`
+//! whose NAME is a service of the stack is replaced by `"127.0.0.1:PORT"`, and the test prints
+//! what it replaced.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use floodgate::config::duration::parse_duration;
+use serde::Deserialize;
+use serde_yaml::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every YAML document of `path` (a file may hold several, separated by `---`).
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = read(path);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `v[a][b]...` for a dotted path, panicking with the path when a step is missing.
+fn at<'a>(v: &'a Value, path: &str) -> &'a Value {
+    let mut cur = v;
+    for step in path.split('.') {
+        cur = match step.parse::<usize>() {
+            Ok(i) => cur.get(i),
+            Err(_) => cur.get(step),
+        }
+        .unwrap_or_else(|| panic!("missing `{path}` (at `{step}`)"));
+    }
+    cur
+}
+
+fn text<'a>(v: &'a Value, path: &str) -> &'a str {
+    at(v, path)
+        .as_str()
+        .unwrap_or_else(|| panic!("`{path}` is not a string"))
+}
+
+fn seq<'a>(v: &'a Value, path: &str) -> &'a Vec<Value> {
+    at(v, path)
+        .as_sequence()
+        .unwrap_or_else(|| panic!("`{path}` is not a list"))
+}
+
+fn int(v: &Value, path: &str) -> u64 {
+    at(v, path)
+        .as_u64()
+        .unwrap_or_else(|| panic!("`{path}` is not a whole number"))
+}
+
+/// A gateway.toml's `[server]` and `[store]` values that the deployment files must agree with.
+struct Facts {
+    listen_port: u16,
+    admin: SocketAddr,
+    grace: Duration,
+    trusted: Vec<ipnet::IpNet>,
+    store_backend: String,
+    store_host: String,
+    upstream_hosts: Vec<(String, u16)>,
+}
+
+fn facts(config: &str) -> Facts {
+    let t: toml::Table = config.parse().expect("gateway.toml is TOML");
+    let server = t["server"].as_table().expect("[server]");
+    let listen = server["listen"].as_array().expect("server.listen");
+    assert_eq!(listen.len(), 1, "one plain listener");
+    let listen: SocketAddr = listen[0].as_str().unwrap().parse().unwrap();
+    let admin: SocketAddr = server["admin_listen"]
+        .as_str()
+        .expect("admin_listen is set: the default is loopback, unreachable from outside")
+        .parse()
+        .unwrap();
+    let grace = parse_duration(server["grace_period"].as_str().expect("grace_period")).unwrap();
+    let trusted = server
+        .get("trusted_proxies")
+        .and_then(toml::Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| c.as_str().unwrap().parse().unwrap())
+        .collect();
+    let store = t["store"].as_table().expect("[store]");
+    // "" for the memory store.
+    let store_host = store
+        .get("url")
+        .and_then(toml::Value::as_str)
+        .unwrap_or_default()
+        .trim_start_matches("redis://")
+        .split([':', '/'])
+        .next()
+        .unwrap()
+        .to_string();
+    let upstream_hosts = t["upstreams"]
+        .as_array()
+        .expect("[[upstreams]]")
+        .iter()
+        .flat_map(|u| u["targets"].as_array().unwrap().iter())
+        .map(|target| {
+            let (host, port) = target.as_str().unwrap().rsplit_once(':').unwrap();
+            (host.to_string(), port.parse().unwrap())
+        })
+        .collect();
+    Facts {
+        listen_port: listen.port(),
+        admin,
+        grace,
+        trusted,
+        store_backend: store["backend"].as_str().unwrap_or("memory").to_string(),
+        store_host,
+        upstream_hosts,
+    }
+}
+
+/// Runs `floodgate check` on `config` (with `files` beside it) after replacing every
+/// `"NAME:` of a service in `services` by `"127.0.0.1:`, which it reports.
+fn check_with_local_hosts(what: &str, config: &str, files: &[(&str, &str)], services: &[&str]) {
+    let mut local = config.to_string();
+    for name in services {
+        let from = format!("\"{name}:");
+        let mut replaced = false;
+        let mut out = String::new();
+        let mut rest = local.as_str();
+        while let Some(i) = rest.find(&from) {
+            let after = &rest[i + from.len()..];
+            out.push_str(&rest[..i]);
+            // Only "NAME:PORT", never a URL such as "redis://redis:6379".
+            if after.starts_with(|c: char| c.is_ascii_digit()) {
+                out.push_str("\"127.0.0.1:");
+                replaced = true;
+            } else {
+                out.push_str(&from);
+            }
+            rest = after;
+        }
+        out.push_str(rest);
+        local = out;
+        if replaced {
+            println!(
+                "{what}: checking with \"{name}:PORT\" replaced by \"127.0.0.1:PORT\" \
+                 (a service name resolves only inside its stack)"
+            );
+        }
+    }
+    let (ok, stdout, stderr) = common::check(&local, files);
+    assert!(ok, "{what} fails `floodgate check`:\n{stderr}\n{stdout}");
+    print!("{what}: {stdout}");
+}
+
+// ---- Dockerfile -------------------------------------------------------------------------------
+
+#[test]
+fn dockerfile_builds_both_binaries_into_a_small_non_root_image() {
+    let dockerfile = read(&repo().join("deploy/Dockerfile"));
+    let lines: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let from: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(from.len(), 2, "multi-stage: a build and a runtime stage");
+    assert!(from[0].starts_with("FROM rust:") && from[0].contains(" AS build"));
+    assert!(from[1].starts_with("FROM debian:") && from[1].contains("-slim"));
+    assert!(dockerfile.contains("install -y --no-install-recommends cmake"));
+    assert!(dockerfile.contains("ca-certificates"));
+
+    // Both binaries exist in Cargo.toml and are built and installed.
+    let cargo: toml::Table = read(&repo().join("Cargo.toml")).parse().unwrap();
+    let bins: BTreeSet<&str> = cargo["bin"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    for bin in ["floodgate", "orders-api"] {
+        assert!(bins.contains(bin), "Cargo.toml has no [[bin]] {bin}");
+        assert!(dockerfile.contains(&format!("--bin {bin}")));
+        assert!(dockerfile.contains(&format!("target/release/{bin}")));
+    }
+    assert!(dockerfile.contains("/usr/local/bin/"));
+    assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/local/bin/floodgate"]"#));
+    assert!(dockerfile.contains(r#"CMD ["-c", "/etc/floodgate/gateway.toml"]"#));
+
+    // Files copied from the context exist, and .dockerignore keeps the context small.
+    assert!(dockerfile.contains("COPY gateway.toml /etc/floodgate/gateway.toml"));
+    assert!(repo().join("gateway.toml").is_file());
+    let ignore = read(&repo().join(".dockerignore"));
+    for entry in ["target/", ".git/"] {
+        assert!(
+            ignore.lines().any(|l| l.trim() == entry),
+            ".dockerignore lacks {entry}"
+        );
+    }
+    for needed in ["src/", "Cargo.toml", "Cargo.lock", "lua/", "gateway.toml"] {
+        assert!(
+            !ignore.lines().any(|l| l.trim() == needed),
+            ".dockerignore must not drop {needed}"
+        );
+    }
+
+    // Runs as a non-root numeric user; ports and health check match the shipped config.
+    let user = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("USER");
+    let uid = user.split(':').next().unwrap();
+    assert!(uid.parse::<u32>().is_ok_and(|u| u != 0), "USER {user}");
+    let shipped = facts(&read(&repo().join("gateway.toml")));
+    let expose = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("EXPOSE "))
+        .expect("EXPOSE");
+    let exposed: BTreeSet<u16> = expose
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(
+        exposed,
+        BTreeSet::from([shipped.listen_port, shipped.admin.port()])
+    );
+    assert!(dockerfile.contains(&format!(
+        "http://127.0.0.1:{}/healthz",
+        shipped.admin.port()
+    )));
+    assert!(lines.iter().any(|l| l.starts_with("HEALTHCHECK ")));
+    assert!(
+        dockerfile.contains("curl"),
+        "the health check needs curl in the image"
+    );
+}
+
+// ---- docker compose ---------------------------------------------------------------------------
+
+/// `host:container[:mode]` bind mounts of a compose service, sources resolved against deploy/.
+fn binds(service: &Value) -> Vec<(PathBuf, String)> {
+    service
+        .get("volumes")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .map(|v| {
+            let spec = v.as_str().expect("short volume syntax");
+            let mut parts = spec.split(':');
+            let host = parts.next().unwrap();
+            let target = parts.next().expect("a target path").to_string();
+            assert!(
+                host.starts_with("./"),
+                "bind mounts are relative to deploy/: {spec}"
+            );
+            (repo().join("deploy").join(host), target)
+        })
+        .collect()
+}
+
+/// `[host_ip:]host:container` port mappings of a compose service: (host, container).
+fn published(service: &Value) -> Vec<(u16, u16)> {
+    service
+        .get("ports")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let spec = p.as_str().expect("ports as strings");
+            let parts: Vec<&str> = spec.rsplitn(3, ':').collect();
+            (parts[1].parse().unwrap(), parts[0].parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn compose_stack_is_consistent_and_its_config_passes_check() {
+    let docs = yaml_docs(&repo().join("deploy/docker-compose.yml"));
+    assert_eq!(docs.len(), 1);
+    let compose = &docs[0];
+    let services = at(compose, "services").as_mapping().expect("services");
+    let names: BTreeSet<&str> = services.keys().map(|k| k.as_str().unwrap()).collect();
+    let expected = [
+        "redis",
+        "orders-api",
+        "gateway-1",
+        "gateway-2",
+        "lb",
+        "prometheus",
+    ];
+    for name in expected {
+        assert!(names.contains(name), "no service {name}");
+    }
+    let service = |name: &str| at(compose, &format!("services.{name}"));
+
+    // Every service has an image; those built here build deploy/Dockerfile from the root.
+    for (name, svc) in services {
+        assert!(svc.get("image").is_some(), "{name:?} has no image");
+        if let Some(build) = svc.get("build") {
+            let context = repo().join("deploy").join(text(build, "context"));
+            assert_eq!(
+                context.canonicalize().unwrap(),
+                repo().canonicalize().unwrap()
+            );
+            assert!(context.join(text(build, "dockerfile")).is_file());
+        }
+        // depends_on names services that exist.
+        if let Some(deps) = svc.get("depends_on") {
+            let deps: Vec<&str> = match deps {
+                Value::Sequence(s) => s.iter().map(|d| d.as_str().unwrap()).collect(),
+                Value::Mapping(m) => m.keys().map(|d| d.as_str().unwrap()).collect(),
+                other => panic!("depends_on: {other:?}"),
+            };
+            for d in deps {
+                assert!(names.contains(d), "{name:?} depends on unknown {d}");
+            }
+        }
+        // Every bind-mounted file exists.
+        for (host, _) in binds(svc) {
+            assert!(host.is_file(), "{name:?} mounts missing {}", host.display());
+        }
+    }
+    assert_eq!(
+        text(service("gateway-1"), "image"),
+        text(service("orders-api"), "image")
+    );
+    let redis_cmd: Vec<&str> = seq(service("redis"), "command")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(redis_cmd
+        .windows(2)
+        .any(|w| w == ["--maxmemory-policy", "noeviction"]));
+    assert!(text(service("redis"), "image").starts_with("redis:7"));
+    let orders_cmd: Vec<&str> = seq(service("orders-api"), "command")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let orders_listen: SocketAddr = orders_cmd
+        [orders_cmd.iter().position(|a| *a == "--listen").unwrap() + 1]
+        .parse()
+        .unwrap();
+
+    // Both gateways mount the same config read-only at the documented path.
+    let config_path = repo().join("deploy/compose/gateway.toml");
+    for gw in ["gateway-1", "gateway-2"] {
+        let mounts = binds(service(gw));
+        assert!(
+            mounts
+                .iter()
+                .any(|(host, target)| *host == config_path
+                    && target == "/etc/floodgate/gateway.toml"),
+            "{gw} does not mount compose/gateway.toml at /etc/floodgate/gateway.toml"
+        );
+        let spec = seq(service(gw), "volumes")[0].as_str().unwrap();
+        assert!(spec.ends_with(":ro"), "{gw}: {spec} is not read-only");
+    }
+    let config = read(&config_path);
+    let f = facts(&config);
+    assert_eq!(f.store_backend, "redis");
+    assert!(
+        names.contains(f.store_host.as_str()),
+        "store.url names no service"
+    );
+    for (host, port) in &f.upstream_hosts {
+        assert!(
+            names.contains(host.as_str()),
+            "upstream {host} is no service"
+        );
+        assert_eq!(
+            *port,
+            orders_listen.port(),
+            "upstream port vs orders-api --listen"
+        );
+    }
+    assert!(
+        !f.admin.ip().is_loopback(),
+        "admin_listen must be reachable in the network"
+    );
+
+    // stop_grace_period outlasts grace_period.
+    for gw in ["gateway-1", "gateway-2"] {
+        let stop = parse_duration(text(service(gw), "stop_grace_period")).unwrap();
+        assert!(
+            stop > f.grace,
+            "{gw}: stop_grace_period {stop:?} <= grace_period"
+        );
+        for (_, container) in published(service(gw)) {
+            assert_eq!(
+                container,
+                f.admin.port(),
+                "{gw} publishes a port that is not admin"
+            );
+        }
+    }
+
+    // The load balancer: its pinned address is the one trusted proxy, its upstreams are the two
+    // gateways on the listen port, and its listen port is the one compose publishes.
+    let lb = service("lb");
+    let lb_ip: std::net::IpAddr = text(lb, "networks.floodgate.ipv4_address").parse().unwrap();
+    assert!(
+        f.trusted.iter().any(|n| n.contains(&lb_ip)),
+        "lb {lb_ip} is not trusted"
+    );
+    let subnet: ipnet::IpNet = text(compose, "networks.floodgate.ipam.config.0.subnet")
+        .parse()
+        .unwrap();
+    assert!(subnet.contains(&lb_ip));
+    let nginx_conf = binds(lb)
+        .into_iter()
+        .find(|(_, t)| t == "/etc/nginx/nginx.conf")
+        .expect("lb mounts nginx.conf")
+        .0;
+    let nginx = read(&nginx_conf);
+    let upstream_block = nginx
+        .split_once("upstream gateways {")
+        .expect("an upstream gateways block")
+        .1
+        .split_once('}')
+        .unwrap()
+        .0;
+    let servers: Vec<&str> = upstream_block
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("server "))
+        .map(|s| s.split_whitespace().next().unwrap().trim_end_matches(';'))
+        .collect();
+    assert_eq!(
+        servers,
+        [
+            format!("gateway-1:{}", f.listen_port),
+            format!("gateway-2:{}", f.listen_port)
+        ]
+    );
+    assert!(nginx.contains("proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;"));
+    let nginx_listen: u16 = nginx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("listen "))
+        .unwrap()
+        .trim_end_matches(';')
+        .parse()
+        .unwrap();
+    assert_eq!(published(lb), [(8080, nginx_listen)]);
+
+    // Prometheus scrapes both gateways' admin ports at /metrics.
+    let prom_path = binds(service("prometheus"))
+        .into_iter()
+        .find(|(_, t)| t == "/etc/prometheus/prometheus.yml")
+        .expect("prometheus mounts prometheus.yml")
+        .0;
+    let prom = &yaml_docs(&prom_path)[0];
+    let job = &seq(prom, "scrape_configs")[0];
+    assert_eq!(text(job, "metrics_path"), "/metrics");
+    let targets: BTreeSet<&str> = seq(job, "static_configs.0.targets")
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let admin = f.admin.port();
+    assert_eq!(
+        targets,
+        BTreeSet::from([
+            format!("gateway-1:{admin}").as_str(),
+            format!("gateway-2:{admin}").as_str()
+        ])
+    );
+
+    let all: Vec<&str> = names.iter().copied().collect();
+    check_with_local_hosts("deploy/compose/gateway.toml", &config, &[], &all);
+}
+
+// ---- Kubernetes -------------------------------------------------------------------------------
+
+/// Every manifest of deploy/k8s by (kind, name).
+fn k8s_objects() -> BTreeMap<(String, String), Value> {
+    let dir = repo().join("deploy/k8s");
+    let kustomization = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+    let listed: BTreeSet<String> = seq(kustomization, "resources")
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let present: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| (n.ends_with(".yaml") || n.ends_with(".yml")) && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(
+        listed, present,
+        "kustomization.yaml must list every manifest, and only those"
+    );
+
+    let mut objects = BTreeMap::new();
+    for file in &listed {
+        for doc in yaml_docs(&dir.join(file)) {
+            let kind = text(&doc, "kind").to_string();
+            let name = text(&doc, "metadata.name").to_string();
+            assert!(text(&doc, "apiVersion").contains('v'), "{file}: apiVersion");
+            assert!(
+                doc["metadata"].get("namespace").is_none(),
+                "{file}: {kind}/{name} sets a namespace; the manifests are namespace-agnostic"
+            );
+            let previous = objects.insert((kind.clone(), name.clone()), doc);
+            assert!(previous.is_none(), "{kind}/{name} is defined twice");
+        }
+    }
+    objects
+}
+
+fn object<'a>(objects: &'a BTreeMap<(String, String), Value>, kind: &str, name: &str) -> &'a Value {
+    objects
+        .get(&(kind.to_string(), name.to_string()))
+        .unwrap_or_else(|| panic!("no {kind}/{name} in deploy/k8s"))
+}
+
+/// The named container ports of a pod template's first container.
+fn container_ports(container: &Value) -> BTreeMap<String, u64> {
+    seq(container, "ports")
+        .iter()
+        .map(|p| (text(p, "name").to_string(), int(p, "containerPort")))
+        .collect()
+}
+
+/// A probe's or Service's port, by number or by name.
+fn port_of(v: &Value, ports: &BTreeMap<String, u64>) -> u64 {
+    match v {
+        Value::Number(n) => n.as_u64().unwrap(),
+        Value::String(name) => *ports.get(name).unwrap_or_else(|| panic!("no port {name}")),
+        other => panic!("port {other:?}"),
+    }
+}
+
+/// The pod labels of every Deployment and StatefulSet, with its first container.
+fn workloads(objects: &BTreeMap<(String, String), Value>) -> Vec<(String, &Value, &Value)> {
+    objects
+        .iter()
+        .filter(|((kind, _), _)| kind == "Deployment" || kind == "StatefulSet")
+        .map(|((kind, name), w)| {
+            (
+                format!("{kind}/{name}"),
+                at(w, "spec.template.metadata.labels"),
+                &seq(w, "spec.template.spec.containers")[0],
+            )
+        })
+        .collect()
+}
+
+/// Whether every `key: value` of `selector` is in `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[test]
+fn kubernetes_manifests_are_consistent_and_the_configmap_passes_check() {
+    let dir = repo().join("deploy/k8s");
+    let objects = k8s_objects();
+    let workloads = workloads(&objects);
+
+    // Every Service selects exactly one workload and targets one of its container ports.
+    let mut service_ports: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for ((kind, name), svc) in &objects {
+        if kind != "Service" {
+            continue;
+        }
+        let selector = at(svc, "spec.selector");
+        let matched: Vec<_> = workloads
+            .iter()
+            .filter(|(_, labels, _)| selects(selector, labels))
+            .collect();
+        assert_eq!(
+            matched.len(),
+            1,
+            "Service/{name} must select exactly one workload"
+        );
+        let ports = container_ports(matched[0].2);
+        for p in seq(svc, "spec.ports") {
+            let target = p.get("targetPort").unwrap_or(at(p, "port"));
+            let target = port_of(target, &ports);
+            assert!(
+                ports.values().any(|&c| c == target),
+                "Service/{name}: port {target}"
+            );
+            service_ports
+                .entry(name.clone())
+                .or_default()
+                .insert(int(p, "port"));
+        }
+    }
+
+    // The gateway config, with its keys file from the Secret.
+    let config_map = object(&objects, "ConfigMap", "floodgate-config");
+    let config = at(config_map, "data")
+        .get("gateway.toml")
+        .and_then(Value::as_str)
+        .expect("ConfigMap data gateway.toml");
+    let secret = object(&objects, "Secret", "floodgate-keys");
+    let keys = at(secret, "stringData")
+        .get("keys.toml")
+        .and_then(Value::as_str)
+        .expect("Secret stringData keys.toml");
+    let keys_table: toml::Table = keys.parse().expect("keys.toml is TOML");
+    let key_list = keys_table["keys"].as_array().expect("[[keys]]");
+    assert!(!key_list.is_empty());
+    for k in key_list {
+        let k = k.as_table().unwrap();
+        assert!(
+            !k.contains_key("secret"),
+            "the Secret holds a plaintext secret: {k:?}"
+        );
+        let sha = k["sha256"].as_str().expect("sha256");
+        assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+    let table: toml::Table = config.parse().unwrap();
+    assert_eq!(
+        table["auth"]["keys_file"].as_str(),
+        Some("keys.toml"),
+        "keys_file is the Secret's file, projected next to gateway.toml"
+    );
+    let f = facts(config);
+    assert_eq!(f.store_backend, "redis");
+    assert!(
+        !f.admin.ip().is_loopback(),
+        "the kubelet probes admin on the pod IP"
+    );
+    let store_url = table["store"]["url"].as_str().unwrap();
+    assert!(
+        service_ports
+            .get(&f.store_host)
+            .is_some_and(|p| p.iter().any(|p| store_url.contains(&format!(":{p}")))),
+        "store.url {store_url} is no Service of the manifests"
+    );
+    for (host, port) in &f.upstream_hosts {
+        assert!(
+            service_ports
+                .get(host)
+                .is_some_and(|p| p.contains(&u64::from(*port))),
+            "upstream {host}:{port} is no Service of the manifests"
+        );
+    }
+
+    // The Deployment.
+    let deployment = object(&objects, "Deployment", "floodgate");
+    let spec = at(deployment, "spec");
+    assert!(int(spec, "replicas") >= 2);
+    let pod_labels = at(spec, "template.metadata.labels");
+    assert!(selects(at(spec, "selector.matchLabels"), pod_labels));
+    let pod = at(spec, "template.spec");
+    assert_eq!(
+        at(pod, "securityContext.runAsNonRoot").as_bool(),
+        Some(true)
+    );
+    assert!(int(pod, "securityContext.runAsUser") > 0);
+    let c = &seq(pod, "containers")[0];
+    assert!(text(c, "image").starts_with("floodgate:"));
+    let args: Vec<&str> = seq(c, "args").iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(args, ["-c", "/etc/floodgate/gateway.toml"]);
+    let ports = container_ports(c);
+    assert_eq!(ports.get("http"), Some(&u64::from(f.listen_port)));
+    assert_eq!(ports.get("admin"), Some(&u64::from(f.admin.port())));
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        let get = at(c, &format!("{probe}.httpGet"));
+        assert_eq!(text(get, "path"), path);
+        assert_eq!(port_of(at(get, "port"), &ports), u64::from(f.admin.port()));
+    }
+    for r in [
+        "requests.cpu",
+        "requests.memory",
+        "limits.cpu",
+        "limits.memory",
+    ] {
+        at(c, &format!("resources.{r}"));
+    }
+    let pre_stop: Vec<&str> = seq(c, "lifecycle.preStop.exec.command")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(pre_stop[0], "sleep");
+    let pre_stop = Duration::from_secs(pre_stop[1].parse().unwrap());
+    let termination = Duration::from_secs(int(pod, "terminationGracePeriodSeconds"));
+    assert!(
+        termination > pre_stop + f.grace,
+        "terminationGracePeriodSeconds {termination:?} <= preStop {pre_stop:?} + grace_period {:?}",
+        f.grace
+    );
+    // The config is a directory mount (no subPath: the kubelet's symlink swap must reach it)
+    // of a projected volume holding the ConfigMap's gateway.toml and the Secret's keys.toml.
+    let mount = seq(c, "volumeMounts")
+        .iter()
+        .find(|m| text(m, "mountPath").trim_end_matches('/') == "/etc/floodgate")
+        .expect("a volume mounted at /etc/floodgate");
+    assert!(mount.get("subPath").is_none());
+    let volume = seq(pod, "volumes")
+        .iter()
+        .find(|v| text(v, "name") == text(mount, "name"))
+        .expect("the config volume");
+    let mut projected = BTreeMap::new();
+    for source in seq(volume, "projected.sources") {
+        let (kind, src) = if let Some(cm) = source.get("configMap") {
+            ("ConfigMap", cm)
+        } else {
+            ("Secret", at(source, "secret"))
+        };
+        object(&objects, kind, text(src, "name"));
+        for item in seq(src, "items") {
+            projected.insert(
+                text(item, "path").to_string(),
+                (kind, text(item, "key").to_string()),
+            );
+        }
+    }
+    assert_eq!(
+        projected["gateway.toml"],
+        ("ConfigMap", "gateway.toml".to_string())
+    );
+    assert_eq!(projected["keys.toml"], ("Secret", "keys.toml".to_string()));
+
+    // PodDisruptionBudget and HorizontalPodAutoscaler aim at the gateways.
+    let pdb = object(&objects, "PodDisruptionBudget", "floodgate");
+    assert_eq!(text(pdb, "apiVersion"), "policy/v1");
+    assert!(selects(at(pdb, "spec.selector.matchLabels"), pod_labels));
+    let hpa = object(&objects, "HorizontalPodAutoscaler", "floodgate");
+    assert_eq!(text(hpa, "apiVersion"), "autoscaling/v2");
+    assert_eq!(text(hpa, "spec.scaleTargetRef.kind"), "Deployment");
+    assert_eq!(text(hpa, "spec.scaleTargetRef.name"), "floodgate");
+    assert!(int(hpa, "spec.minReplicas") >= 2);
+    assert!(seq(hpa, "spec.metrics")
+        .iter()
+        .any(|m| text(m, "resource.name") == "cpu"));
+
+    // The Redis for trying it out: a StatefulSet behind its governing Service, never evicting.
+    let redis = object(&objects, "StatefulSet", "redis");
+    object(&objects, "Service", text(redis, "spec.serviceName"));
+    let redis_args: Vec<&str> = seq(redis, "spec.template.spec.containers.0.args")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(redis_args
+        .windows(2)
+        .any(|w| w == ["--maxmemory-policy", "noeviction"]));
+    assert!(read(&dir.join("redis.yaml")).contains("Redis Cluster"));
+
+    // Every floodgate image is the one kustomize rewrites.
+    let kustomization = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+    let image = text(&seq(kustomization, "images")[0], "name");
+    for (name, _, container) in &workloads {
+        let img = text(container, "image");
+        if !img.starts_with("redis:") {
+            assert!(img.starts_with(&format!("{image}:")), "{name}: image {img}");
+        }
+    }
+
+    let services: Vec<&str> = service_ports.keys().map(String::as_str).collect();
+    check_with_local_hosts(
+        "deploy/k8s ConfigMap gateway.toml",
+        config,
+        &[("keys.toml", keys)],
+        &services,
+    );
+}

@@ -1,0 +1,228 @@
+//! Graceful shutdown through the real binary: SIGTERM closes the listeners, lets the request in
+//! flight finish and exits right after it (long before `grace_period`); a request that outlives
+//! `grace_period` does not keep the process alive; SIGINT exits at once.
+//!
+//! The slow request goes to a test-controlled upstream that holds its answer until the test
+//! releases it, so "the request is in flight" is a fact the test knows, not a timing guess.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// An HTTP/1.1 upstream that, for each request, reports its arrival and answers `200 held`
+/// only when released. Its thread ends when the test drops the upstream.
+struct HeldUpstream {
+    addr: SocketAddr,
+    arrived: mpsc::Receiver<()>,
+    release: mpsc::Sender<()>,
+}
+
+impl HeldUpstream {
+    fn start() -> HeldUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        let addr = listener.local_addr().unwrap();
+        let (arrived_tx, arrived) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                if read_head(&mut conn).is_none() {
+                    continue;
+                }
+                if arrived_tx.send(()).is_err() || release_rx.recv().is_err() {
+                    return;
+                }
+                let _ = conn.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 4\r\n\
+                      connection: close\r\n\r\nheld",
+                );
+            }
+        });
+        HeldUpstream {
+            addr,
+            arrived,
+            release,
+        }
+    }
+}
+
+/// Reads up to the end of a request or response head; `None` if the peer closed first.
+fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(head)
+}
+
+/// One `GET path` on a fresh connection: (status, body), or what went wrong.
+fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The `[server]` table with `grace` as the grace period.
+fn server(grace: &'static str) -> impl FnOnce(SocketAddr, SocketAddr) -> String {
+    move |addr, admin| {
+        format!(
+            "[server]\nlisten = [\"{addr}\"]\nadmin_listen = \"{admin}\"\nthreads = 1\n\
+             grace_period = \"{grace}\"\n"
+        )
+    }
+}
+
+/// Everything routed to `upstream`, no auth, no rules.
+fn body(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+[[upstreams]]
+name = "held"
+targets = ["{upstream}"]
+connect_timeout = "1s"
+read_timeout = "60s"
+
+[[routes]]
+name = "all"
+match = {{ path_prefix = "/" }}
+upstream = "held"
+auth = "none"
+"#
+    )
+}
+
+/// Polls until a TCP connect to `addr` is refused; panics after `limit`.
+fn wait_refused(addr: SocketAddr, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => return,
+            _ => {}
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{addr} still accepts connections {limit:?} after the signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_flight_then_exits() {
+    let up = HeldUpstream::start();
+    let mut gw = Gateway::start_custom(server("20s"), &body(up.addr), &[]);
+
+    let addr = gw.addr;
+    let request = std::thread::spawn(move || {
+        let out = http_get(addr, "/orders/slow");
+        (out, Instant::now())
+    });
+    up.arrived
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the request reaches the upstream");
+
+    gw.signal("TERM");
+    // New connections are refused while the request is still held upstream...
+    wait_refused(gw.addr, Duration::from_secs(10));
+    wait_refused(gw.admin, Duration::from_secs(10));
+    assert!(!request.is_finished(), "the held request ended early");
+    assert!(
+        gw.wait_exit(Duration::ZERO).is_none(),
+        "floodgate exited with a request in flight"
+    );
+
+    // ...and the request in flight still completes.
+    up.release.send(()).unwrap();
+    let (out, finished) = request.join().unwrap();
+    assert_eq!(out, Ok((200, "held".to_string())), "{}", gw.logs());
+
+    // Then the process exits on its own, long before the 20s grace period.
+    let status = gw
+        .wait_exit(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("still running 10s after its last request\n{}", gw.logs()));
+    let exited = Instant::now();
+    assert!(status.success(), "exit status {status}\n{}", gw.logs());
+    assert!(
+        exited - finished < Duration::from_secs(5),
+        "exited {:?} after its last request",
+        exited - finished
+    );
+    assert!(gw.logs().contains("no request in flight"), "{}", gw.logs());
+}
+
+#[test]
+fn grace_period_ends_a_request_that_outlives_it() {
+    let up = HeldUpstream::start();
+    let mut gw = Gateway::start_custom(server("1s"), &body(up.addr), &[]);
+
+    let addr = gw.addr;
+    let request = std::thread::spawn(move || http_get(addr, "/orders/forever"));
+    up.arrived
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the request reaches the upstream");
+
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    let status = gw
+        .wait_exit(Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("still running 15s after SIGTERM\n{}", gw.logs()));
+    let waited = signalled.elapsed();
+    assert!(status.success(), "exit status {status}\n{}", gw.logs());
+    // It waited for the request as long as the grace period allowed, and no longer.
+    assert!(
+        waited >= Duration::from_millis(900),
+        "exited after {waited:?}"
+    );
+    assert!(gw.logs().contains("grace period over"), "{}", gw.logs());
+    // The client sees its connection end without an answer.
+    assert!(request.join().unwrap().is_err());
+}
+
+#[test]
+fn sigint_exits_at_once() {
+    let up = HeldUpstream::start();
+    let mut gw = Gateway::start_custom(server("20s"), &body(up.addr), &[]);
+
+    let addr = gw.addr;
+    let request = std::thread::spawn(move || http_get(addr, "/orders/forever"));
+    up.arrived
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the request reaches the upstream");
+
+    gw.signal("INT");
+    assert!(
+        gw.wait_exit(Duration::from_secs(5)).is_some(),
+        "SIGINT did not stop floodgate within 5s (grace period 20s)\n{}",
+        gw.logs()
+    );
+    assert!(request.join().unwrap().is_err());
+}

@@ -1,0 +1,200 @@
+//! Zero-downtime binary upgrade through the real binary: a second floodgate started with
+//! `--upgrade` takes the listening sockets over from the running one (Pingora's hand-off on
+//! SIGQUIT) while clients keep sending requests, and not one request fails.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// One `GET path` on a fresh connection: the status, or what went wrong.
+///
+/// Every request opens its own connection on purpose: what an upgrade must not break is
+/// accepting connections. (A client that reuses an idle keep-alive connection can always race
+/// the server closing it, upgrade or not; HTTP clients retry that case for idempotent requests.)
+fn http_get(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))
+}
+
+/// Client load: `workers` threads sending requests back to back until dropped (or for at most
+/// two minutes), counting successes and recording every failure.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: SocketAddr, path: &'static str, workers: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..workers)
+            .map(|_| {
+                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        match http_get(addr, path) {
+                            Ok(200) => {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(status) => failures.lock().unwrap().push(format!("status {status}")),
+                            Err(e) => failures.lock().unwrap().push(e),
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failures,
+            threads,
+        }
+    }
+
+    fn ok(&self) -> usize {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` requests have succeeded in all; panics after `limit`.
+    fn wait_ok(&self, n: usize, limit: Duration, what: &str) {
+        let start = Instant::now();
+        while self.ok() < n {
+            assert!(
+                start.elapsed() < limit,
+                "{what}: {} of {n} requests succeeded within {limit:?}; failures: {:?}",
+                self.ok(),
+                self.failures.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops the load and returns the failures.
+    fn finish(mut self) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            t.join().expect("load thread");
+        }
+        std::mem::take(&mut *self.failures.lock().unwrap())
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn upgrade_hands_the_listeners_over_without_failing_a_request() {
+    let api = OrdersApi::start("orders-1");
+    let body = format!(
+        r#"
+[[upstreams]]
+name = "orders"
+targets = ["{}"]
+connect_timeout = "1s"
+read_timeout = "10s"
+
+[[routes]]
+name = "orders"
+match = {{ path_prefix = "/orders" }}
+upstream = "orders"
+auth = "none"
+"#,
+        api.addr
+    );
+    let mut old = Gateway::start_custom(
+        |addr, admin| {
+            format!(
+                "[server]\nlisten = [\"{addr}\"]\nadmin_listen = \"{admin}\"\nthreads = 2\n\
+                 grace_period = \"20s\"\n"
+            )
+        },
+        &body,
+        &[],
+    );
+    let dir = old.dir.path().to_path_buf();
+
+    // Slow-ish requests, so that some are in flight on the old process when it stops.
+    let load = Load::start(old.addr, "/orders?delay_ms=50", 4);
+    load.wait_ok(20, Duration::from_secs(20), "before the upgrade");
+
+    // The new process binds the upgrade socket and waits there for the listeners.
+    let new_log = dir.join("floodgate-new.log");
+    let mut new = spawn_floodgate_with(&old.config_path(), &dir, &new_log, &["--upgrade"]);
+    let sock = dir.join("upgrade.sock");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(
+            new.child.try_wait().unwrap().is_none(),
+            "the new process exited: {}",
+            std::fs::read_to_string(&new_log).unwrap_or_default()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no upgrade socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // SIGQUIT: the old process sends its listeners over, serves alongside the new one for a
+    // few seconds, then drains and exits.
+    old.signal("QUIT");
+    let status = old
+        .wait_exit(Duration::from_secs(40))
+        .unwrap_or_else(|| panic!("the old process did not exit after SIGQUIT\n{}", old.logs()));
+    assert!(status.success(), "old exit status {status}\n{}", old.logs());
+
+    // Only the new process is left, and it serves, on the same port and admin port.
+    let after = load.ok();
+    load.wait_ok(after + 40, Duration::from_secs(20), "after the upgrade");
+    assert!(
+        new.child.try_wait().unwrap().is_none(),
+        "the new process exited: {}",
+        std::fs::read_to_string(&new_log).unwrap_or_default()
+    );
+    assert_eq!(http_get(old.admin, "/healthz"), Ok(200));
+
+    let served = load.ok();
+    let failures = load.finish();
+    println!(
+        "{served} requests served, {} of them after the old process exited; {} failed",
+        served - after,
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed during the upgrade: {:?}\nold:\n{}\nnew:\n{}",
+        failures.len(),
+        served + failures.len(),
+        failures,
+        old.logs(),
+        std::fs::read_to_string(&new_log).unwrap_or_default()
+    );
+}
