@@ -47,7 +47,7 @@ pub struct Gateway {
 impl Gateway {
     /// A gateway running `config`.
     pub fn new(config: Config) -> Self {
-        let limiter = Limiter::new(config.store.max_keys);
+        let limiter = Limiter::new(&config.store);
         let path = config.path.clone();
         let config = Arc::new(config);
         metrics().reloads.with_label_values(&["success"]).inc_by(0);

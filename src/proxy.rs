@@ -158,7 +158,11 @@ impl ProxyHttp for Proxy {
             return Ok(false);
         }
         let started = Instant::now();
-        let outcome = self.gateway.limiter.decide(&applying, checks);
+        let outcome = self
+            .gateway
+            .limiter
+            .decide(&applying, checks, &cfg.store)
+            .await;
         metrics()
             .decision_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -205,6 +209,31 @@ impl ProxyHttp for Proxy {
                     resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
                     resp.insert_header("x-request-id", &request_id)?;
                     headers.apply(resp)
+                })
+                .await?;
+                Ok(true)
+            }
+            Verdict::Unavailable { retry_after, rules } => {
+                let secs = whole_seconds_at_least_one(retry_after);
+                let names: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
+                ctx.rejected_by = Some(names.join(","));
+                let problem = Problem::new(
+                    "urn:floodgate:problem:limiter-unavailable",
+                    "Service Unavailable",
+                    503,
+                    format!(
+                        "the rate-limit store is unavailable and rule(s) {} refuse requests until it is back",
+                        names.join(", ")
+                    ),
+                );
+                let mut problem = with_id(problem, ctx);
+                problem.violated_rules = names;
+                problem.retry_after = Some(secs);
+                let request_id = ctx.request_id.clone();
+                send_problem(session, &problem, |resp| {
+                    resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
+                    resp.insert_header("x-request-id", &request_id)?;
+                    Ok(())
                 })
                 .await?;
                 Ok(true)

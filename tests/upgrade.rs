@@ -37,8 +37,8 @@ fn http_get(addr: SocketAddr, path: &str) -> Result<u16, String> {
         .ok_or_else(|| format!("no status line in {text:?}"))
 }
 
-/// Client load: `workers` threads sending requests back to back until dropped (or for at most
-/// two minutes), counting successes and recording every failure.
+/// Client load: one thread per path, each sending requests back to back until dropped (or for
+/// at most two minutes), counting successes and recording every failure.
 struct Load {
     stop: Arc<AtomicBool>,
     ok: Arc<AtomicUsize>,
@@ -47,12 +47,13 @@ struct Load {
 }
 
 impl Load {
-    fn start(addr: SocketAddr, path: &'static str, workers: usize) -> Load {
+    fn start(addr: SocketAddr, paths: &[&'static str]) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let ok = Arc::new(AtomicUsize::new(0));
         let failures = Arc::new(Mutex::new(Vec::new()));
-        let threads = (0..workers)
-            .map(|_| {
+        let threads = paths
+            .iter()
+            .map(|&path| {
                 let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(120);
@@ -141,8 +142,17 @@ auth = "none"
     );
     let dir = old.dir.path().to_path_buf();
 
-    // Slow-ish requests, so that some are in flight on the old process when it stops.
-    let load = Load::start(old.addr, "/orders?delay_ms=50", 4);
+    // Quick requests, and one slow one after the other, which is in flight nearly all the time:
+    // also when the old process stops accepting, so it has to wait for it.
+    let load = Load::start(
+        old.addr,
+        &[
+            "/orders?delay_ms=20",
+            "/orders?delay_ms=20",
+            "/orders?delay_ms=20",
+            "/orders?delay_ms=1000",
+        ],
+    );
     load.wait_ok(20, Duration::from_secs(20), "before the upgrade");
 
     // The new process binds the upgrade socket and waits there for the listeners.

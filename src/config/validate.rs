@@ -558,12 +558,14 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
         )?;
         let limit = src.positive(&r.limit, "limit")?;
         let window = match (&r.window, algorithm) {
-            (Some(w), Algorithm::Concurrency) => return Err(src.err(
-                w.span(),
-                format!(
+            (Some(w), Algorithm::Concurrency) => {
+                return Err(src.err(
+                    w.span(),
+                    format!(
                     "rule \"{name}\": concurrency limits requests in flight and takes no window"
                 ),
-            )),
+                ))
+            }
             (None, Algorithm::Concurrency) => Duration::ZERO,
             (Some(w), _) => {
                 let d = src.duration(w)?;
@@ -613,12 +615,14 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
         };
         let max_delay = match &r.max_delay {
             Some(d) if mode == LeakyMode::Shape => src.duration(d)?,
-            Some(d) => return Err(src.err(
-                d.span(),
-                format!(
+            Some(d) => {
+                return Err(src.err(
+                    d.span(),
+                    format!(
                     "rule \"{name}\": max_delay applies to leaky_bucket with mode = \"shape\" only"
                 ),
-            )),
+                ))
+            }
             None if mode == LeakyMode::Shape => window,
             None => Duration::ZERO,
         };

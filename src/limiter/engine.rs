@@ -1,16 +1,31 @@
 //! The limiter the proxy calls: decides every applying rule of a request and turns the rules'
 //! decisions into one verdict.
 //!
-//! Enforcing rules are decided together so that a rejected request charges no rule at all.
-//! Shadow rules are decided afterwards, one by one and only for admitted requests: they are
-//! counted as if enforced but can never reject or hold back another rule's charge.
+//! - Local rules (and every rule on the memory backend) are decided in process.
+//! - Global rules on a Redis backend are decided in one call to the shared store, atomically.
+//! - A request rejected by any rule charges no rule: local rules are first *peeked*, the shared
+//!   store is asked, and only when it admits are the local rules charged.
+//!   Approximation, stated honestly: if a concurrent request takes the last local unit between
+//!   the peek and the charge, this request is rejected after the shared store charged it.
+//! - When the shared store fails (error, timeout, open circuit) each global rule's
+//!   `on_store_error` decides: `open` admits (counted, logged), `closed` refuses with 503,
+//!   `local` decides in process with `limit / instances`.
+//! - Shadow rules are decided after the verdict, one by one, only for admitted requests, and
+//!   always in process (a shadow global rule counts per instance): they can never reject or
+//!   cost the request a round trip.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::memory::MemoryStore;
+use super::redis::{RedisStore, StoreError};
 use super::{Algorithm, Check, Decision};
-use crate::rules::Rule;
+use crate::config::{Backend, Store};
+use crate::rules::{FailureMode, Rule, Scope};
+
+/// `Retry-After` of a 503 caused by a failing store: the circuit breaker's cool-down scale.
+pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What the proxy does with a request after the rules have spoken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +44,16 @@ pub enum Verdict {
         /// Rules that rejected it, in file order.
         rules: Vec<Arc<str>>,
     },
+    /// Refuse with 503: the store is failing and these rules are `on_store_error = "closed"`.
+    Unavailable {
+        /// When to try again.
+        retry_after: Duration,
+        /// The closed rules.
+        rules: Vec<Arc<str>>,
+    },
 }
 
-/// A rule's decision for one request, and whether it was a shadow decision.
+/// A rule's decision for one request.
 #[derive(Debug, Clone)]
 pub struct Applied {
     /// The rule.
@@ -45,8 +67,8 @@ pub struct Applied {
 pub struct Outcome {
     /// The verdict.
     pub verdict: Verdict,
-    /// Enforcing rules that applied, in file order, with their decisions (headers come from
-    /// these).
+    /// Enforcing rules that were decided, in file order, with their decisions (headers come
+    /// from these).
     pub applied: Vec<Applied>,
     /// Shadow rules that would have rejected the request.
     pub shadow_rejected: Vec<Arc<str>>,
@@ -56,31 +78,71 @@ pub struct Outcome {
 
 /// The rate limiter: counters and the logic that combines rules.
 pub struct Limiter {
-    store: Arc<MemoryStore>,
+    /// Local rules, and every rule on the memory backend.
+    local: Arc<MemoryStore>,
+    /// `on_store_error = "local"` decisions while the shared store fails.
+    fallback: Arc<MemoryStore>,
+    /// The shared store (Redis), when configured.
+    shared: Option<Arc<RedisStore>>,
+}
+
+/// Which store decides a check.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Local,
+    Shared,
 }
 
 impl Limiter {
-    /// A limiter on the in-process store, bounded to `max_keys` keys.
-    pub fn new(max_keys: usize) -> Self {
+    /// A limiter for `store`: in-process stores bounded to `max_keys`, and the Redis store when
+    /// the backend is Redis (it connects in the background).
+    pub fn new(store: &Store) -> Self {
+        let shared = match store.backend {
+            Backend::Memory => None,
+            Backend::Redis | Backend::RedisCluster => match RedisStore::new(store) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot set up the Redis store; global rules apply on_store_error");
+                    None
+                }
+            },
+        };
         Limiter {
-            store: Arc::new(MemoryStore::new(max_keys)),
+            local: Arc::new(MemoryStore::new(store.max_keys)),
+            fallback: Arc::new(MemoryStore::new(store.max_keys)),
+            shared,
+        }
+    }
+
+    /// A limiter on the in-process store only.
+    pub fn in_memory(max_keys: usize) -> Self {
+        Limiter {
+            local: Arc::new(MemoryStore::new(max_keys)),
+            fallback: Arc::new(MemoryStore::new(max_keys)),
+            shared: None,
         }
     }
 
     /// The in-process store (for metrics and tests).
     pub fn memory(&self) -> &MemoryStore {
-        &self.store
+        &self.local
     }
 
-    /// A background service that sweeps idle keys out of the in-process store.
+    /// The shared store, if any.
+    pub fn shared(&self) -> Option<&Arc<RedisStore>> {
+        self.shared.as_ref()
+    }
+
+    /// A background service that sweeps idle keys out of the in-process stores.
     pub fn sweeper(&self) -> Sweeper {
         Sweeper {
-            store: self.store.clone(),
+            stores: vec![self.local.clone(), self.fallback.clone()],
         }
     }
 
-    /// Decides `checks`, one per applying rule (same order as `rules`).
-    pub fn decide(&self, rules: &[Arc<Rule>], checks: Vec<Check>) -> Outcome {
+    /// Decides `checks`, one per applying rule (same order as `rules`), under `store` (the
+    /// config in force: its timeout and instance count apply).
+    pub async fn decide(&self, rules: &[Arc<Rule>], checks: Vec<Check>, store: &Store) -> Outcome {
         let mut enforcing_rules = Vec::with_capacity(rules.len());
         let mut enforcing = Vec::with_capacity(checks.len());
         let mut shadow = Vec::new();
@@ -92,36 +154,140 @@ impl Limiter {
                 enforcing.push(check);
             }
         }
-        let decisions = if enforcing.is_empty() {
-            Vec::new()
+        let places: Vec<Place> = enforcing_rules
+            .iter()
+            .map(|r| match (&self.shared, r.scope) {
+                (Some(_), Scope::Global) => Place::Shared,
+                _ => Place::Local,
+            })
+            .collect();
+        let mut leases = Leases::default();
+        let mut decisions: Vec<Option<Decision>> = vec![None; enforcing.len()];
+        let mut closed = Vec::new();
+
+        let shared_idx: Vec<usize> = (0..enforcing.len())
+            .filter(|&i| places[i] == Place::Shared)
+            .collect();
+        let local_idx: Vec<usize> = (0..enforcing.len())
+            .filter(|&i| places[i] == Place::Local)
+            .collect();
+        let local_checks: Vec<Check> = local_idx.iter().map(|&i| enforcing[i].clone()).collect();
+
+        let mut admitted = true;
+        if shared_idx.is_empty() {
+            // The common, memory-only case: one atomic decision in process.
+            if !local_checks.is_empty() {
+                let ds = self.local.decide(&local_checks);
+                admitted = ds.iter().all(|d| d.allowed);
+                place(&mut decisions, &local_idx, ds);
+            }
         } else {
-            self.store.decide(&enforcing)
-        };
-        let admitted = decisions.iter().all(|d| d.allowed);
-        let mut leases = Leases {
-            store: self.store.clone(),
-            checks: Vec::new(),
-        };
-        let verdict = if admitted {
-            let delay = decisions.iter().map(|d| d.delay).max().unwrap_or_default();
-            leases.checks = enforcing
+            let peeked = if local_checks.is_empty() {
+                Vec::new()
+            } else {
+                self.local.peek(&local_checks)
+            };
+            if peeked.iter().all(|d| d.allowed) {
+                let shared = self
+                    .shared
+                    .as_ref()
+                    .expect("shared places exist only with a shared store");
+                let shared_checks: Vec<Check> =
+                    shared_idx.iter().map(|&i| enforcing[i].clone()).collect();
+                let lease = fastrand::u64(..);
+                match shared.decide(&shared_checks, lease, store.timeout).await {
+                    Ok(ds) => {
+                        admitted = ds.iter().all(|d| d.allowed);
+                        if admitted {
+                            leases.shared = shared_checks
+                                .iter()
+                                .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
+                                .cloned()
+                                .collect();
+                            if !leases.shared.is_empty() {
+                                leases.shared_store = Some((shared.clone(), lease));
+                            }
+                        }
+                        place(&mut decisions, &shared_idx, ds);
+                    }
+                    Err(e) => {
+                        let (ok, ds) = self.on_store_error(
+                            &e,
+                            &enforcing_rules,
+                            &shared_idx,
+                            &shared_checks,
+                            store,
+                            &mut leases,
+                            &mut closed,
+                        );
+                        admitted = ok;
+                        place(&mut decisions, &shared_idx, ds);
+                    }
+                }
+                if admitted && !local_checks.is_empty() {
+                    let ds = self.local.decide(&local_checks);
+                    admitted = ds.iter().all(|d| d.allowed);
+                    place(&mut decisions, &local_idx, ds);
+                } else {
+                    place(&mut decisions, &local_idx, peeked);
+                }
+            } else {
+                admitted = false;
+                place(&mut decisions, &local_idx, peeked);
+            }
+        }
+
+        if admitted {
+            leases.local = local_idx
                 .iter()
+                .map(|&i| &enforcing[i])
                 .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
                 .cloned()
                 .collect();
+            if !leases.local.is_empty() {
+                leases.local_store = Some(self.local.clone());
+            }
+        } else {
+            // Nothing was kept: slots the shared store or the fallback took are given back.
+            leases = Leases::default();
+        }
+
+        let applied: Vec<Applied> = enforcing_rules
+            .iter()
+            .zip(decisions)
+            .filter_map(|(rule, d)| {
+                d.map(|decision| Applied {
+                    rule: rule.clone(),
+                    decision,
+                })
+            })
+            .collect();
+        let verdict = if admitted {
+            for a in &applied {
+                a.rule.counters.allowed.inc();
+            }
+            let delay = applied
+                .iter()
+                .map(|a| a.decision.delay)
+                .max()
+                .unwrap_or_default();
             Verdict::Allow { delay }
+        } else if !closed.is_empty() {
+            Verdict::Unavailable {
+                retry_after: STORE_RETRY_AFTER,
+                rules: closed,
+            }
         } else {
             let mut status = 429;
             let mut retry_after = Duration::ZERO;
             let mut names = Vec::new();
-            for (rule, d) in enforcing_rules.iter().zip(&decisions) {
-                if !d.allowed {
-                    if names.is_empty() {
-                        status = rule.status;
-                    }
-                    retry_after = retry_after.max(d.retry_after);
-                    names.push(rule.name.clone());
+            for a in applied.iter().filter(|a| !a.decision.allowed) {
+                if names.is_empty() {
+                    status = a.rule.status;
                 }
+                a.rule.counters.rejected.inc();
+                retry_after = retry_after.max(a.decision.retry_after);
+                names.push(a.rule.name.clone());
             }
             Verdict::Reject {
                 status,
@@ -129,10 +295,11 @@ impl Limiter {
                 rules: names,
             }
         };
+
         let mut shadow_rejected = Vec::new();
         if admitted {
             for (rule, check) in shadow {
-                let d = self.store.decide(std::slice::from_ref(&check));
+                let d = self.local.decide(std::slice::from_ref(&check));
                 match d.first() {
                     Some(d) if !d.allowed => {
                         rule.counters.shadow_rejected.inc();
@@ -141,25 +308,14 @@ impl Limiter {
                     Some(_) => {
                         rule.counters.allowed.inc();
                         if check.limit.algorithm == Algorithm::Concurrency {
-                            leases.checks.push(check);
+                            leases.local.push(check);
+                            leases.local_store = Some(self.local.clone());
                         }
                     }
                     None => {}
                 }
             }
         }
-        for (rule, d) in enforcing_rules.iter().zip(&decisions) {
-            if admitted {
-                rule.counters.allowed.inc();
-            } else if !d.allowed {
-                rule.counters.rejected.inc();
-            }
-        }
-        let applied = enforcing_rules
-            .into_iter()
-            .zip(decisions)
-            .map(|(rule, decision)| Applied { rule, decision })
-            .collect();
         Outcome {
             verdict,
             applied,
@@ -167,46 +323,178 @@ impl Limiter {
             leases,
         }
     }
+
+    /// Applies each failed rule's `on_store_error`. Returns whether the shared part admits,
+    /// and a decision per shared check.
+    #[allow(clippy::too_many_arguments)]
+    fn on_store_error(
+        &self,
+        error: &StoreError,
+        rules: &[Arc<Rule>],
+        shared_idx: &[usize],
+        shared_checks: &[Check],
+        store: &Store,
+        leases: &mut Leases,
+        closed: &mut Vec<Arc<str>>,
+    ) -> (bool, Vec<Decision>) {
+        let mut ds = Vec::with_capacity(shared_checks.len());
+        let mut fallback_pos = Vec::new();
+        let mut fallback_checks = Vec::new();
+        for (pos, (&i, check)) in shared_idx.iter().zip(shared_checks).enumerate() {
+            let rule = &rules[i];
+            match rule.on_store_error {
+                FailureMode::Open => {
+                    rule.counters.fail_open.inc();
+                    log_store_failure(error, &rule.name, "open");
+                    ds.push(Decision::unlimited(check.limit.limit));
+                }
+                FailureMode::Closed => {
+                    rule.counters.fail_closed.inc();
+                    log_store_failure(error, &rule.name, "closed");
+                    closed.push(rule.name.clone());
+                    let mut d = Decision::unlimited(check.limit.limit);
+                    d.allowed = false;
+                    d.remaining = 0;
+                    d.retry_after = STORE_RETRY_AFTER;
+                    ds.push(d);
+                }
+                FailureMode::Local => {
+                    rule.counters.fail_local.inc();
+                    log_store_failure(error, &rule.name, "local");
+                    ds.push(Decision::unlimited(check.limit.limit));
+                    fallback_pos.push(pos);
+                    fallback_checks.push(divided(check, store.instances));
+                }
+            }
+        }
+        if !closed.is_empty() {
+            return (false, ds);
+        }
+        if fallback_checks.is_empty() {
+            return (true, ds);
+        }
+        let local = self.fallback.decide(&fallback_checks);
+        let ok = local.iter().all(|d| d.allowed);
+        if ok {
+            leases.fallback = fallback_checks
+                .iter()
+                .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
+                .cloned()
+                .collect();
+            if !leases.fallback.is_empty() {
+                leases.fallback_store = Some(self.fallback.clone());
+            }
+        }
+        for (pos, d) in fallback_pos.into_iter().zip(local) {
+            ds[pos] = d;
+        }
+        (ok, ds)
+    }
+}
+
+/// Puts `ds` (decisions for the checks at `idx`) into their places.
+fn place(out: &mut [Option<Decision>], idx: &[usize], ds: Vec<Decision>) {
+    for (&i, d) in idx.iter().zip(ds) {
+        out[i] = Some(d);
+    }
+}
+
+/// The check with its limit shared out among `instances` gateways (at least 1 each).
+fn divided(check: &Check, instances: u64) -> Check {
+    let mut c = check.clone();
+    let n = instances.max(1);
+    c.limit.limit = (c.limit.limit / n).max(1);
+    c.limit.burst = (c.limit.burst / n).max(1);
+    c
+}
+
+/// Store failures can come at request rate: one log line per second at most, with how many
+/// decisions were made that way since the last line. Every decision is counted in metrics.
+fn log_store_failure(error: &StoreError, rule: &str, mode: &str) {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static SINCE: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let suppressed = SINCE.fetch_add(1, Ordering::Relaxed);
+    let last = LAST.load(Ordering::Relaxed);
+    if now > last
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        SINCE.store(0, Ordering::Relaxed);
+        tracing::warn!(
+            error = %error,
+            rule,
+            on_store_error = mode,
+            decisions_since_last_line = suppressed + 1,
+            "store failed; rule decided by its on_store_error"
+        );
+    }
 }
 
 /// Concurrency slots held by one request. Dropping it releases them, so a slot is given back
 /// however the exchange ends: finished, upstream error, client gone or timeout.
+#[derive(Default)]
 pub struct Leases {
-    store: Arc<MemoryStore>,
-    checks: Vec<Check>,
+    local_store: Option<Arc<MemoryStore>>,
+    local: Vec<Check>,
+    fallback_store: Option<Arc<MemoryStore>>,
+    fallback: Vec<Check>,
+    shared_store: Option<(Arc<RedisStore>, u64)>,
+    shared: Vec<Check>,
 }
 
 impl Leases {
     /// Whether the request holds no slot.
     pub fn is_empty(&self) -> bool {
-        self.checks.is_empty()
+        self.local.is_empty() && self.fallback.is_empty() && self.shared.is_empty()
     }
 }
 
 impl std::fmt::Debug for Leases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leases")
-            .field("slots", &self.checks.len())
+            .field("local", &self.local.len())
+            .field("fallback", &self.fallback.len())
+            .field("shared", &self.shared.len())
             .finish()
     }
 }
 
 impl Drop for Leases {
     fn drop(&mut self) {
-        for c in self.checks.drain(..) {
-            self.store.release(&c);
+        if let Some(store) = &self.local_store {
+            for c in self.local.drain(..) {
+                store.release(&c);
+            }
+        }
+        if let Some(store) = &self.fallback_store {
+            for c in self.fallback.drain(..) {
+                store.release(&c);
+            }
+        }
+        if let Some((store, lease)) = self.shared_store.take() {
+            let checks = std::mem::take(&mut self.shared);
+            if checks.is_empty() {
+                return;
+            }
+            // Releasing needs a round trip; the lease expires by itself if this cannot run.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { store.release(&checks, lease).await });
+            }
         }
     }
 }
 
-/// How often idle keys are swept out of the in-process store, so that quiet shards give their
+/// How often idle keys are swept out of the in-process stores, so that quiet shards give their
 /// memory back even when no request touches them.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
-/// Background service that sweeps the in-process store every [`SWEEP_EVERY`].
+/// Background service that sweeps the in-process stores every [`SWEEP_EVERY`].
 pub struct Sweeper {
-    /// The store to sweep.
-    pub store: Arc<MemoryStore>,
+    stores: Vec<Arc<MemoryStore>>,
 }
 
 #[async_trait::async_trait]
@@ -217,9 +505,9 @@ impl pingora::services::background::BackgroundService for Sweeper {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {
-                    let store = self.store.clone();
+                    let stores = self.stores.clone();
                     // Sweeping a million keys takes milliseconds: keep it off the workers.
-                    let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+                    let _ = tokio::task::spawn_blocking(move || stores.iter().for_each(|s| s.sweep())).await;
                 }
             }
         }

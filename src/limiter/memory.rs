@@ -225,6 +225,17 @@ impl MemoryStore {
     /// counted). Evicting a live key forgets its counts, which lets that key through sooner:
     /// counted by [`MemoryStore::evictions`], to be alarmed on.
     pub fn decide(&self, checks: &[Check]) -> Vec<Decision> {
+        self.run(checks, true)
+    }
+
+    /// What [`MemoryStore::decide`] would answer, without charging anything. The engine peeks
+    /// at local rules before it asks the shared store, so that a request the shared store
+    /// rejects has charged no local rule either.
+    pub fn peek(&self, checks: &[Check]) -> Vec<Decision> {
+        self.run(checks, false)
+    }
+
+    fn run(&self, checks: &[Check], charge: bool) -> Vec<Decision> {
         let now = self.clock.now_ns();
         if let [check] = checks {
             // The common case, without the bookkeeping of several shards.
@@ -233,7 +244,7 @@ impl MemoryStore {
             shard.ops_since_sweep += 1;
             let (decision, update) =
                 algorithm::decide(shard.get(hash), &check.limit, now, check.cost);
-            if decision.allowed {
+            if decision.allowed && charge {
                 self.write(&mut shard, hash, update, now, &[hash]);
             }
             shard.sweep_if_due(now);
@@ -280,7 +291,7 @@ impl MemoryStore {
             updates.push(update);
         }
 
-        if decisions.iter().all(|decision| decision.allowed) {
+        if charge && decisions.iter().all(|decision| decision.allowed) {
             for (&hash, update) in hashes.iter().zip(updates) {
                 let shard = guard(&mut guards, self.shard_index(hash));
                 self.write(shard, hash, update, now, &hashes);

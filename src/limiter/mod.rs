@@ -8,6 +8,7 @@
 pub mod algorithm;
 pub mod engine;
 pub mod memory;
+pub mod redis;
 
 use std::time::Duration;
 
