@@ -414,23 +414,26 @@ impl ProxyHttp for Proxy {
         ctx.leases = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let req = session.req_header();
-        let route = ctx
+        let route: &str = ctx
             .config
             .as_ref()
             .zip(ctx.route)
             .and_then(|(c, i)| c.routes.get(i))
-            .map(|r| r.name.to_string());
+            .map_or("-", |r| &r.name);
         let mut status_buf = itoa_status(status);
         metrics()
             .requests
-            .with_label_values(&[route.as_deref().unwrap_or("-"), status_str(&mut status_buf)])
+            .with_label_values(&[route, status_str(&mut status_buf)])
             .inc();
+        if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
+            return;
+        }
         tracing::info!(
             target: "access",
             method = %req.method,
             path = %req.uri.path(),
             status,
-            route = route.as_deref().unwrap_or("-"),
+            route,
             upstream = ctx.upstream().map(|u| &*u.name).unwrap_or("-"),
             key_id = ctx.identity.as_ref().map(|i| i.id.as_str()).unwrap_or("-"),
             client_ip = %ctx.client_ip,

@@ -68,6 +68,8 @@ pub struct Server {
     pub legacy_headers: bool,
     /// Log output format.
     pub log_format: LogFormat,
+    /// Write one access-log line per request.
+    pub access_log: bool,
     /// TLS listeners.
     pub tls: Option<Tls>,
 }

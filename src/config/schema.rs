@@ -38,6 +38,7 @@ pub struct RawServer {
     pub admin_token: Option<Spanned<String>>,
     #[serde(default)]
     pub legacy_headers: bool,
+    pub access_log: Option<bool>,
     pub log_format: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,
 }

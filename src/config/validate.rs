@@ -221,6 +221,7 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         admin_token,
         legacy_headers: raw.legacy_headers,
         log_format,
+        access_log: raw.access_log.unwrap_or(true),
         tls,
     })
 }
