@@ -1,0 +1,163 @@
+//! The shipped gateway.toml, run as it is (ports moved to free ones): the rule set of the
+//! config contract working end to end.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The shipped file with its listeners and upstream moved to the test's ports.
+fn shipped(gw_port: u16, admin_port: u16, api: std::net::SocketAddr) -> String {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")).unwrap();
+    let replaced = text
+        .replace("\"0.0.0.0:8080\"", &format!("\"127.0.0.1:{gw_port}\""))
+        .replace("\"127.0.0.1:9901\"", &format!("\"127.0.0.1:{admin_port}\""))
+        .replace("\"127.0.0.1:9000\"", &format!("\"{api}\""));
+    assert_ne!(text, replaced);
+    replaced
+}
+
+#[tokio::test]
+async fn the_shipped_rules_work() {
+    let api = OrdersApi::start("orders");
+    let (port, admin) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, shipped(port, admin, api.addr)).unwrap();
+    let log = dir.path().join("log");
+    let mut child = spawn_floodgate(&path, dir.path(), &log);
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let guard = scopeguard(&mut child);
+    wait_for_port(addr, Duration::from_secs(30), guard.0, "floodgate");
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    let c = client();
+
+    // orders-per-key: token bucket, burst 20.
+    for i in 0..20 {
+        let r = c
+            .get(url("/orders"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "request {i}");
+        let policy = r.headers()["ratelimit-policy"].to_str().unwrap();
+        assert_eq!(
+            policy,
+            "\"per-ip-flood\";q=1000;w=1, \"orders-per-key\";q=100;w=60"
+        );
+    }
+    let r = c
+        .get(url("/orders"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        r.headers()["retry-after"],
+        "1",
+        "100/min refills one token every 0.6s"
+    );
+
+    // login: sliding log, 5 per minute per IP (the demo API has no /login and answers 404).
+    for _ in 0..5 {
+        assert_eq!(c.post(url("/login")).send().await.unwrap().status(), 404);
+    }
+    let r = c.post(url("/login")).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((55..=60).contains(&wait), "Retry-After {wait}");
+
+    // exports: at most 2 in flight per user.
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let c = c.clone();
+            let u = url("/exports?delay_ms=1500");
+            // A probe below may hold a slot for an instant: retry until admitted.
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let st = c
+                        .get(&u)
+                        .header("x-api-key", "test")
+                        .send()
+                        .await
+                        .unwrap()
+                        .status();
+                    if st != 429 || Instant::now() > deadline {
+                        return st;
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c
+            .get(url("/exports"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 429 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two slow exports never filled the slots"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for s in slow {
+        assert_eq!(
+            s.await.unwrap(),
+            404,
+            "the demo API has no /exports: admitted and forwarded"
+        );
+    }
+
+    // partner-smoothing: shaped to one request per 100 ms, not rejected.
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let c = c.clone();
+            let u = url("/orders/1");
+            tokio::spawn(async move {
+                c.get(u)
+                    .header("x-api-key", "partner")
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(350),
+        "not shaped: {:?}",
+        start.elapsed()
+    );
+}
+
+/// Stops the child when the test ends, also on panic.
+struct Guard<'a>(&'a mut std::process::Child);
+
+fn scopeguard(child: &mut std::process::Child) -> Guard<'_> {
+    Guard(child)
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        stop(self.0);
+    }
+}
