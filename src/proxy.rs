@@ -50,6 +50,8 @@ pub struct RequestCtx {
     upstream_start: Option<Instant>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     leases: Option<Leases>,
+    /// Counts the request as in flight for graceful shutdown; last, so it drops last.
+    _in_flight: crate::shutdown::InFlightGuard,
 }
 
 impl RequestCtx {
@@ -78,6 +80,7 @@ impl ProxyHttp for Proxy {
             attempts: 0,
             upstream_start: None,
             leases: None,
+            _in_flight: crate::shutdown::requests().enter(),
         }
     }
 

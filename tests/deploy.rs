@@ -464,6 +464,15 @@ fn compose_stack_is_consistent_and_its_config_passes_check() {
         .expect("prometheus mounts prometheus.yml")
         .0;
     let prom = &yaml_docs(&prom_path)[0];
+    // Every rule file it loads is mounted into it.
+    let prom_mounts = binds(service("prometheus"));
+    for rule_file in seq(prom, "rule_files") {
+        let rule_file = rule_file.as_str().unwrap();
+        assert!(
+            prom_mounts.iter().any(|(_, target)| target == rule_file),
+            "prometheus loads {rule_file}, which is not mounted"
+        );
+    }
     let job = &seq(prom, "scrape_configs")[0];
     assert_eq!(text(job, "metrics_path"), "/metrics");
     let targets: BTreeSet<&str> = seq(job, "static_configs.0.targets")
