@@ -6,6 +6,7 @@
 //! checks atomic: every rule is charged, or none is.
 
 pub mod algorithm;
+pub mod breaker;
 pub mod engine;
 pub mod memory;
 pub mod redis;

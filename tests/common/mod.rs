@@ -348,3 +348,5 @@ impl Gateway {
         wait_exit(&mut self.child, limit)
     }
 }
+
+pub mod redis;

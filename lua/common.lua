@@ -1,0 +1,141 @@
+-- floodgate: helpers shared by every algorithm (concatenated first; see src/limiter/redis.rs).
+--
+-- Units. Redis scripts compute in Lua 5.1 numbers, which are doubles: integers are exact only
+-- below 2^53. Nanoseconds since the Unix epoch (~1.7e18) are not, so:
+--   * instants (now, window ends, log entry expiries, lease expiries) are MICROSECONDS since the
+--     epoch (~1.7e15 < 2^53), which is also the resolution of Redis TIME;
+--   * durations that the reference algorithms compute in nanoseconds (token/leaky debt, reset,
+--     retry_after, delay, intervals) stay NANOSECONDS, but only as differences, never absolute,
+--     so they stay below 2^53 (about 104 days) for any sane rule.
+-- Windows are whole microseconds (config durations are whole milliseconds), so that
+-- `window_ns = window_us * 1000` exactly and every decision equals the Rust reference
+-- (src/limiter/algorithm.rs) evaluated at `now_ns = now_us * 1000`.
+
+-- An integer formatted without exponent: tostring() would print 1.7e+15 and lose digits.
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- floor(a / b) and a mod b for integers 0 <= a, 0 < b below 2^53, exactly: the float quotient
+-- can be one off when it is large, and the remainder check puts it right.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  while r < 0 do
+    q = q - 1
+    r = r + b
+  end
+  while r >= b do
+    q = q + 1
+    r = r - b
+  end
+  return q, r
+end
+
+-- ceil(a / b), exactly (same domain as floor_div).
+local function ceil_div(a, b)
+  local q, r = floor_div(a, b)
+  if r > 0 then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a * m / b) without forming a * m, which may pass 2^53: exact while b * m < 2^53.
+local function mul_ceil_div(a, m, b)
+  local q, r = floor_div(a, b)
+  return q * m + ceil_div(r * m, b)
+end
+
+-- Milliseconds of TTL for a state that stops mattering `ns` nanoseconds from now: rounded up
+-- (a key must never vanish while a decision still depends on it), at least 1.
+-- `ttl_pad_ms` is 0 in production; tests that inject the time add a margin (see decide.lua).
+local ttl_pad_ms = 0
+local function ttl_ms(ns)
+  local ms = ceil_div(ns, 1000000)
+  if ms < 1 then
+    ms = 1
+  end
+  return fmt(ms + ttl_pad_ms)
+end
+
+-- A string state "tag:n1:n2:...", as numbers after the tag; nil when the key is absent or
+-- holds another algorithm's state (the rule changed on reload: treated as no state, and
+-- overwritten by SET when charged). `count` is the number of numeric fields expected.
+local function load_fields(key, tag, count)
+  local value = redis.pcall('GET', key)
+  if type(value) ~= 'string' then
+    return nil
+  end
+  local fields = {}
+  for part in string.gmatch(value, '[^:]+') do
+    fields[#fields + 1] = part
+  end
+  if fields[1] ~= tag or #fields ~= count + 1 then
+    return nil
+  end
+  local numbers = {}
+  for i = 2, #fields do
+    local n = tonumber(fields[i])
+    if n == nil then
+      return nil
+    end
+    numbers[i - 1] = n
+  end
+  return numbers
+end
+
+-- Stores a string state that stops mattering `ns` nanoseconds from now. A state that already
+-- stopped mattering is equivalent to no state: the key is deleted instead.
+local function save_fields(key, tag, fields, ns)
+  if ns <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local parts = { tag }
+  for i = 1, #fields do
+    parts[#parts + 1] = fmt(fields[i])
+  end
+  redis.call('SET', key, table.concat(parts, ':'), 'PX', ttl_ms(ns))
+end
+
+-- Whether `key` holds a sorted set of this kind (members start with `tag`: 'l' sliding log,
+-- 'c' concurrency leases) or nothing. False: another algorithm's state (a reload changed the
+-- rule), treated as no state and deleted when charged.
+local function zset_usable(key, tag)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then
+    return true
+  end
+  if kind ~= 'zset' then
+    return false
+  end
+  local first = redis.call('ZRANGE', key, 0, 0)
+  return first[1] == nil or string.sub(first[1], 1, 1) == tag
+end
+
+-- ZADD of `count` members `prefix..i` with one score, in batches: unpack() of a very long list
+-- would overflow the Lua C stack.
+local function zadd_members(key, score, prefix, count)
+  local s = fmt(score)
+  local i = 1
+  while i <= count do
+    local args = {}
+    local last = math.min(count, i + 499)
+    for j = i, last do
+      args[#args + 1] = s
+      args[#args + 1] = prefix .. j
+    end
+    redis.call('ZADD', key, unpack(args))
+    i = last + 1
+  end
+end
+
+-- Score of the newest member of a sorted set (its last expiry), or nil when empty.
+local function newest_score(key)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if newest[2] == nil then
+    return nil
+  end
+  return tonumber(newest[2])
+end

@@ -1,0 +1,26 @@
+-- Fixed window: mirrors algorithm::fixed_window. One counter per window aligned on multiples
+-- of the window since the Unix epoch.
+-- State: string "fw:<window end, us>:<count>", expiring at the window's end.
+-- p: cost, limit, window (us). Returns allowed, remaining, reset_ns, retry_ns, delay_ns, charge.
+local function fixed_window(key, now, p)
+  local w = p.window
+  local _, into = floor_div(now, w)
+  local window_end = now - into + w
+  local count = 0
+  local stored = load_fields(key, 'fw', 2)
+  if stored and stored[1] == window_end then
+    count = stored[2]
+  end
+  local reset = (window_end - now) * 1000
+  local charged = count + p.cost
+  if charged <= p.limit then
+    return true, p.limit - charged, reset, 0, 0, function()
+      save_fields(key, 'fw', { window_end, charged }, reset)
+    end
+  end
+  if p.cost > p.limit then
+    -- Never admitted: there is no true answer, the reference says one window.
+    return false, 0, reset, w * 1000, 0, nil
+  end
+  return false, 0, reset, reset, 0, nil
+end

@@ -1,0 +1,62 @@
+-- Sliding window counter: mirrors algorithm::sliding_window_counter. The previous aligned
+-- window's count weighted by its overlap with the last window, plus the current count:
+--   previous * (window - elapsed) / window + current + cost <= limit
+-- compared exactly in integers (all terms in units of 1/window of a request, in us; the
+-- reference's nanosecond terms are these times 1000, so every comparison agrees). Exact while
+-- limit * window_us < 2^53 (e.g. a limit of 1,000,000 per hour).
+-- State: string "swc:<current window start + 2 windows, us>:<previous>:<current>", expiring
+-- when both counts stop mattering.
+-- p: cost, limit, window (us).
+local function sliding_window_counter(key, now, p)
+  local w, l, c = p.window, p.limit, p.cost
+  local _, elapsed = floor_div(now, w)
+  local start = now - elapsed
+  local prev, cur = 0, 0
+  local stored = load_fields(key, 'swc', 3)
+  if stored then
+    local stored_start = stored[1] - 2 * w
+    if stored_start == start then
+      prev, cur = stored[2], stored[3]
+    elseif stored_start + w == start then
+      prev, cur = stored[3], 0
+    end
+  end
+  local left = w - elapsed
+  local weighted = prev * left
+  local capacity = l * w
+  local used = weighted + (cur + c) * w
+  if used <= capacity then
+    local remaining = floor_div(capacity - used, w)
+    local reset = 0
+    if cur + c > 0 then
+      reset = (left + w) * 1000
+    elseif prev > 0 then
+      reset = left * 1000
+    end
+    return true, remaining, reset, 0, 0, function()
+      local expires = start + 2 * w
+      save_fields(key, 'swc', { expires, prev, cur + c }, (expires - now) * 1000)
+    end
+  end
+  local reset = left * 1000
+  if cur > 0 then
+    reset = (left + w) * 1000
+  end
+  if c > l then
+    return false, 0, reset, w * 1000, 0, nil
+  end
+  -- Still in this window: need prev * (left - r) + (cur + c) * w <= l * w.
+  if cur + c <= l and prev > 0 then
+    local excess = weighted - (l - cur - c) * w
+    local r = mul_ceil_div(excess, 1000, prev)
+    if r < left * 1000 then
+      return false, 0, reset, r, 0, nil
+    end
+  end
+  -- In the next window, x into it: need cur * (w - x) + c * w <= l * w.
+  local x = 0
+  if cur + c > l then
+    x = mul_ceil_div(w * (cur + c - l), 1000, cur)
+  end
+  return false, 0, reset, left * 1000 + x, 0, nil
+end

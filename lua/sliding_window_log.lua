@@ -1,0 +1,54 @@
+-- Sliding window log: mirrors algorithm::sliding_window_log. Exact: at most `limit` units in
+-- any interval of one window.
+-- State: a sorted set with one member per admitted unit, scored by the instant (us) it stops
+-- counting (admission + window). Members are "l<lease>:<n>": the lease is the request's random
+-- 64-bit id, so members never collide. Entries that stopped counting are purged on every
+-- call, so the set never holds more than `limit` (the largest limit it was used with) members.
+-- The key expires when its newest entry stops counting.
+-- p: cost, limit (already capped at MAX_SLIDING_LOG_LIMIT), window (us), lease.
+local function sliding_window_log(key, now, p)
+  local quota = p.limit
+  local usable = zset_usable(key, 'l')
+  local live = 0
+  local last = now
+  if usable then
+    -- Entries with expiry <= now no longer count: dropping them changes no decision.
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
+    live = redis.call('ZCARD', key)
+    if live > 0 then
+      last = math.max(now, newest_score(key) or now)
+    end
+  end
+  local charged = live + p.cost
+  if charged <= quota then
+    local expires = now + p.window
+    local newest = last
+    if p.cost > 0 then
+      newest = expires
+    end
+    return true, quota - charged, (newest - now) * 1000, 0, 0, function()
+      if not usable then
+        -- Another algorithm's state: charging replaces it, even with nothing (cost 0).
+        redis.call('DEL', key)
+      end
+      if p.cost == 0 then
+        return
+      end
+      zadd_members(key, expires, 'l' .. p.lease .. ':', p.cost)
+      -- Entries admitted under a longer window (before a reload) may outlive this one.
+      redis.call('PEXPIRE', key, ttl_ms((math.max(expires, last) - now) * 1000))
+    end
+  end
+  local reset = (last - now) * 1000
+  if p.cost > quota then
+    return false, 0, reset, p.window * 1000, 0, nil
+  end
+  -- The cost fits once the (charged - quota) oldest live entries have stopped counting.
+  local index = charged - quota - 1
+  local entry = redis.call('ZRANGE', key, index, index, 'WITHSCORES')
+  local retry = p.window * 1000
+  if entry[2] ~= nil then
+    retry = math.max(0, tonumber(entry[2]) - now) * 1000
+  end
+  return false, 0, reset, retry, 0, nil
+end

@@ -1,0 +1,292 @@
+//! Real `redis-server` processes for tests, on free loopback ports: a standalone server that
+//! can be stopped and restarted on the same port, and a 3-master Redis Cluster. Every process
+//! is killed when its handle drops, also when the test panics. Nothing listens beyond
+//! 127.0.0.1, nothing is persisted (`--save "" --appendonly no`), and each server keeps its
+//! files (log, cluster config) in its own temp folder. `DEBUG` is enabled for loopback clients
+//! so that tests can stall a server with `DEBUG SLEEP`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+// Test files that `use common::*` import this module under the name `redis`, which hides the
+// `redis` crate there; re-exporting the crate's items keeps `redis::cmd`, `redis::Client`, ...
+// working in those files as if they named the crate.
+pub use ::redis::*;
+
+/// How long a server may take to answer PING after being started.
+const START_LIMIT: Duration = Duration::from_secs(20);
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    /// Arguments after the common ones, kept for restarts.
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free loopback port and waits until it answers PING.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(|_, _| Vec::new())
+    }
+
+    /// Starts a server with more arguments, computed from its port and its folder.
+    pub fn start_with(extra: impl FnOnce(u16, &Path) -> Vec<String>) -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir for redis-server");
+        let port = free_port();
+        let extra = extra(port, dir.path());
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "redis-server already running");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            // Tests stall Redis with DEBUG SLEEP, which Redis 7 refuses by default.
+            .args(["--enable-debug-command", "local"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server (is it installed? `make deps`)");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// What the server logged (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "redis-server on port {} exited at start ({status}):\n{}",
+                        self.port,
+                        self.log()
+                    );
+                }
+            }
+            if self.ping() {
+                return;
+            }
+            assert!(
+                start.elapsed() < START_LIMIT,
+                "redis-server on port {} did not answer PING within {START_LIMIT:?}:\n{}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(client) = redis::Client::open(self.url()) else {
+            return false;
+        };
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
+            return false;
+        };
+        redis::cmd("PING").query::<String>(&mut conn).is_ok()
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A new synchronous connection (its own TCP connection, separate from the store's).
+    pub fn connection(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("client");
+        let conn = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .expect("connect to redis-server");
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        conn
+    }
+
+    /// Runs one command on a new connection and returns its reply.
+    pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut self.connection())
+            .unwrap_or_else(|e| panic!("redis {args:?}: {e}"))
+    }
+
+    /// How many times `command` (lower case, e.g. "evalsha") ran since the last
+    /// `CONFIG RESETSTAT`, from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = self.query(&["INFO", "commandstats"]);
+        command_calls(&info, command)
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Kills the server (SIGKILL, like a crash) and waits for it to be gone.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port (stopping it first if it runs), with empty memory,
+    /// and waits until it answers PING.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `calls=` of `cmdstat_<command>` in an `INFO commandstats` text, 0 when absent.
+pub fn command_calls(info: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A Redis Cluster of masters without replicas, each a [`RedisServer`] with its own cluster
+/// bus port.
+pub struct RedisCluster {
+    /// The masters, in creation order.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts 3 masters and joins them with `redis-cli --cluster create`; returns once every
+    /// node reports `cluster_state:ok`.
+    pub fn start() -> RedisCluster {
+        RedisCluster::start_masters(3)
+    }
+
+    /// Starts `masters` masters (at least 3, Redis' minimum) as one cluster.
+    pub fn start_masters(masters: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServer::start_with(|port, dir| {
+                    vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        dir.join(format!("nodes-{port}.conf")).display().to_string(),
+                        // The bus port defaults to port + 10000, which may be taken or past
+                        // 65535: pick a free one.
+                        "--cluster-port".into(),
+                        free_port().to_string(),
+                        "--cluster-node-timeout".into(),
+                        "5000".into(),
+                    ]
+                })
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| n.addr().to_string()).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    fn wait_ok(&self) {
+        let start = Instant::now();
+        let limit = Duration::from_secs(30);
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let info: String = n.query(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_assigned:16384")
+            });
+            if ok {
+                return;
+            }
+            assert!(start.elapsed() < limit, "cluster not ok within {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Seed URLs of every master.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The index of the master that owns `key`'s slot: the only one that does not answer
+    /// `EXISTS key` with a MOVED redirection.
+    pub fn owner_of(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| {
+                redis::cmd("EXISTS")
+                    .arg(key)
+                    .query::<i64>(&mut n.connection())
+                    .is_ok()
+            })
+            .unwrap_or_else(|| panic!("no master owns {key}"))
+    }
+}

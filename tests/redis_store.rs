@@ -1,0 +1,965 @@
+//! The Redis store against real `redis-server` processes (standalone and a 3-master cluster)
+//! started by the tests on free loopback ports: the Lua scripts give exactly the reference
+//! algorithms' decisions, all-or-nothing charging, concurrency leases, one EVALSHA per request,
+//! and every failure mode (NOSCRIPT, restart, slow Redis, circuit breaker).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use floodgate::config::{Backend, Store};
+use floodgate::limiter::algorithm::{self, State};
+use floodgate::limiter::breaker::BreakerState;
+use floodgate::limiter::redis::{Options, RedisStore, StoreError};
+use floodgate::limiter::{Algorithm, Check, Decision, LeakyMode, Limit};
+
+/// A timeout that only a broken store reaches: functional tests must not flake under load.
+const GENEROUS: Duration = Duration::from_secs(5);
+
+const PREFIX: &str = "fg-test:";
+
+fn store_config(backend: Backend, urls: Vec<String>) -> Store {
+    Store {
+        backend,
+        urls,
+        timeout: Duration::from_millis(20),
+        key_prefix: PREFIX.into(),
+        instances: 1,
+        max_keys: 10_000,
+    }
+}
+
+fn standalone(server: &RedisServer) -> Arc<RedisStore> {
+    RedisStore::new(&store_config(Backend::Redis, vec![server.url()])).expect("store")
+}
+
+fn standalone_with(server: &RedisServer, options: Options) -> Arc<RedisStore> {
+    RedisStore::with_options(&store_config(Backend::Redis, vec![server.url()]), options)
+        .expect("store")
+}
+
+fn limit(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Limit {
+    Limit {
+        algorithm,
+        limit,
+        window,
+        burst,
+        mode: LeakyMode::Police,
+        max_delay: Duration::ZERO,
+    }
+}
+
+fn shape(limit_: u64, window: Duration, burst: u64, max_delay: Duration) -> Limit {
+    Limit {
+        mode: LeakyMode::Shape,
+        max_delay,
+        ..limit(Algorithm::LeakyBucket, limit_, window, burst)
+    }
+}
+
+fn check(rule: &str, key: u64, limit: Limit, cost: u64) -> Check {
+    Check {
+        rule: rule.into(),
+        key,
+        limit,
+        cost,
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Polls `f` until it returns `Some`, or panics after `limit` naming `what`.
+async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scripts against the reference, at injected instants.
+// ---------------------------------------------------------------------------------------------
+
+/// The in-process reference: `algorithm::decide` on every check, every update applied only if
+/// all admit (what the memory store does, without its expiry sweeping, which changes no
+/// decision).
+#[derive(Default)]
+struct Reference {
+    states: HashMap<String, State>,
+}
+
+impl Reference {
+    fn decide(&mut self, keys: &[String], checks: &[Check], now_ns: u64) -> Vec<Decision> {
+        let mut decisions = Vec::new();
+        let mut updates = Vec::new();
+        for (key, c) in keys.iter().zip(checks) {
+            let (d, u) = algorithm::decide(self.states.get(key), &c.limit, now_ns, c.cost);
+            decisions.push(d);
+            updates.push(u);
+        }
+        if decisions.iter().all(|d| d.allowed) {
+            for (key, u) in keys.iter().zip(updates) {
+                match self.states.get_mut(key) {
+                    Some(state) => u.apply(state),
+                    None => {
+                        if let Some(state) = u.into_state() {
+                            self.states.insert(key.clone(), state);
+                        }
+                    }
+                }
+            }
+        }
+        decisions
+    }
+
+    fn release(&mut self, key: &str, cost: u64) {
+        if let Some(state) = self.states.get_mut(key) {
+            algorithm::release(state, cost);
+        }
+    }
+}
+
+/// Rules of every algorithm, with awkward numbers: intervals that do not divide the window
+/// (1 s / 3 = 333 333 334 ns), windows of a few ms, a burst of 1, shaping with a max_delay
+/// shorter than the queue, costs above the limit.
+fn differential_rules() -> Vec<(&'static str, Limit)> {
+    use Algorithm::*;
+    vec![
+        ("fw-5-1s", limit(FixedWindow, 5, secs(1), 5)),
+        ("fw-3-7ms", limit(FixedWindow, 3, ms(7), 3)),
+        ("fw-100-1h", limit(FixedWindow, 100, secs(3600), 100)),
+        ("swl-5-1s", limit(SlidingWindowLog, 5, secs(1), 5)),
+        ("swl-1-10ms", limit(SlidingWindowLog, 1, ms(10), 1)),
+        ("swl-20-3s", limit(SlidingWindowLog, 20, secs(3), 20)),
+        ("swc-5-1s", limit(SlidingWindowCounter, 5, secs(1), 5)),
+        ("swc-7-3ms", limit(SlidingWindowCounter, 7, ms(3), 7)),
+        (
+            "swc-1000-1m",
+            limit(SlidingWindowCounter, 1000, secs(60), 1000),
+        ),
+        ("tb-3-1s-b5", limit(TokenBucket, 3, secs(1), 5)),
+        ("tb-10-1s-b1", limit(TokenBucket, 10, secs(1), 1)),
+        ("tb-7-1ms-b3", limit(TokenBucket, 7, ms(1), 3)),
+        ("lbp-10-1s-b20", limit(LeakyBucket, 10, secs(1), 20)),
+        ("lbp-3-1s-b2", limit(LeakyBucket, 3, secs(1), 2)),
+        ("lbs-10-1s-b20-2s", shape(10, secs(1), 20, secs(2))),
+        ("lbs-3-1s-b5-700ms", shape(3, secs(1), 5, ms(700))),
+        ("lbs-4-10ms-b3-0", shape(4, ms(10), 3, Duration::ZERO)),
+        ("cc-3", limit(Concurrency, 3, Duration::ZERO, 3)),
+        ("cc-1", limit(Concurrency, 1, Duration::ZERO, 1)),
+    ]
+}
+
+/// A time step at `scale` (microseconds): often none, mostly around the scale, now and then
+/// a jump of many windows.
+fn step_us(rng: &mut fastrand::Rng, scale: u64) -> u64 {
+    match rng.u8(0..20) {
+        0..=3 => 0,
+        4 => rng.u64(0..scale * 40),
+        _ => rng.u64(0..scale * 2),
+    }
+}
+
+/// A cost: mostly 1, sometimes 0, a few units, or around the rule's whole quota (the
+/// never-admitted `cost > limit` case included).
+fn cost(rng: &mut fastrand::Rng, l: &Limit) -> u64 {
+    let quota = match l.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => l.burst,
+        _ => l.limit,
+    };
+    match rng.u8(0..20) {
+        0 => 0,
+        1..=3 => rng.u64(2..=(quota / 3).max(2)),
+        4 | 5 => rng.u64(quota.saturating_sub(1)..=quota + 2),
+        _ => 1,
+    }
+}
+
+/// Every algorithm, alone and combined in multi-rule requests, over random sequences of
+/// instants and costs: the Redis scripts' decisions (allowed, remaining, reset, retry_after,
+/// delay, limit) equal the Rust reference's exactly, and so do their all-or-nothing charges
+/// (any divergence in state shows up in a later decision).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_decide_exactly_like_the_reference() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let rules = differential_rules();
+    let mut compared = 0usize;
+    // Per rule: (admitted, rejected), to show that both sides of every rule were compared.
+    let mut outcomes: HashMap<String, (u32, u32)> = HashMap::new();
+    for seed in 0..160u64 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut reference = Reference::default();
+        // A few rules per sequence, hit often enough to reach their limits, at a time scale
+        // from tens of microseconds to seconds.
+        let focus: Vec<usize> = (0..4).map(|_| rng.usize(0..rules.len())).collect();
+        let scale = [50, 1_000, 20_000, 200_000, 2_000_000][rng.usize(0..5)];
+        // A realistic epoch instant (2025-2026), so that aligned windows and magnitudes are
+        // those of production.
+        let mut now_us: u64 = 1_750_000_000_000_000 + rng.u64(0..10_000_000_000);
+        let mut held: Vec<(u64, Vec<Check>)> = Vec::new();
+        for step in 0..120 {
+            now_us += step_us(&mut rng, scale);
+            // Give back a held concurrency lease now and then, as a finished request does.
+            if !held.is_empty() && rng.u8(0..4) == 0 {
+                let (lease, checks) = held.swap_remove(rng.usize(0..held.len()));
+                store.release(&checks, lease).await;
+                for c in &checks {
+                    reference.release(&store.key(c), c.cost);
+                }
+            }
+            let n = match rng.u8(0..10) {
+                0..=5 => 1,
+                6..=8 => 2,
+                _ => 3,
+            };
+            let mut picked = HashSet::new();
+            let mut checks = Vec::new();
+            while checks.len() < n {
+                let (name, l) = &rules[focus[rng.usize(0..focus.len())]];
+                let key = seed * 16 + rng.u64(0..2);
+                if picked.insert((name, key)) {
+                    checks.push(check(name, key, l.clone(), cost(&mut rng, l)));
+                }
+            }
+            let keys: Vec<String> = checks.iter().map(|c| store.key(c)).collect();
+            let lease = rng.u64(..);
+            let got = store
+                .decide_at(&checks, lease, GENEROUS, now_us)
+                .await
+                .expect("decide");
+            let want = reference.decide(&keys, &checks, now_us * 1000);
+            assert_eq!(
+                got,
+                want,
+                "seed {seed} step {step} at {now_us} us: {:?}",
+                checks
+                    .iter()
+                    .map(|c| (c.rule.to_string(), c.key, c.cost))
+                    .collect::<Vec<_>>()
+            );
+            compared += checks.len();
+            for (c, d) in checks.iter().zip(&got) {
+                let seen = outcomes.entry(c.rule.to_string()).or_insert((0, 0));
+                if d.allowed {
+                    seen.0 += 1;
+                } else {
+                    seen.1 += 1;
+                }
+            }
+            if got.iter().all(|d| d.allowed) {
+                let slots: Vec<Check> = checks
+                    .iter()
+                    .filter(|c| c.limit.algorithm == Algorithm::Concurrency && c.cost > 0)
+                    .cloned()
+                    .collect();
+                if !slots.is_empty() {
+                    held.push((lease, slots));
+                }
+            }
+        }
+    }
+    eprintln!("compared {compared} decisions with the reference, all equal: {outcomes:?}");
+    for (name, _) in &rules {
+        let (admitted, rejected) = outcomes.get(*name).copied().unwrap_or_default();
+        assert!(
+            admitted > 10 && rejected > 10,
+            "{name}: too few cases compared ({admitted} admitted, {rejected} rejected)"
+        );
+    }
+}
+
+/// A reload keeps a rule's name and key but changes its numbers or its algorithm: the state
+/// left by the old rule is reinterpreted (new rate, same missing tokens) or, when it belongs to
+/// another algorithm, treated as no state, exactly as the reference does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloaded_rules_reinterpret_state_like_the_reference() {
+    use Algorithm::*;
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    // Every variant of one rule, cycled through in random order.
+    let variants = [
+        limit(TokenBucket, 3, secs(1), 5),
+        limit(TokenBucket, 7, secs(2), 4),
+        limit(TokenBucket, 1000, secs(60), 50),
+        limit(LeakyBucket, 10, secs(1), 20),
+        shape(4, secs(1), 6, ms(900)),
+        limit(LeakyBucket, 13, secs(3), 5),
+        limit(FixedWindow, 5, secs(1), 5),
+        limit(FixedWindow, 2, secs(1), 2),
+        limit(SlidingWindowCounter, 5, secs(1), 5),
+        limit(SlidingWindowCounter, 9, secs(2), 9),
+        limit(SlidingWindowLog, 4, secs(1), 4),
+        limit(SlidingWindowLog, 2, secs(1), 2),
+        limit(Concurrency, 2, Duration::ZERO, 2),
+    ];
+    for seed in 0..24u64 {
+        let mut rng = fastrand::Rng::with_seed(1000 + seed);
+        let mut reference = Reference::default();
+        let mut now_us: u64 = 1_760_000_000_000_000 + rng.u64(0..10_000_000_000);
+        let mut current = rng.usize(0..variants.len());
+        for step in 0..150 {
+            now_us += step_us(&mut rng, 100_000);
+            if rng.u8(0..6) == 0 {
+                current = rng.usize(0..variants.len());
+            }
+            let l = variants[current].clone();
+            let c = check("reloaded", seed, l.clone(), cost(&mut rng, &l));
+            let keys = vec![store.key(&c)];
+            let checks = vec![c];
+            let got = store
+                .decide_at(&checks, rng.u64(..), GENEROUS, now_us)
+                .await
+                .expect("decide");
+            let want = reference.decide(&keys, &checks, now_us * 1000);
+            assert_eq!(got, want, "seed {seed} step {step} variant {current}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Behaviour on Redis' own clock.
+// ---------------------------------------------------------------------------------------------
+
+fn redis_time_us(server: &RedisServer) -> u64 {
+    let t: Vec<u64> = server.query(&["TIME"]);
+    t[0] * 1_000_000 + t[1]
+}
+
+/// N concurrent requests on one key admit exactly what the limit allows, for every algorithm;
+/// the rejected ones are told a truthful Retry-After; every key has the documented layout and
+/// a TTL no longer than its state matters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_concurrent_burst_admits_exactly_the_limit() {
+    use Algorithm::*;
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let hour = secs(3600);
+    let cases = [
+        ("burst-fw", limit(FixedWindow, 10, hour, 10)),
+        ("burst-swl", limit(SlidingWindowLog, 10, hour, 10)),
+        ("burst-swc", limit(SlidingWindowCounter, 10, hour, 10)),
+        ("burst-tb", limit(TokenBucket, 10, hour, 10)),
+        ("burst-lbp", limit(LeakyBucket, 10, hour, 10)),
+        ("burst-cc", limit(Concurrency, 10, Duration::ZERO, 10)),
+    ];
+    for (rule, l) in cases {
+        let window_before = redis_time_us(&server) / 3_600_000_000;
+        let c = check(rule, 0x5eed, l.clone(), 1);
+        let calls = (0..25u64).map(|lease| {
+            let store = store.clone();
+            let c = c.clone();
+            async move { store.decide(&[c], lease, GENEROUS).await }
+        });
+        let decisions: Vec<Decision> = futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .map(|r| r.expect("decide").remove(0))
+            .collect();
+        if redis_time_us(&server) / 3_600_000_000 != window_before
+            && matches!(l.algorithm, FixedWindow | SlidingWindowCounter)
+        {
+            eprintln!("{rule}: crossed an hour boundary mid-burst; not judged");
+            continue;
+        }
+        let admitted = decisions.iter().filter(|d| d.allowed).count();
+        assert_eq!(admitted, 10, "{rule}: {decisions:?}");
+        let key = format!("{PREFIX}{rule}:{{{:016x}}}", 0x5eed);
+        assert_eq!(store.key(&c), key);
+        let pttl: i64 = server.query(&["PTTL", &key]);
+        // The counter's state matters until the end of the next window.
+        let bound = match l.algorithm {
+            Concurrency => floodgate::limiter::redis::LEASE_TTL,
+            SlidingWindowCounter => hour * 2,
+            _ => hour,
+        };
+        assert!(
+            pttl > 0 && pttl as u128 <= bound.as_millis() + 1,
+            "{rule}: PTTL {pttl}"
+        );
+        for d in decisions.iter().filter(|d| !d.allowed) {
+            assert_eq!(d.remaining, 0);
+            let ok = match l.algorithm {
+                // 6 minutes per token: the next one comes within 6 minutes.
+                TokenBucket | LeakyBucket => {
+                    d.retry_after > secs(359) && d.retry_after <= secs(360)
+                }
+                SlidingWindowLog => d.retry_after > hour - secs(60) && d.retry_after <= hour,
+                FixedWindow | SlidingWindowCounter => d.retry_after <= hour * 2,
+                Concurrency => d.retry_after == secs(1),
+            };
+            assert!(ok, "{rule}: retry_after {:?}", d.retry_after);
+        }
+    }
+}
+
+/// Two rules on one request, one exhausted: the request is rejected and the other rule's quota
+/// is not consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_request_charges_no_rule() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let hour = secs(3600);
+    let tight = check("tight", 7, limit(Algorithm::TokenBucket, 2, hour, 2), 1);
+    let roomy = check(
+        "roomy",
+        7,
+        limit(Algorithm::SlidingWindowLog, 100, hour, 100),
+        1,
+    );
+    let slots = check("slots", 7, limit(Algorithm::Concurrency, 50, hour, 50), 1);
+    let both = [tight.clone(), roomy.clone(), slots.clone()];
+    for lease in 0..2 {
+        let ds = store.decide(&both, lease, GENEROUS).await.expect("decide");
+        assert!(ds.iter().all(|d| d.allowed), "{ds:?}");
+    }
+    for lease in 2..12 {
+        let ds = store.decide(&both, lease, GENEROUS).await.expect("decide");
+        assert!(!ds[0].allowed, "tight is exhausted");
+        assert!(ds[1].allowed && ds[2].allowed, "the others would admit");
+        assert_eq!(ds[1].remaining, 97, "roomy: 2 taken, this one not kept");
+    }
+    let logged: i64 = server.query(&["ZCARD", &store.key(&roomy)]);
+    assert_eq!(logged, 2, "roomy charged only by the admitted requests");
+    let held: i64 = server.query(&["ZCARD", &store.key(&slots)]);
+    assert_eq!(held, 2, "no slot taken by rejected requests");
+    let alone = store.decide(&[roomy], 99, GENEROUS).await.expect("decide");
+    assert_eq!(alone[0].remaining, 97);
+}
+
+/// Concurrency slots are leases: up to the limit, freed at once by release, and purged after
+/// their TTL when their holder never releases them (a gateway that died).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_slots_are_leases() {
+    let server = RedisServer::start();
+    let lease_ttl = ms(400);
+    let store = standalone_with(
+        &server,
+        Options {
+            lease_ttl,
+            ..Options::default()
+        },
+    );
+    let c = check(
+        "exports",
+        1,
+        limit(Algorithm::Concurrency, 3, Duration::ZERO, 3),
+        1,
+    );
+    let key = store.key(&c);
+    let one = std::slice::from_ref(&c);
+    for lease in 1..=3 {
+        let d = store.decide(one, lease, GENEROUS).await.expect("decide");
+        assert!(d[0].allowed);
+        assert_eq!(d[0].remaining, 3 - lease);
+    }
+    let full = store.decide(one, 4, GENEROUS).await.expect("decide");
+    assert!(!full[0].allowed);
+    assert_eq!(full[0].retry_after, secs(1));
+    store.release(one, 2).await;
+    let held: i64 = server.query(&["ZCARD", &key]);
+    assert_eq!(held, 2, "release frees this lease's slot at once");
+    // Releasing twice, or a lease that holds nothing, frees nothing else.
+    store.release(one, 2).await;
+    store.release(one, 77).await;
+    let held: i64 = server.query(&["ZCARD", &key]);
+    assert_eq!(held, 2);
+    assert!(store.decide(one, 5, GENEROUS).await.expect("decide")[0].allowed);
+    let pttl: i64 = server.query(&["PTTL", &key]);
+    assert!(
+        pttl > 0 && pttl <= 401,
+        "the key lives as long as its newest lease: {pttl}"
+    );
+
+    // Nobody releases: the leases expire and the next acquire purges them.
+    let start = Instant::now();
+    assert!(!store.decide(one, 6, GENEROUS).await.expect("decide")[0].allowed);
+    eventually(secs(5), "expired leases purged", || {
+        let store = store.clone();
+        let c = c.clone();
+        async move {
+            let d = store.decide(&[c], 7, GENEROUS).await.expect("decide");
+            d[0].allowed.then_some(())
+        }
+    })
+    .await;
+    assert!(
+        start.elapsed() >= lease_ttl - ms(100),
+        "freed only by expiry: {:?}",
+        start.elapsed()
+    );
+}
+
+/// `SCRIPT FLUSH` (what a Redis restart or failover does to the script cache) is invisible:
+/// the store reloads the script and retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_transparent() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let c = check(
+        "flush",
+        1,
+        limit(Algorithm::FixedWindow, 1000, secs(60), 1000),
+        1,
+    );
+    for round in 0..5 {
+        let _: () = server.query(&["SCRIPT", "FLUSH"]);
+        for lease in 0..3 {
+            store
+                .decide(std::slice::from_ref(&c), lease, GENEROUS)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        let _: () = server.query(&["SCRIPT", "FLUSH"]);
+        store.release(std::slice::from_ref(&c), 1).await;
+    }
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+}
+
+/// Redis killed: calls fail (promptly, never hang); restarted on the same port: the store
+/// recovers by itself within a few seconds, scripts reloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_fail_while_redis_is_down_and_recover_when_it_returns() {
+    let mut server = RedisServer::start();
+    let store = standalone(&server);
+    let c = check(
+        "restart",
+        1,
+        limit(Algorithm::TokenBucket, 100, secs(1), 100),
+        1,
+    );
+    let one = std::slice::from_ref(&c);
+    let timeout = ms(100);
+    store.decide(one, 1, GENEROUS).await.expect("up");
+    assert!(store.is_up());
+
+    server.stop();
+    for lease in 0..8 {
+        let start = Instant::now();
+        let r = store.decide(one, lease, timeout).await;
+        assert!(r.is_err(), "Redis is down: {r:?}");
+        assert!(
+            start.elapsed() < timeout + ms(100),
+            "failing is bounded by the timeout"
+        );
+    }
+    assert!(!store.is_up());
+
+    server.restart();
+    let back = Instant::now();
+    eventually(secs(10), "store recovers after restart", || {
+        let store = store.clone();
+        let c = c.clone();
+        async move { store.decide(&[c], 9, timeout).await.ok() }
+    })
+    .await;
+    let recovery = back.elapsed();
+    eprintln!("recovered {recovery:?} after Redis answered again");
+    assert!(recovery < secs(5), "recovery took {recovery:?}");
+    assert!(store.is_up());
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+}
+
+/// The store can be built while Redis is down: no blocking, no error; it connects when Redis
+/// appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_starts_without_redis_and_connects_when_it_appears() {
+    let mut server = RedisServer::start();
+    server.stop();
+    let start = Instant::now();
+    let store = standalone(&server);
+    assert!(start.elapsed() < ms(100), "new() does not wait for Redis");
+    assert!(!store.is_connected());
+    let c = check("late", 1, limit(Algorithm::FixedWindow, 5, secs(60), 5), 1);
+    let r = store.decide(std::slice::from_ref(&c), 1, ms(50)).await;
+    assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+    server.restart();
+    eventually(secs(10), "connects once Redis is up", || {
+        let store = store.clone();
+        let c = c.clone();
+        async move { store.decide(&[c], 2, ms(200)).await.ok() }
+    })
+    .await;
+    assert!(store.is_connected());
+}
+
+/// Starts `DEBUG SLEEP secs` on its own connection in a thread (Redis answers nothing
+/// meanwhile); joined on drop so that no thread outlives the test.
+struct Stall(Option<std::thread::JoinHandle<()>>);
+
+impl Stall {
+    fn start(server: &RedisServer, seconds: &str) -> Stall {
+        let mut conn = server.connection();
+        let seconds = seconds.to_string();
+        Stall(Some(std::thread::spawn(move || {
+            let r: Result<(), _> = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(seconds)
+                .query(&mut conn);
+            r.expect("DEBUG SLEEP");
+        })))
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A Redis that stops answering (`DEBUG SLEEP`): decisions give up at their timeout, with
+/// `StoreError::Timeout`, without waiting for Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_times_out_quickly() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let c = check(
+        "slow",
+        1,
+        limit(Algorithm::SlidingWindowLog, 1000, secs(60), 1000),
+        1,
+    );
+    let one = std::slice::from_ref(&c);
+    store.decide(one, 1, GENEROUS).await.expect("up");
+    let timeout = ms(50);
+    let stall = Stall::start(&server, "1.5");
+    // The sleep starts when Redis reads it; until then a call may still succeed.
+    let elapsed = eventually(secs(5), "a decision times out", || {
+        let store = store.clone();
+        let c = c.clone();
+        async move {
+            let start = Instant::now();
+            match store.decide(&[c], 2, timeout).await {
+                Err(StoreError::Timeout) => Some(start.elapsed()),
+                Ok(_) => None,
+                Err(e) => panic!("expected a timeout, got {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(elapsed < timeout + ms(50), "gave up after {elapsed:?}");
+    drop(stall);
+    eventually(secs(10), "answers again after the sleep", || {
+        let store = store.clone();
+        let c = c.clone();
+        async move { store.decide(&[c], 3, ms(500)).await.ok() }
+    })
+    .await;
+}
+
+/// After repeated failures the breaker opens: calls fail at once without touching Redis; once
+/// Redis is back the half-open probe closes it, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_opens_after_repeated_failures_and_closes_after_recovery() {
+    let mut server = RedisServer::start();
+    let store = standalone(&server);
+    let c = check(
+        "breaker",
+        1,
+        limit(Algorithm::FixedWindow, 1000, secs(60), 1000),
+        1,
+    );
+    let one = std::slice::from_ref(&c);
+    store.decide(one, 1, GENEROUS).await.expect("up");
+    server.stop();
+    for lease in 0..5 {
+        let r = store.decide(one, lease, ms(100)).await;
+        assert!(
+            matches!(r, Err(StoreError::Redis(_) | StoreError::Timeout)),
+            "{r:?}"
+        );
+    }
+    assert_eq!(store.breaker_state(), BreakerState::Open);
+    let start = Instant::now();
+    let r = store.decide(one, 9, ms(100)).await;
+    assert!(matches!(r, Err(StoreError::CircuitOpen)), "{r:?}");
+    assert!(
+        start.elapsed() < ms(10),
+        "fails fast: {:?}",
+        start.elapsed()
+    );
+
+    server.restart();
+    eventually(secs(10), "breaker closes after Redis returns", || {
+        let store = store.clone();
+        let c = c.clone();
+        async move { store.decide(&[c], 10, ms(200)).await.ok() }
+    })
+    .await;
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
+}
+
+/// A Redis that keeps stalling also opens the breaker (timeouts count as failures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_timeouts_open_the_breaker() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let c = check(
+        "stall",
+        1,
+        limit(Algorithm::TokenBucket, 1000, secs(1), 1000),
+        1,
+    );
+    let one = std::slice::from_ref(&c);
+    store.decide(one, 1, GENEROUS).await.expect("up");
+    let _stall = Stall::start(&server, "2");
+    let mut lease = 10;
+    eventually(secs(5), "breaker opens", || {
+        lease += 1;
+        let store = store.clone();
+        let c = c.clone();
+        async move {
+            let r = store.decide(&[c], lease, ms(30)).await;
+            matches!(r, Err(StoreError::CircuitOpen)).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(store.breaker_state(), BreakerState::Open);
+}
+
+/// One EVALSHA per request, whatever the number of rules (three here, of three algorithms),
+/// sequential or concurrent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_evalsha_per_request_with_three_rules() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let hour = secs(3600);
+    let checks = vec![
+        check(
+            "rt-tb",
+            1,
+            limit(Algorithm::TokenBucket, 1_000_000, hour, 1_000_000),
+            1,
+        ),
+        check(
+            "rt-swl",
+            1,
+            limit(Algorithm::SlidingWindowLog, 100_000, hour, 100_000),
+            1,
+        ),
+        check(
+            "rt-cc",
+            1,
+            limit(Algorithm::Concurrency, 100_000, hour, 100_000),
+            1,
+        ),
+    ];
+    // Warm up: the first call loads the script (NOSCRIPT, SCRIPT LOAD, EVALSHA).
+    store.decide(&checks, 0, GENEROUS).await.expect("decide");
+    let _: () = server.query(&["CONFIG", "RESETSTAT"]);
+    for lease in 1..=50 {
+        store
+            .decide(&checks, lease, GENEROUS)
+            .await
+            .expect("decide");
+    }
+    let calls = (51..=150u64).map(|lease| {
+        let store = store.clone();
+        let checks = checks.clone();
+        async move { store.decide(&checks, lease, GENEROUS).await }
+    });
+    for r in futures::future::join_all(calls).await {
+        r.expect("decide");
+    }
+    let evalsha = server.command_calls("evalsha");
+    eprintln!("150 requests x 3 rules: {evalsha} EVALSHA calls");
+    assert_eq!(evalsha, 150, "one EVALSHA per request");
+    assert_eq!(server.command_calls("eval"), 0);
+    assert_eq!(server.command_calls("script|load"), 0);
+    let clients: String = server.query(&["CLIENT", "LIST"]);
+    // The store's one multiplexed connection, plus this query's.
+    assert!(clients.lines().count() <= 2, "{clients}");
+}
+
+/// `maxmemory-policy` is read on connect: an evicting policy is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_maxmemory_policy_is_detected() {
+    for (policy, evicting) in [
+        ("allkeys-lru", true),
+        ("volatile-lfu", true),
+        ("noeviction", false),
+    ] {
+        let server =
+            RedisServer::start_with(|_, _| vec!["--maxmemory-policy".into(), policy.into()]);
+        let store = standalone(&server);
+        let read = eventually(secs(10), "maxmemory-policy read", || {
+            let store = store.clone();
+            async move { store.maxmemory_policy() }
+        })
+        .await;
+        assert_eq!(read, policy);
+        assert_eq!(store.evicting_policy(), evicting, "{policy}");
+    }
+}
+
+/// The decide future can move between threads (Pingora's request futures must be `Send`).
+#[test]
+fn decide_is_send() {
+    fn send<T: Send>(_: &T) {}
+    let store = RedisStore::new(&store_config(
+        Backend::Redis,
+        vec!["redis://127.0.0.1:1".into()],
+    ))
+    .expect("store");
+    let checks: Vec<Check> = Vec::new();
+    let f = store.decide(&checks, 0, ms(1));
+    send(&f);
+    let r = store.release(&checks, 0);
+    send(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis Cluster.
+// ---------------------------------------------------------------------------------------------
+
+fn evalsha_total(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| n.command_calls("evalsha"))
+        .sum()
+}
+
+/// A real 3-master cluster through the cluster client: keys spread over every master, limits
+/// hold exactly, two stores (two gateways) share them, checks of one key digest are decided
+/// in one call, others in one call per slot, NOSCRIPT is transparent, and a request rejected
+/// in one slot gives back the concurrency slot it took in another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_hold_across_a_three_master_cluster() {
+    let cluster = RedisCluster::start();
+    let config = store_config(Backend::RedisCluster, cluster.urls());
+    let gateway_a = RedisStore::new(&config).expect("store");
+    let gateway_b = RedisStore::new(&config).expect("store");
+    let hour = secs(3600);
+    let log = limit(Algorithm::SlidingWindowLog, 5, hour, 5);
+
+    // 24 identities: each admits exactly 5 of 12 concurrent requests, half through each
+    // gateway.
+    let mut owners = HashSet::new();
+    for id in 0..24u64 {
+        let c = check("cl-log", id, log.clone(), 1);
+        owners.insert(cluster.owner_of(&gateway_a.key(&c)));
+        let calls = (0..12u64).map(|lease| {
+            let store = if lease % 2 == 0 {
+                gateway_a.clone()
+            } else {
+                gateway_b.clone()
+            };
+            let c = c.clone();
+            async move { store.decide(&[c], lease, GENEROUS).await }
+        });
+        let admitted = futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .filter(|r| r.as_ref().expect("decide")[0].allowed)
+            .count();
+        assert_eq!(admitted, 5, "identity {id}");
+    }
+    assert_eq!(owners.len(), 3, "keys landed on every master");
+
+    // Rules keyed on the same parts share the hash tag: one call, atomic.
+    for n in &cluster.nodes {
+        let _: () = n.query(&["CONFIG", "RESETSTAT"]);
+    }
+    let same = [
+        check("cl-a", 100, limit(Algorithm::TokenBucket, 2, hour, 2), 1),
+        check(
+            "cl-b",
+            100,
+            limit(Algorithm::SlidingWindowLog, 50, hour, 50),
+            1,
+        ),
+        check("cl-c", 100, limit(Algorithm::Concurrency, 50, hour, 50), 1),
+    ];
+    for lease in 0..6 {
+        let ds = gateway_a
+            .decide(&same, lease, GENEROUS)
+            .await
+            .expect("decide");
+        assert_eq!(ds[0].allowed, lease < 2);
+    }
+    assert_eq!(evalsha_total(&cluster), 6, "one call per request");
+    let logged: i64 = cluster.nodes[cluster.owner_of(&gateway_a.key(&same[1]))]
+        .query(&["ZCARD", &gateway_a.key(&same[1])]);
+    assert_eq!(logged, 2, "rejected requests charged nothing");
+
+    // Keys on two different masters: one call per slot, issued together.
+    let (x, y) = (0..64u64)
+        .flat_map(|i| (0..64u64).map(move |j| (i, j)))
+        .map(|(i, j)| {
+            (
+                check(
+                    "cl-x",
+                    1000 + i,
+                    limit(Algorithm::Concurrency, 3, hour, 3),
+                    1,
+                ),
+                check(
+                    "cl-y",
+                    2000 + j,
+                    limit(Algorithm::SlidingWindowLog, 1, hour, 1),
+                    1,
+                ),
+            )
+        })
+        .find(|(x, y)| cluster.owner_of(&gateway_a.key(x)) != cluster.owner_of(&gateway_a.key(y)))
+        .expect("two keys on different masters");
+    for n in &cluster.nodes {
+        let _: () = n.query(&["CONFIG", "RESETSTAT"]);
+    }
+    let pair = [x.clone(), y.clone()];
+    let ds = gateway_a.decide(&pair, 1, GENEROUS).await.expect("decide");
+    assert!(ds.iter().all(|d| d.allowed));
+    assert_eq!(evalsha_total(&cluster), 2, "one call per slot");
+    // y is now exhausted: the next request is rejected there, and the slot it took on x's
+    // master is given back.
+    let ds = gateway_a.decide(&pair, 2, GENEROUS).await.expect("decide");
+    assert!(ds[0].allowed && !ds[1].allowed);
+    let x_key = gateway_a.key(&x);
+    let x_node = &cluster.nodes[cluster.owner_of(&x_key)];
+    eventually(secs(5), "the partial charge's slot released", || {
+        let held: i64 = x_node.query(&["ZCARD", &x_key]);
+        async move { (held == 1).then_some(()) }
+    })
+    .await;
+
+    // maxmemory-policy was read from every master.
+    let policy = eventually(secs(10), "maxmemory-policy read", || {
+        let store = gateway_a.clone();
+        async move { store.maxmemory_policy() }
+    })
+    .await;
+    assert_eq!(policy, "noeviction");
+    assert!(!gateway_a.evicting_policy());
+
+    // NOSCRIPT on every master: transparent.
+    for n in &cluster.nodes {
+        let _: () = n.query(&["SCRIPT", "FLUSH"]);
+    }
+    for id in 0..12u64 {
+        let c = check("cl-flush", id, log.clone(), 1);
+        gateway_b
+            .decide(&[c], id, GENEROUS)
+            .await
+            .expect("decide after SCRIPT FLUSH");
+    }
+}
