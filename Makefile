@@ -18,7 +18,7 @@ run: deps-build
 
 ## Install what the build and the tests need, then run every check and test.
 test: deps lint
-	$(CARGO) test --all-targets -- --test-threads=4
+	$(CARGO) test --all-targets
 
 lint:
 	$(CARGO) fmt --all -- --check

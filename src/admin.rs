@@ -64,7 +64,10 @@ impl ServeHttp for Admin {
                 let body = serde_json::json!({
                     "status": "ready",
                     "config": cfg.path.display().to_string(),
-                    "store": {"backend": cfg.store.backend.as_str(), "up": metrics().store_up.get() == 1},
+                    "store": {
+                        "backend": cfg.store.backend.as_str(),
+                        "up": self.gateway.limiter.shared().is_none_or(|s| s.is_up()),
+                    },
                     "routes": cfg.routes.len(),
                     "rules": cfg.rules.len(),
                     "reload": reload_json(&st),

@@ -59,6 +59,34 @@ fn shipped_config_is_valid() {
 }
 
 #[test]
+fn every_example_config_is_valid() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+                .arg("check")
+                .arg("-c")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 2,
+        "examples/ should hold the Redis and cluster configs"
+    );
+}
+
+#[test]
 fn good_file_lists_rules_in_order() {
     let (ok, out, err) = check(GOOD, &[]);
     assert!(ok, "{err}");
