@@ -414,46 +414,15 @@ on_store_error = "closed"
     let a = gateway(api.addr, &s, rules);
     let b = gateway(api.addr, &s, rules);
     let c = client();
-    let slow: Vec<_> = (0..2)
-        .map(|_| {
-            let c = c.clone();
-            let url = a.url("/orders?delay_ms=1500");
-            // A probe below may hold a slot for an instant: retry until admitted.
-            tokio::spawn(async move {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                loop {
-                    let s = c
-                        .get(&url)
-                        .header("x-user", "u")
-                        .send()
-                        .await
-                        .unwrap()
-                        .status()
-                        .as_u16();
-                    if s != 429 || Instant::now() > deadline {
-                        return s;
-                    }
-                }
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c
-            .get(b.url("/orders"))
-            .header("x-user", "u")
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 429 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "slots on one instance not seen by the other"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let slow = hold_slots(&c, &a.url("/orders?delay_ms=1500"), &[("x-user", "u")], 2);
+    wait_for_status(
+        &c,
+        &b.url("/orders"),
+        &[("x-user", "u")],
+        429,
+        "slots on one instance not seen by the other",
+    )
+    .await;
     let mut done: Vec<u16> = Vec::new();
     for s in slow {
         done.push(s.await.unwrap());

@@ -294,32 +294,16 @@ limit = 1
     let gw = Gateway::start(&config(api.addr, rules));
     let c = client();
 
-    // A slow request holds the only slot (it retries if a probe below happens to hold it).
-    let slow = {
-        let c = c.clone();
-        let url = gw.url("/orders?delay_ms=1500");
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let status = c.get(&url).send().await.unwrap().status();
-                if status != 429 || Instant::now() > deadline {
-                    return status;
-                }
-            }
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c.get(gw.url("/orders")).send().await.unwrap();
-        if r.status() == 429 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slow request never held the slot"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // A slow request holds the only slot...
+    let slow = hold_slots(&c, &gw.url("/orders?delay_ms=1500"), &[], 1).remove(0);
+    wait_for_status(
+        &c,
+        &gw.url("/orders"),
+        &[],
+        429,
+        "the slow request never held the slot",
+    )
+    .await;
     assert_eq!(slow.await.unwrap(), 200);
     // ...and gives it back when it finishes.
     assert_eq!(c.get(gw.url("/orders")).send().await.unwrap().status(), 200);

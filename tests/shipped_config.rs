@@ -76,45 +76,20 @@ async fn the_shipped_rules_work() {
     assert!((55..=60).contains(&wait), "Retry-After {wait}");
 
     // exports: at most 2 in flight per user.
-    let slow: Vec<_> = (0..2)
-        .map(|_| {
-            let c = c.clone();
-            let u = url("/exports?delay_ms=1500");
-            // A probe below may hold a slot for an instant: retry until admitted.
-            tokio::spawn(async move {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                loop {
-                    let st = c
-                        .get(&u)
-                        .header("x-api-key", "test")
-                        .send()
-                        .await
-                        .unwrap()
-                        .status();
-                    if st != 429 || Instant::now() > deadline {
-                        return st;
-                    }
-                }
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c
-            .get(url("/exports"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 429 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "two slow exports never filled the slots"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let slow = hold_slots(
+        &c,
+        &url("/exports?delay_ms=1500"),
+        &[("x-api-key", "test")],
+        2,
+    );
+    wait_for_status(
+        &c,
+        &url("/exports"),
+        &[("x-api-key", "test")],
+        429,
+        "two slow exports never filled the slots",
+    )
+    .await;
     for s in slow {
         assert_eq!(
             s.await.unwrap(),

@@ -104,32 +104,11 @@ impl Gateway {
     /// Starts floodgate with `body` appended to a generated `[server]` table (use `extra_server`
     /// for more `[server]` keys). Files in `files` are written next to the config first.
     pub fn start_with(extra_server: &str, body: &str, files: &[(&str, &str)]) -> Gateway {
-        let dir = tempfile::tempdir().expect("temp dir");
-        for (name, content) in files {
-            std::fs::write(dir.path().join(name), content).expect("write file");
-        }
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let config = format!("{}{extra_server}\n{body}", server_section(addr, admin));
-        let path = dir.path().join("gateway.toml");
-        std::fs::write(&path, config).expect("write config");
-        let log = dir.path().join("floodgate.log");
-        let child = spawn_floodgate(&path, dir.path(), &log);
-        let mut gw = Gateway {
-            child,
-            dir,
-            addr,
-            admin,
-            log,
-        };
-        wait_for_port(
-            admin,
-            Duration::from_secs(30),
-            &mut gw.child,
-            "floodgate (admin)",
-        );
-        wait_for_port(addr, Duration::from_secs(30), &mut gw.child, "floodgate");
-        gw
+        Gateway::start_custom(
+            |addr, admin| format!("{}{extra_server}", server_section(addr, admin)),
+            body,
+            files,
+        )
     }
 
     /// Starts floodgate with `body` as everything after `[server]`.
@@ -229,6 +208,64 @@ secret = "partner"
 user = "globex"
 plan = "partner"
 "#;
+
+/// Starts `n` slow requests (`GET url` with `headers`) that each hold a concurrency slot:
+/// a request that finds the slots briefly taken by a probe gets 429 and tries again, until
+/// `deadline`. The tasks return the final statuses.
+pub fn hold_slots(
+    c: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<u16>> {
+    (0..n)
+        .map(|_| {
+            let mut req = c.get(url);
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            let req = req.build().expect("request");
+            let c = c.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let attempt = req.try_clone().expect("bodyless request");
+                    let status = c
+                        .execute(attempt)
+                        .await
+                        .expect("slow request")
+                        .status()
+                        .as_u16();
+                    if status != 429 || Instant::now() > deadline {
+                        return status;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Polls `GET url` with `headers` until it answers `status`, or panics after 10 s with `why`.
+pub async fn wait_for_status(
+    c: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    status: u16,
+    why: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut req = c.get(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if req.send().await.expect("probe").status().as_u16() == status {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// A reqwest client with no proxy settings from the environment.
 pub fn client() -> reqwest::Client {
