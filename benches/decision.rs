@@ -152,6 +152,24 @@ fn memory_per_key() {
     );
 }
 
+/// The metrics work the proxy does for every request: the request counter by route and
+/// status, the decision-latency histogram, and the upstream-latency histogram. Divided by the
+/// proxy's CPU time per request (docs/benchmarks.md), this is the cost of metrics on throughput.
+fn metrics_per_request(c: &mut Criterion) {
+    let m = floodgate::metrics::metrics();
+    c.bench_function("metrics/per_request", |b| {
+        b.iter(|| {
+            m.requests
+                .with_label_values(&[black_box("orders"), black_box("200")])
+                .inc();
+            m.decision_seconds.observe(black_box(0.000_002));
+            m.upstream_seconds
+                .with_label_values(&[black_box("orders")])
+                .observe(black_box(0.000_4));
+        })
+    });
+}
+
 fn main() {
     // Under `cargo test --benches` (each bench run once as a test) skip the slow measurement.
     if std::env::args().any(|arg| arg == "--bench") {
@@ -163,5 +181,6 @@ fn main() {
         .measurement_time(Duration::from_secs(1))
         .configure_from_args();
     decisions(&mut criterion);
+    metrics_per_request(&mut criterion);
     criterion.final_summary();
 }
