@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
-.PHONY: run test deps build lint check-config bench
+.PHONY: run test deps deps-build lint check-config bench
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -37,3 +37,11 @@ deps: deps-build
 ## Validate the shipped configs.
 check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
+
+## Load benchmark (docs/benchmarks.md): wrk, nginx and redis-server on loopback, about 12
+## minutes. Writes target/bench/results.md and results.json. BENCH_ARGS passes options
+## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
+bench: deps-build
+	@command -v wrk >/dev/null && command -v redis-server >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx redis-server; }
+	$(CARGO) build --release --bin floodgate
+	python3 benches/load/run.py --floodgate target/release/floodgate --out target/bench $(BENCH_ARGS)

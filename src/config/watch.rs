@@ -58,6 +58,11 @@ fn folder_of(file: &Path) -> PathBuf {
 /// place or renamed over), or Kubernetes' `..data` symlink swap. Anything else in the folder,
 /// such as a log file written next to the config, is ignored.
 fn concerns(event: &notify::Event, names: &[std::ffi::OsString]) -> bool {
+    // Opening or reading a file is reported too (inotify IN_OPEN/IN_ACCESS): the reloader's
+    // own read would trigger the next one, forever.
+    if matches!(event.kind, notify::EventKind::Access(_)) {
+        return false;
+    }
     event.paths.iter().any(|p| {
         p.file_name()
             .is_some_and(|n| names.iter().any(|w| w == n) || n.to_string_lossy().starts_with(".."))

@@ -1,0 +1,1019 @@
+#!/usr/bin/env python3
+"""floodgate's load benchmark: one command, one machine, one run (`make bench`).
+
+Everything runs on loopback. The upstream is nginx answering `return 200 "ok"`; the client is
+wrk (one thread). The systems compared:
+
+  upstream        wrk -> nginx upstream (the floor)
+  nginx-limit     nginx proxy with limit_req, everything allowed -> upstream (the peer)
+  fg-none         floodgate, no rules (the bare-Pingora ceiling)
+  fg-local        floodgate, one local token-bucket rule, everything allowed
+  fg-global1      floodgate, one global token-bucket rule on Redis
+  fg-global3      floodgate, three global token-bucket rules on Redis
+  nginx-429       nginx limit_req, every request over its limit (429)
+  fg-429          floodgate, every request over its limit (429)
+  fg-concurrency  floodgate, one local concurrency rule high enough to admit everything
+
+Each measured run is `wrk -t1 -cC -dDs --latency`; rounds go through the systems in turn
+(A B C ... A B C ...), and the report gives medians over rounds. Then:
+
+  * half load: every system of interest, closed-loop, at the connection count at which
+    fg-none runs at about half its maximum (see `half_load` for why not a paced rate);
+  * memory: 1,000,000 distinct keys through a gateway whose rule is keyed on a header, and the
+    growth of its resident set.
+
+Gateways get `threads = 1` and nginx `worker_processes 1`; servers are pinned to CPU 0 and wrk
+to CPU 1 when there are two CPUs or more (--no-pin to let the scheduler choose). Every process
+started is stopped at the end, also on Ctrl-C or an error. Results: OUT/results.md (the tables
+of docs/benchmarks.md) and OUT/results.json (every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import grp
+import http.client
+import json
+import os
+import platform
+import pwd
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WRK_LUA = HERE / "wrk.lua"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/local/sbin")
+    if not path:
+        sys.exit(f"bench: `{name}` not found (make bench installs wrk, nginx and redis-server)")
+    return path
+
+
+def http_get(port: int, path: str = "/", headers: dict | None = None, timeout: float = 2.0):
+    """(status, headers, body) of one GET on loopback; no proxy variables are consulted."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process in KiB (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far (zeros if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_times(pid))
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all CPUs, /proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def redis_info(port: int, section: str) -> str:
+    """`INFO section` over a raw socket (RESP), without redis-cli."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"INFO {section}\r\n".encode())
+        buf = b""
+        while b"\r\n" not in buf:
+            buf += s.recv(65536)
+        head, _, rest = buf.partition(b"\r\n")
+        if not head.startswith(b"$"):
+            raise RuntimeError(f"redis answered {head!r}")
+        n = int(head[1:])
+        while len(rest) < n + 2:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return rest[:n].decode()
+
+
+def redis_commandstats(port: int) -> dict[str, tuple[int, int]]:
+    """(calls, µs spent) per command, from INFO commandstats."""
+    out = {}
+    for line in redis_info(port, "commandstats").splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line.partition(":")
+            f = dict(kv.split("=", 1) for kv in fields.split(","))
+            out[name[len("cmdstat_"):]] = (int(f.get("calls", 0)), int(f.get("usec", 0)))
+    return out
+
+
+# INFO commandstats also counts the commands that scripts call (redis.call). Round trips are
+# the script calls plus the commands a script cannot run (connection, admin, transactions);
+# every other command is taken as called from inside the scripts.
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+CLIENT_ONLY_COMMANDS = ("script", "function", "ping", "client", "hello", "select", "auth", "config",
+                        "cluster", "readonly", "readwrite", "multi", "exec", "discard", "watch",
+                        "unwatch", "command", "subscribe", "psubscribe", "quit", "reset")
+# Commands the harness itself sends (not charged to the gateway).
+HARNESS_COMMANDS = ("info",)
+
+
+def pct(part: float, whole: float) -> str:
+    return f"{part / whole:.2f}×" if whole else "—"
+
+
+def us(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.0f} µs"
+
+
+@dataclass
+class System:
+    name: str
+    title: str
+    port: int
+    pid: int = 0  # the process whose RSS is reported (nginx: the master, plus its workers)
+    kind: str = "floodgate"  # floodgate | nginx
+    redis: bool = False
+    expect: int = 200  # status of (nearly) every response
+    baseline: str | None = None  # the system its ratios are taken against
+    runs: list = field(default_factory=list)
+    half_runs: list = field(default_factory=list)
+    skipped: str | None = None  # why it was not measured
+    admin: int = 0  # floodgate's admin port
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.nginx = find_tool("nginx")
+        self.wrk = find_tool("wrk")
+        self.redis_server = find_tool("redis-server")
+        self.tmp = Path(tempfile.mkdtemp(prefix="floodgate-bench-"))
+        os.chmod(self.tmp, 0o755)  # nginx workers may run as another user
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.clients: list[subprocess.Popen] = []
+        self.systems: dict[str, System] = {}
+        self.notes: list[str] = []
+        self.ncpu = os.cpu_count() or 1
+        self.pin = not args.no_pin and self.ncpu >= 2
+        self.server_cpus = args.server_cpus
+        self.client_cpus = args.client_cpus
+        self.redis_cpus = args.redis_cpus or args.server_cpus
+        self.floodgate = str(Path(args.floodgate).resolve())
+        # The target dir may be shared with other builds: remember which binary was measured.
+        self.floodgate_mtime = os.path.getmtime(self.floodgate)
+        self.access_log_key = True
+        self.redis_port = 0
+        self.redis_pid = 0
+
+    # ---- processes ----------------------------------------------------------------------
+
+    def spawn(self, name: str, argv: list[str], env: dict | None = None, cpus: str | None = None) -> subprocess.Popen:
+        if self.pin:
+            argv = ["taskset", "-c", cpus or self.server_cpus] + argv
+        logf = open(self.tmp / f"{name}.log", "wb")
+        p = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the harness only; it stops them in order
+        )
+        logf.close()
+        self.procs.append((name, p))
+        return p
+
+    def stop_all(self) -> None:
+        for p in self.clients:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for name, p in reversed(self.procs):
+            if p.poll() is None:
+                # floodgate: SIGINT = exit now; nginx and redis: SIGTERM = fast shutdown.
+                sig = signal.SIGINT if name.startswith("fg-") else signal.SIGTERM
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for name, p in reversed(self.procs):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log(f"{name} did not stop in time: killing it")
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        self.procs.clear()
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.tmp / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_http(self, name: str, p: subprocess.Popen, port: int, path: str = "/", timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.log_tail(name)}")
+            try:
+                return http_get(port, path, timeout=1)
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{name} did not answer on port {port} within {timeout}s:\n{self.log_tail(name)}")
+
+    # ---- nginx ----------------------------------------------------------------------------
+
+    def nginx_conf(self, name: str, port: int, locations: str, http_extra: str = "") -> Path:
+        d = self.tmp / name
+        d.mkdir()
+        user = ""
+        if os.geteuid() == 0:
+            pw = pwd.getpwuid(0)
+            user = f"user {pw.pw_name} {grp.getgrgid(pw.pw_gid).gr_name};"
+        conf = d / "nginx.conf"
+        conf.write_text(f"""
+{user}
+worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    {http_extra}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        {locations}
+    }}
+}}
+""")
+        return conf
+
+    def start_nginx(self, name: str, conf: Path, port: int) -> subprocess.Popen:
+        p = self.spawn(name, [self.nginx, "-p", str(conf.parent), "-e", str(conf.parent / "error.log"), "-c", str(conf)])
+        self.wait_http(name, p, port)
+        return p
+
+    # ---- redis ----------------------------------------------------------------------------
+
+    def start_redis(self) -> None:
+        self.redis_port = free_port()
+        p = self.spawn(
+            "redis",
+            [self.redis_server, "--port", str(self.redis_port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.tmp), "--daemonize", "no"],
+            cpus=self.redis_cpus,
+        )
+        self.redis_pid = p.pid
+        deadline = time.monotonic() + 20
+        while True:
+            if p.poll() is not None:
+                raise RuntimeError(f"redis-server exited:\n{self.log_tail('redis')}")
+            try:
+                redis_info(self.redis_port, "server")
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not answer")
+                time.sleep(0.05)
+
+    # ---- floodgate ------------------------------------------------------------------------
+
+    def floodgate_conf(self, name: str, port: int, admin: int, upstream: int, rules: str,
+                       store: str = "") -> Path:
+        conf = self.tmp / f"{name}.toml"
+        access_log = "access_log = false\n" if self.access_log_key else ""
+        conf.write_text(f"""# generated by benches/load/run.py
+[server]
+listen = ["127.0.0.1:{port}"]
+admin_listen = "127.0.0.1:{admin}"
+threads = 1
+grace_period = "1s"
+{access_log}
+[store]
+{store or 'backend = "memory"'}
+
+[[upstreams]]
+name = "upstream"
+targets = ["127.0.0.1:{upstream}"]
+
+[[routes]]
+name = "all"
+match = {{}}
+upstream = "upstream"
+auth = "none"
+{rules}
+""")
+        return conf
+
+    def check_access_log_key(self, upstream: int) -> None:
+        conf = self.floodgate_conf("probe-check", free_port(), free_port(), upstream, "")
+        r = subprocess.run([self.floodgate, "check", "-c", str(conf)], capture_output=True, text=True)
+        if r.returncode != 0:
+            if "access_log" in r.stderr:
+                self.access_log_key = False
+                self.notes.append("`floodgate check` rejected `[server] access_log = false`; configs were written without it.")
+                log("floodgate does not know [server] access_log: leaving it out")
+            else:
+                raise RuntimeError(f"floodgate check failed: {r.stderr}")
+
+    def start_floodgate(self, name: str, upstream: int, rules: str, store: str = "") -> tuple[subprocess.Popen, int, int]:
+        port, admin = free_port(), free_port()
+        conf = self.floodgate_conf(name, port, admin, upstream, rules, store)
+        r = subprocess.run([self.floodgate, "check", "-c", str(conf)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"floodgate check -c {conf} failed:\n{r.stderr}")
+        env = dict(os.environ, RUST_LOG=os.environ.get("BENCH_RUST_LOG", "warn"))
+        for kv in self.args.floodgate_env or []:
+            k, _, v = kv.partition("=")
+            env[k] = v
+        p = self.spawn(name, [self.floodgate, "-c", str(conf), "--pid-file", str(self.tmp / f"{name}.pid"),
+                              "--upgrade-sock", str(self.tmp / f"{name}.sock")], env=env)
+        self.wait_http(name, p, admin, "/healthz")
+        return p, port, admin
+
+    # ---- wrk ------------------------------------------------------------------------------
+
+    def wrk_run(self, port: int, conns: int, duration: float, env: dict | None = None,
+                timeout_extra: float = 60, until=None) -> dict:
+        """One wrk run; its done() numbers plus req/s. `until`, if given, is polled twice a second
+        and ends the run early (SIGINT: wrk then reports as usual) once it returns true: wrk
+        itself always waits out its whole duration even when its thread has stopped."""
+        argv = [self.wrk, "-t1", f"-c{conns}", f"-d{duration:g}s", "--latency", "--timeout", "5s",
+                "-s", str(WRK_LUA), f"http://127.0.0.1:{port}/"]
+        if self.pin:
+            argv = ["taskset", "-c", self.client_cpus] + argv
+        wenv = {k: v for k, v in os.environ.items() if not k.startswith("BENCH_")}
+        wenv.update(env or {})
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=wenv, start_new_session=True)
+        self.clients.append(p)
+        try:
+            if until is not None:
+                deadline = time.monotonic() + duration
+                while p.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    if until():
+                        p.send_signal(signal.SIGINT)
+                        break
+            out, err = p.communicate(timeout=duration + timeout_extra)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            self.clients.remove(p)
+        line = next((l for l in out.splitlines() if l.startswith("BENCH_JSON ")), None)
+        if p.returncode != 0 or line is None:
+            raise RuntimeError(f"wrk failed ({p.returncode}): {err.strip()} {out.strip()[-500:]}")
+        r = json.loads(line[len("BENCH_JSON "):])
+        r["rps"] = r["requests"] / (r["duration_us"] / 1e6) if r["duration_us"] else 0.0
+        r["errors"] = r["connect_errors"] + r["read_errors"] + r["write_errors"] + r["timeouts"]
+        return r
+
+    # ---- one measured run -----------------------------------------------------------------
+
+    def rss(self, s: System) -> int:
+        if s.kind == "nginx":
+            return rss_kib(s.pid) + sum(rss_kib(c) for c in children(s.pid))
+        return rss_kib(s.pid)
+
+    def cpu(self, s: System) -> tuple[float, float]:
+        pids = [s.pid] + (children(s.pid) if s.kind == "nginx" else [])
+        times = [cpu_times(p) for p in pids]
+        return sum(t[0] for t in times), sum(t[1] for t in times)
+
+    def ours(self) -> float:
+        """CPU seconds used so far by every process the harness runs (wrk: once reaped)."""
+        total = 0.0
+        for _, p in self.procs:
+            total += cpu_seconds(p.pid) + sum(cpu_seconds(c) for c in children(p.pid))
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return total + ru.ru_utime + ru.ru_stime
+
+    def measure_quiet(self, s: System, conns: int, duration: float) -> dict:
+        """A measured run, repeated (at most --noisy-retries times) while other processes on the
+        machine took more than --noise-cpus CPU during it; the last one is kept either way."""
+        for attempt in range(1 + self.args.noisy_retries):
+            r = self.measure(s, conns, duration)
+            if r["other_cpus"] <= self.args.noise_cpus:
+                break
+            if attempt < self.args.noisy_retries:
+                log(f"{s.name}: other processes used {r['other_cpus']:.2f} CPU during the run: once more")
+                time.sleep(2)
+        r["attempts"] = attempt + 1
+        return r
+
+    def measure(self, s: System, conns: int, duration: float) -> dict:
+        before = redis_commandstats(self.redis_port) if s.redis else None
+        busy0, ours0 = busy_seconds(), self.ours()
+        cpu0 = self.cpu(s)
+        rcpu0 = cpu_seconds(self.redis_pid) if s.redis else 0.0
+        r = self.wrk_run(s.port, conns, duration)
+        # CPU that processes other than ours used meanwhile (other builds and tests on a shared
+        # machine), in CPUs: the noise indicator of the run.
+        r["other_cpus"] = max(0.0, (busy_seconds() - busy0) - (self.ours() - ours0)) / (r["duration_us"] / 1e6 or 1)
+        n = r["requests"] or 1
+        # CPU time per request of the system itself (nginx: master and workers; the upstream
+        # nginx behind a proxy is not included), and of redis-server.
+        cpu1 = self.cpu(s)
+        r["cpu_user_us_per_req"] = (cpu1[0] - cpu0[0]) * 1e6 / n
+        r["cpu_sys_us_per_req"] = (cpu1[1] - cpu0[1]) * 1e6 / n
+        r["cpu_us_per_req"] = r["cpu_user_us_per_req"] + r["cpu_sys_us_per_req"]
+        if s.redis:
+            r["redis_cpu_us_per_req"] = (cpu_seconds(self.redis_pid) - rcpu0) * 1e6 / n
+        if before is not None:
+            after = redis_commandstats(self.redis_port)
+            delta = {k: after[k][0] - before.get(k, (0, 0))[0] for k in after}
+            usec = sum(after[k][1] - before.get(k, (0, 0))[1] for k in after if k in SCRIPT_COMMANDS)
+            scripts = sum(delta.get(k, 0) for k in SCRIPT_COMMANDS)
+            other = sum(delta.get(k, 0) for k in CLIENT_ONLY_COMMANDS)
+            r["redis_delta"] = {k: v for k, v in delta.items() if v}
+            r["scripts_per_req"] = scripts / n
+            r["commands_per_req"] = (scripts + other) / n
+            r["redis_us_per_req"] = usec / n  # Redis' own time running the scripts
+            r["in_script_per_req"] = {k: v / n for k, v in delta.items()
+                                      if v and k not in SCRIPT_COMMANDS + CLIENT_ONLY_COMMANDS + HARNESS_COMMANDS}
+        r["rss_kib"] = self.rss(s)
+        # (nginx's slowest limit_req rate is 1 r/m: its 429 system admits one request a minute.)
+        bad = r["status_errors"] if s.expect < 400 else r["requests"] - r["status_errors"]
+        r["unexpected_status"] = bad
+        return r
+
+    # ---- the benchmark ------------------------------------------------------------------
+
+    def setup(self) -> None:
+        a = self.args
+        log(f"temp dir {self.tmp}; servers on CPU {self.server_cpus if self.pin else 'any'} "
+            f"(redis {self.redis_cpus if self.pin else 'any'}), "
+            f"wrk on CPU {self.client_cpus if self.pin else 'any'}")
+        up_port = free_port()
+        conf = self.nginx_conf("upstream", up_port, 'location / { return 200 "ok"; }')
+        up = self.start_nginx("upstream", conf, up_port)
+        self.upstream_port = up_port
+        self.add(System("upstream", "upstream direct (wrk → nginx `return 200`)", up_port, up.pid, "nginx"))
+
+        self.check_access_log_key(up_port)
+
+        # nginx as the peer: a proxy with limit_req (all allowed), and its 429 path.
+        upstream_block = f"upstream up {{ server 127.0.0.1:{up_port}; keepalive 64; keepalive_requests 10000000; }}"
+        proxy = ("proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\";")
+        port = free_port()
+        conf = self.nginx_conf(
+            "nginx-limit", port,
+            f"location / {{ limit_req zone=bench burst=1000000 nodelay; limit_req_status 429; {proxy} }}",
+            "limit_req_zone $binary_remote_addr zone=bench:1m rate=100000000r/s;\n"
+            "    limit_req_log_level info;\n    " + upstream_block)
+        p = self.start_nginx("nginx-limit", conf, port)
+        self.add(System("nginx-limit", "nginx proxy + `limit_req` (all allowed)", port, p.pid, "nginx", baseline="upstream"))
+
+        port = free_port()
+        conf = self.nginx_conf(
+            "nginx-429", port,
+            f"location / {{ limit_req zone=tiny; limit_req_status 429; {proxy} }}",
+            "limit_req_zone $binary_remote_addr zone=tiny:1m rate=1r/m;\n"
+            "    limit_req_log_level info;\n    " + upstream_block)
+        p = self.start_nginx("nginx-429", conf, port)
+        self.add(System("nginx-429", "nginx `limit_req`, every request over its limit (429)", port, p.pid, "nginx", expect=429))
+
+        def rule(name, key, scope, algorithm="token_bucket", limit=1_000_000_000, window='"1s"', extra=""):
+            w = f"window = {window}\n" if window else ""
+            return (f'\n[[rules]]\nname = "{name}"\nmatch = {{}}\nkey = {json.dumps(key)}\n'
+                    f'algorithm = "{algorithm}"\nlimit = {limit}\n{w}scope = "{scope}"\n{extra}')
+
+        fg = [
+            ("fg-none", "floodgate, no rules (bare Pingora)", "", "", 200, "upstream"),
+            ("fg-local", "floodgate, 1 local token-bucket rule", rule("local", ["ip"], "local"), "", 200, "fg-none"),
+            ("fg-429", "floodgate, every request over its limit (429)",
+             rule("tiny", ["ip"], "local", limit=1, window='"1h"'), "", 429, "nginx-429"),
+            ("fg-concurrency", "floodgate, 1 local concurrency rule (admits all)",
+             rule("inflight", ["ip"], "local", "concurrency", limit=100_000, window=None), "", 200, "fg-none"),
+        ]
+        if not a.no_redis:
+            self.start_redis()
+            store = (f'backend = "redis"\nurl = "redis://127.0.0.1:{self.redis_port}/0"\n'
+                     'timeout = "100ms"\nkey_prefix = "bench:"')
+            closed = 'on_store_error = "closed"\n'  # a failing store shows as 503s, never as speed
+            fg.insert(2, ("fg-global1", "floodgate, 1 global token-bucket rule (Redis)",
+                          rule("g1", ["ip"], "global", extra=closed), store, 200, "fg-none"))
+            fg.insert(3, ("fg-global3", "floodgate, 3 global token-bucket rules (Redis)",
+                          rule("g1", ["ip"], "global", extra=closed) + rule("g2", ["route"], "global", extra=closed)
+                          + rule("g3", ["method"], "global", extra=closed), store, 200, "fg-none"))
+        for name, title, rules, store, expect, base in fg:
+            if a.only and name not in a.only:
+                continue
+            p, port, admin = self.start_floodgate(name, up_port, rules, store)
+            self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
+                            baseline=base, admin=admin))
+
+        order = ["upstream", "nginx-limit", "fg-none", "fg-local", "fg-global1", "fg-global3",
+                 "nginx-429", "fg-429", "fg-concurrency"]
+        self.systems = {k: self.systems[k] for k in order if k in self.systems}
+        if a.only:
+            self.systems = {k: v for k, v in self.systems.items() if k in a.only}
+
+    def add(self, s: System) -> None:
+        self.systems[s.name] = s
+
+    def probe(self) -> None:
+        """Each system answers what it is meant to answer, or is left out with the reason."""
+        for s in self.systems.values():
+            statuses = []
+            for _ in range(3):
+                st, headers, body = http_get(s.port)
+                statuses.append(st)
+            if s.expect == 200 and statuses != [200, 200, 200]:
+                s.skipped = f"answered {statuses}, not 200"
+                if s.redis:
+                    s.skipped += " (Redis store not available: is src/limiter/redis.rs still the stub?)"
+            elif s.expect == 429 and statuses[-1] != 429:
+                s.skipped = f"answered {statuses}, not 429"
+            if s.redis and not s.skipped:
+                before = redis_commandstats(self.redis_port)
+                http_get(s.port)
+                after = redis_commandstats(self.redis_port)
+                if sum(after.get(k, (0, 0))[0] - before.get(k, (0, 0))[0] for k in SCRIPT_COMMANDS) == 0:
+                    s.skipped = "a request ran no script on Redis (store not in use)"
+            if s.skipped:
+                log(f"{s.name}: left out: {s.skipped}")
+                self.notes.append(f"{s.name} was not measured: {s.skipped}.")
+
+    def live(self) -> list[System]:
+        return [s for s in self.systems.values() if not s.skipped]
+
+    def max_load(self) -> None:
+        a = self.args
+        log(f"warm-up: 2 s per system at -c{a.connections}")
+        for s in self.live():
+            self.wrk_run(s.port, a.connections, 2)
+        for rnd in range(a.rounds):
+            for s in self.live():
+                r = self.measure_quiet(s, a.connections, a.duration)
+                r["round"] = rnd + 1
+                s.runs.append(r)
+                extra = (f" redis {r['commands_per_req']:.3f} cmds/req {r['redis_us_per_req']:.1f} µs/req"
+                         if s.redis else "")
+                log(f"round {rnd + 1}/{a.rounds} {s.name:15s} {r['rps']:9.0f} req/s  p50 {us(r['p50_us']):>9s}  "
+                    f"p99 {us(r['p99_us']):>9s}  rss {r['rss_kib'] / 1024:.1f} MiB  cpu {r['cpu_us_per_req']:.1f} µs/req ({r['cpu_user_us_per_req']:.1f} user)  others {r['other_cpus']:.2f} CPU{extra}"
+                    + (f"  unexpected status: {r['unexpected_status']}" if r["unexpected_status"] else "")
+                    + (f"  socket errors {r['errors']}" if r["errors"] else ""))
+
+    def half_load(self) -> None:
+        """p99 at half of the maximum load.
+
+        wrk is closed-loop and has no constant-rate mode (wrk2 is not packaged). Pacing it with
+        its delay() hook was tried and rejected: wrk's timers tick in whole milliseconds, so
+        every connection due in a tick sends at once, and the server sees a burst of rate/1000
+        simultaneous requests each millisecond; that measures the burst's queue, not the
+        system. Instead the load is halved by concurrency: short runs of `fg-none` with 1, 2,
+        3, ... connections find the smallest connection count whose throughput reaches half its
+        maximum, and every system is measured closed-loop at that same connection count (each
+        then runs at its own rate; the table gives it, and the fraction of its own maximum).
+        """
+        a = self.args
+        base = self.systems.get("fg-none")
+        if not base or not base.runs:
+            self.notes.append("half load not measured: fg-none has no result.")
+            return
+        target = 0.5 * statistics.median(r["rps"] for r in base.runs)
+        for conns in (1, 2, 3, 4, 6, 8, 12, 16, 24):
+            r = self.wrk_run(base.port, conns, 2)
+            log(f"half load: fg-none at -c{conns}: {r['rps']:.0f} req/s (half of its maximum: {target:.0f})")
+            if r["rps"] >= target:
+                break
+        self.half_target = target
+        self.half_conns = conns
+        names = [n for n in ("upstream", "nginx-limit", "fg-none", "fg-local", "fg-global1", "fg-global3",
+                             "fg-concurrency") if n in self.systems and not self.systems[n].skipped]
+        for rnd in range(a.rounds):
+            for n in names:
+                s = self.systems[n]
+                r = self.measure_quiet(s, conns, a.duration)
+                r["round"] = rnd + 1
+                r["connections"] = conns
+                s.half_runs.append(r)
+                log(f"half round {rnd + 1}/{a.rounds} {n:15s} {r['rps']:9.0f} req/s (-c{conns})  "
+                    f"p50 {us(r['p50_us']):>9s}  p99 {us(r['p99_us']):>9s}  others {r['other_cpus']:.2f} CPU")
+
+    def memory(self) -> None:
+        """Resident-set growth of a gateway per distinct key of the memory store."""
+        a = self.args
+        rules = ('\n[[rules]]\nname = "per-header"\nmatch = {}\nkey = ["header:x-bench-key"]\n'
+                 'algorithm = "token_bucket"\nlimit = 10\nwindow = "1h"\nscope = "local"\n')
+        # The bound is per shard (a full shard evicts): leave room.
+        p, port, admin = self.start_floodgate(
+            "fg-memory", self.upstream_port, rules,
+            f'backend = "memory"\nmax_keys = {4 * a.memory_keys}')
+        store_keys = lambda: self.metric(admin, "floodgate_memory_store_keys") or 0
+
+        def reached(target):
+            return lambda: store_keys() >= target
+
+        # Warm-up: the same path with keys of their own, so buffers, pools and the allocator's
+        # arenas are in place before the resident set is read.
+        warm = 20_000
+        env = {"BENCH_VARY_HEADER": "x-bench-key", "BENCH_VARY_COUNT": str(warm), "BENCH_VARY_OFFSET": "0"}
+        self.wrk_run(port, a.connections, 30, env, until=reached(warm))
+        time.sleep(1)
+        before = rss_kib(p.pid)
+        keys_before = self.metric(admin, "floodgate_memory_store_keys")
+        env = {"BENCH_VARY_HEADER": "x-bench-key", "BENCH_VARY_COUNT": str(a.memory_keys),
+               "BENCH_VARY_OFFSET": str(10 * a.memory_keys)}
+        log(f"memory: sending {a.memory_keys} distinct keys (at most {a.memory_timeout:g} s)")
+        r = self.wrk_run(port, a.connections, a.memory_timeout, env,
+                         until=reached((keys_before or 0) + a.memory_keys))
+        time.sleep(1)
+        after = rss_kib(p.pid)
+        keys_after = self.metric(admin, "floodgate_memory_store_keys")
+        evictions = self.metric(admin, "floodgate_memory_store_evictions_total")
+        if keys_before is not None and keys_after is not None:
+            keys = keys_after - keys_before
+            source = "floodgate_memory_store_keys"
+        else:
+            keys = min(r["requests"], a.memory_keys)
+            source = "requests sent"
+        self.mem = {
+            "requests": r["requests"], "seconds": r["duration_us"] / 1e6, "rps": r["rps"],
+            "rss_before_kib": before, "rss_after_kib": after, "keys": keys, "keys_source": source,
+            "evictions": evictions, "bytes_per_key": (after - before) * 1024 / keys if keys > 0 else None,
+            "status_errors": r["status_errors"],
+        }
+        log(f"memory: {keys} new keys ({source}), RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB = "
+            f"{self.mem['bytes_per_key'] or 0:.0f} bytes/key, {r['rps']:.0f} req/s, evictions {evictions}")
+
+    def metric(self, admin: int, name: str) -> float | None:
+        try:
+            st, _, body = http_get(admin, "/metrics", timeout=5)
+        except OSError:
+            return None
+        if st != 200:
+            return None
+        for line in body.decode(errors="replace").splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    # ---- report -------------------------------------------------------------------------
+
+    def machine(self) -> dict:
+        cpu = {}
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                cpu.setdefault(k.strip(), v.strip())
+        mem = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                mem[k] = v.strip()
+
+        def version(argv):
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+                return (r.stdout + r.stderr).strip().splitlines()[0]
+            except (OSError, IndexError, subprocess.SubprocessError):
+                return "?"
+
+        rev = version(["git", "-C", str(ROOT), "describe", "--always", "--dirty"])
+        built = dt.datetime.fromtimestamp(self.floodgate_mtime).strftime("%Y-%m-%d %H:%M")
+        rev = f"{os.path.relpath(self.floodgate, ROOT)} built {built}, tree at {rev}"
+        return {
+            "cpus": self.ncpu, "cpu_model": cpu.get("model name", "?"),
+            "memory": mem.get("MemTotal", "?"), "kernel": platform.release(),
+            "loadavg_start": self.load_start, "loadavg_end": open("/proc/loadavg").read().split()[:3],
+            "wrk": version([self.wrk, "-v"]).split(" [")[0], "nginx": version([self.nginx, "-v"]),
+            "redis": version([self.redis_server, "--version"]), "floodgate": rev,
+        }
+
+    def summary(self, s: System, runs: list) -> dict:
+        if not runs:
+            return {}
+        med = lambda k: statistics.median(r[k] for r in runs)
+        out = {k: med(k) for k in ("rps", "p50_us", "p99_us", "rss_kib", "cpu_us_per_req",
+                                   "cpu_user_us_per_req", "cpu_sys_us_per_req")}
+        out["rounds"] = len(runs)
+        if s.redis:
+            out["scripts_per_req"] = med("scripts_per_req")
+            out["commands_per_req"] = med("commands_per_req")
+            out["redis_us_per_req"] = med("redis_us_per_req")
+            out["redis_cpu_us_per_req"] = med("redis_cpu_us_per_req")
+        out["unexpected_status"] = sum(r["unexpected_status"] for r in runs)
+        out["errors"] = sum(r["errors"] for r in runs)
+        return out
+
+    def report(self) -> str:
+        a = self.args
+        m = self.machine()
+        S = {n: self.summary(s, s.runs) for n, s in self.systems.items()}
+        H = {n: self.summary(s, s.half_runs) for n, s in self.systems.items()}
+        lines = []
+        w = lines.append
+        w(f"Measured {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {m['cpus']} × {m['cpu_model']}, "
+          f"{m['memory']} RAM, Linux {m['kernel']}; load average {' '.join(m['loadavg_start'])} at the start, "
+          f"{' '.join(m['loadavg_end'])} at the end. floodgate: {m['floodgate']}; {m['wrk']}; {m['nginx']}; {m['redis']}.")
+        w("")
+        if a.floodgate_env:
+            w(f"Gateways ran with {', '.join('`' + e + '`' for e in a.floodgate_env)}.")
+            w("")
+        w(f"`wrk -t1 -c{a.connections} -d{a.duration:g}s --latency`, {a.rounds} rounds alternating between the systems, "
+          f"medians over rounds. Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
+          "floodgate `threads = 1`, nginx `worker_processes 1`.")
+        w("")
+        w("### Maximum load")
+        w("")
+        w("| # | system | req/s | ratio | vs | p50 | p99 | Redis cmds/req | RSS | CPU/req |")
+        w("|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
+        numbers = {"upstream": "1", "nginx-limit": "2", "fg-none": "3", "fg-local": "4", "fg-global1": "5",
+                   "fg-global3": "6", "nginx-429": "7", "fg-429": "7", "fg-concurrency": "8"}
+        for n, s in self.systems.items():
+            r = S[n]
+            if s.skipped or not r:
+                w(f"| {numbers.get(n, '')} | {s.title} | not measured: {s.skipped or 'no run'} | | | | | | | |")
+                continue
+            b = S.get(s.baseline) if s.baseline else None
+            ratio = pct(r["rps"], b["rps"]) if b else "—"
+            vs = f"`{s.baseline}`" if b else ""
+            cmds = f"{r['commands_per_req']:.3f}" if s.redis else "—"
+            cpu = f"{r['cpu_us_per_req']:.1f} µs ({r['cpu_user_us_per_req']:.1f})"
+            if s.redis:
+                cpu += f" + Redis {r['redis_cpu_us_per_req']:.1f} µs"
+            flag = ""
+            if r["unexpected_status"] > len(s.runs) * (1 + a.duration / 60):
+                flag += f" ⚠ {r['unexpected_status']} unexpected statuses"
+            if r["errors"]:
+                flag += f" ⚠ {r['errors']} socket errors"
+            w(f"| {numbers.get(n, '')} | {s.title} (`{n}`){flag} | {r['rps']:,.0f} | {ratio} | {vs} | {us(r['p50_us'])} | "
+              f"{us(r['p99_us'])} | {cmds} | {r['rss_kib'] / 1024:.1f} MiB | {cpu} |")
+        inner = []
+        for n, s in self.systems.items():
+            if s.redis and s.runs:
+                calls = {}
+                for r in s.runs:
+                    for k, v in r["in_script_per_req"].items():
+                        calls.setdefault(k, []).append(v)
+                listed = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(calls.items()))
+                inner.append(f"`{n}`: {listed or 'none'} (Redis spends {S[n]['redis_us_per_req']:.1f} µs "
+                             "running the script, per request)")
+        w("")
+        w("CPU/req: user + system CPU time of the system's own processes during the run (from "
+          "/proc/PID/stat; nginx: master and worker; not the upstream behind a proxy), divided by "
+          "the requests, with the user part in parentheses; for Redis systems, plus redis-server's.")
+        if inner:
+            w("")
+            w("Redis commands per request are round trips: EVALSHA/EVAL calls plus any command a script "
+              "cannot run (SCRIPT LOAD, PING, ...), from `INFO commandstats` before and after each run, "
+              "divided by the requests wrk completed (requests still in flight when wrk stops make it "
+              "read a little above the truth). Commands called inside the scripts, per request: "
+              + "; ".join(inner) + ".")
+        if "nginx-limit" in S and S["nginx-limit"]:
+            w("")
+            nl = S["nginx-limit"]["rps"]
+            parts = [f"`{n}` {pct(S[n]['rps'], nl)}" for n in ("fg-none", "fg-local", "fg-global1", "fg-global3", "fg-concurrency")
+                     if S.get(n)]
+            if parts:
+                w("Against nginx `limit_req` (req/s ratio): " + ", ".join(parts) + ".")
+        if H and any(H.values()):
+            w("")
+            w("### p99 at half of the maximum load")
+            w("")
+            w(f"Closed loop at `-c{self.half_conns}`: the fewest connections with which `fg-none` reaches half "
+              f"its maximum ({self.half_target:,.0f} req/s); every system at that same concurrency, so each "
+              "runs at its own rate (\"of max\": that rate over the system's own maximum above).")
+            w("")
+            w("| system | req/s | of max | p50 | p99 | p99 − upstream p99 |")
+            w("|---|---:|---:|---:|---:|---:|")
+            up = H.get("upstream")
+            for n, s in self.systems.items():
+                r = H.get(n)
+                if not r:
+                    continue
+                d = f"{(r['p99_us'] - up['p99_us']) / 1000:+.3f} ms" if up and n != "upstream" else "—"
+                of = f"{r['rps'] / S[n]['rps']:.2f}" if S.get(n) else "—"
+                w(f"| `{n}` | {r['rps']:,.0f} | {of} | {us(r['p50_us'])} | {us(r['p99_us'])} | {d} |")
+        if getattr(self, "mem", None):
+            mm = self.mem
+            w("")
+            w("### Memory store: resident set per distinct key")
+            w("")
+            w("| keys | RSS before | RSS after | growth per key | evictions | time |")
+            w("|---:|---:|---:|---:|---:|---:|")
+            bpk = f"{mm['bytes_per_key']:.0f} bytes" if mm["bytes_per_key"] is not None else "—"
+            ev = f"{mm['evictions']:.0f}" if mm["evictions"] is not None else "?"
+            w(f"| {mm['keys']:,.0f} | {mm['rss_before_kib'] / 1024:.1f} MiB | {mm['rss_after_kib'] / 1024:.1f} MiB | "
+              f"{bpk} | {ev} | {mm['seconds']:.0f} s ({mm['rps']:,.0f} req/s) |")
+        noisy = []
+        for n, s in self.systems.items():
+            for kind, runs in (("", s.runs), ("half load ", s.half_runs)):
+                for r in runs:
+                    if r.get("other_cpus", 0) > a.noise_cpus:
+                        noisy.append(f"{kind}`{n}` round {r['round']} ({r['other_cpus']:.2f})")
+        w("")
+        retried = sum(r.get("attempts", 1) - 1 for s in self.systems.values() for r in s.runs + s.half_runs)
+        w(f"Other processes on the machine (not the harness's) used more than {a.noise_cpus:g} CPU during: "
+          + (", ".join(noisy) if noisy else "no run kept") + f" ({retried} disturbed runs were repeated).")
+        w("")
+        w("### Targets")
+        w("")
+        for t in self.targets(S, H):
+            w(f"- {t}")
+        if self.notes:
+            w("")
+            w("### Notes")
+            w("")
+            for n in self.notes:
+                w(f"- {n}")
+        return "\n".join(lines) + "\n"
+
+    def targets(self, S, H) -> list[str]:
+        out = []
+
+        def verdict(ok):
+            return "**met**" if ok else "**missed**"
+
+        none = S.get("fg-none")
+        for n, need in (("fg-global1", 0.9), ("fg-global3", 0.85)):
+            if none and S.get(n):
+                ratio = S[n]["rps"] / none["rps"]
+                out.append(f"`{n}` throughput ≥ {need}× `fg-none`: {ratio:.2f}× — {verdict(ratio >= need)}")
+            else:
+                out.append(f"`{n}` throughput ≥ {need}× `fg-none`: not measured")
+        for n in ("fg-global1", "fg-global3"):
+            if S.get(n):
+                c = S[n]["commands_per_req"]
+                out.append(f"`{n}`: one Redis command per request: {c:.3f} — {verdict(abs(c - 1) < 0.01)}")
+        if S.get("fg-429") and S.get("nginx-429"):
+            ratio = S["fg-429"]["rps"] / S["nginx-429"]["rps"]
+            out.append(f"429 path at least as fast as nginx `limit_req`'s: {ratio:.2f}× — {verdict(ratio >= 1)}")
+        up = H.get("upstream")
+        for n in ("fg-none", "fg-local", "fg-global1", "fg-global3"):
+            if up and H.get(n):
+                d = (H[n]["p99_us"] - up["p99_us"]) / 1000
+                out.append(f"`{n}` p99 at half load ≤ upstream p99 + 1 ms: {d:+.3f} ms — {verdict(d <= 1)}")
+        mm = getattr(self, "mem", None)
+        if mm and mm["bytes_per_key"] is not None:
+            out.append(f"memory store ≤ 128 bytes per active key: {mm['bytes_per_key']:.0f} — {verdict(mm['bytes_per_key'] <= 128)}")
+        if S.get("fg-global1") and S.get("nginx-limit"):
+            ratio = S["fg-global1"]["rps"] / S["nginx-limit"]["rps"]
+            out.append(f"aim beyond: `fg-global1` ≥ nginx `limit_req`: {ratio:.2f}× — {verdict(ratio >= 1)}")
+        return out
+
+    def check_binary(self) -> None:
+        try:
+            changed = os.path.getmtime(self.floodgate) != self.floodgate_mtime
+        except OSError:
+            changed = True
+        if changed and not any("rebuilt" in n for n in self.notes):
+            self.notes.append(f"{os.path.relpath(self.floodgate, ROOT)} was rebuilt or removed during the run "
+                              "(another build in a shared target dir): gateways started afterwards ran "
+                              "another binary.")
+
+    def run(self) -> int:
+        a = self.args
+        self.load_start = open("/proc/loadavg").read().split()[:3]
+        self.setup()
+        self.probe()
+        if not a.skip_max:
+            self.max_load()
+        if not a.skip_half and not a.skip_max:
+            self.half_load()
+        if not a.skip_memory:
+            self.check_binary()  # the memory gateway is started now: a new binary would be used
+            self.memory()
+        self.check_binary()
+        report = self.report()
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text(report)
+        data = {
+            "args": vars(a), "machine": self.machine(), "notes": self.notes,
+            "systems": {n: {"title": s.title, "skipped": s.skipped, "runs": s.runs, "half_runs": s.half_runs}
+                        for n, s in self.systems.items()},
+            "memory": getattr(self, "mem", None),
+        }
+        (out / "results.json").write_text(json.dumps(data, indent=1))
+        print()
+        print(report)
+        log(f"written {out / 'results.md'} and {out / 'results.json'}")
+        return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--floodgate", default=str(ROOT / "target" / "release" / "floodgate"),
+                   help="the floodgate binary (target/release/floodgate)")
+    p.add_argument("--out", default=str(ROOT / "target" / "bench"),
+                   help="where results.md and results.json go (target/bench)")
+    p.add_argument("--duration", type=float, default=10, help="seconds per measured run (10)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the systems (3)")
+    p.add_argument("--connections", type=int, default=32, help="wrk connections at maximum load (32)")
+    p.add_argument("--memory-keys", type=int, default=1_000_000, help="distinct keys of the memory run")
+    p.add_argument("--memory-timeout", type=float, default=120, help="longest the memory run may take (s)")
+    p.add_argument("--only", nargs="*", help="measure only these systems")
+    p.add_argument("--no-redis", action="store_true", help="leave out the Redis systems")
+    p.add_argument("--no-pin", action="store_true", help="do not pin servers and client to CPUs")
+    p.add_argument("--server-cpus", default="0", help="CPU list of nginx and floodgate (0)")
+    p.add_argument("--client-cpus", default="1", help="CPU list of wrk (1)")
+    p.add_argument("--redis-cpus", help="CPU list of redis-server (default: the servers')")
+    p.add_argument("--skip-max", action="store_true", help="no maximum-load runs (hence no half load)")
+    p.add_argument("--skip-half", action="store_true", help="no half-load runs")
+    p.add_argument("--skip-memory", action="store_true", help="no memory run")
+    p.add_argument("--noise-cpus", type=float, default=0.2,
+                   help="flag runs during which other processes used more CPUs than this (0.2)")
+    p.add_argument("--noisy-retries", type=int, default=1,
+                   help="repeat a run that other processes disturbed at most this many times (1)")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the generated configs and logs")
+    p.add_argument("--floodgate-env", action="append", metavar="KEY=VALUE",
+                   help="extra environment of the gateways (e.g. LD_PRELOAD=... to try an allocator)")
+    args = p.parse_args()
+    if not Path(args.floodgate).is_file():
+        sys.exit(f"bench: {args.floodgate} not found: build it first (cargo build --release)")
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
+    bench = Bench(args)
+    try:
+        return bench.run()
+    except KeyboardInterrupt:
+        log("interrupted: stopping everything")
+        return 130
+    except RuntimeError as e:
+        log(f"failed: {e}")
+        return 1
+    finally:
+        bench.stop_all()
+        if args.keep_tmp:
+            log(f"configs and logs kept in {bench.tmp}")
+        else:
+            shutil.rmtree(bench.tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
