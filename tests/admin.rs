@@ -68,14 +68,7 @@ async fn metrics_match_the_traffic_sent() {
             .unwrap();
     }
     c.get(gw.url("/nowhere")).send().await.unwrap();
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, gw.admin_url("/metrics")).await;
     let m = scrape(&text);
     let get = |k: &str| {
         m.get(k)
@@ -135,14 +128,7 @@ async fn metrics_match_the_traffic_sent() {
         .send()
         .await
         .unwrap();
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, gw.admin_url("/metrics")).await;
     let m = scrape(&text);
     assert_eq!(
         m.get("floodgate_ratelimit_decisions_total{result=\"skipped\",rule=\"per-key\"}"),
@@ -156,14 +142,7 @@ async fn rules_markdown_and_diagram() {
     let gw = Gateway::start(&config(api.addr));
     let c = client();
 
-    let v: Value = c
-        .get(gw.admin_url("/rules"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, gw.admin_url("/rules")).await;
     let rules = v["rules"].as_array().unwrap();
     let names: Vec<&str> = rules.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["per-ip", "per-key", "dark"]);
@@ -178,14 +157,7 @@ async fn rules_markdown_and_diagram() {
     assert_eq!(rules[2]["shadow"], true);
     assert_eq!(rules[2]["key"], serde_json::json!(["header:x-tenant"]));
 
-    let md = c
-        .get(gw.admin_url("/rules?format=markdown"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let md = get_text(&c, gw.admin_url("/rules?format=markdown")).await;
     let lines: Vec<&str> = md.lines().collect();
     assert!(lines[0].starts_with("| # | rule | match | key | algorithm |"));
     assert!(lines[1].starts_with("|---|"));
@@ -199,14 +171,7 @@ async fn rules_markdown_and_diagram() {
     );
     assert!(lines[4].ends_with("| yes |"), "{md}");
 
-    let diagram = c
-        .get(gw.admin_url("/diagram"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let diagram = get_text(&c, gw.admin_url("/diagram")).await;
     assert!(diagram.starts_with("flowchart LR\n"));
     let p1 = diagram.find("1. per-ip").unwrap();
     let p2 = diagram.find("2. per-key").unwrap();
@@ -234,14 +199,7 @@ async fn rules_markdown_and_diagram() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), diagram);
 
-    let ready: Value = c
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready: Value = get_json(&c, gw.admin_url("/readyz")).await;
     assert_eq!(ready["status"], "ready");
     assert_eq!(ready["rules"], 3);
     assert_eq!(ready["store"]["backend"], "memory");

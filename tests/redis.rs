@@ -277,24 +277,10 @@ async fn failure_modes_and_recovery() {
         "limit 10 / 2 instances = 5 locally"
     );
 
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, gw.admin_url("/metrics")).await;
     assert!(text.contains("floodgate_failure_mode_decisions_total{mode=\"open\",rule=\"open\"}"));
     assert!(text.contains("floodgate_store_up 0"), "store reported down");
-    let ready: serde_json::Value = c
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready: serde_json::Value = get_json(&c, gw.admin_url("/readyz")).await;
     assert_eq!(ready["store"]["up"], false);
     assert!(gw
         .logs()
@@ -351,14 +337,7 @@ on_store_error = "open"
         assert_eq!(r.status(), 200, "request {i} after SCRIPT FLUSH");
         assert!(r.headers().contains_key("ratelimit"));
     }
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, gw.admin_url("/metrics")).await;
     assert!(
         text.contains(
             "floodgate_failure_mode_decisions_total{mode=\"open\",rule=\"open-rule\"} 0\n"
@@ -384,14 +363,7 @@ on_store_error = "open"
         "client waited {took:?} for a stalled Redis"
     );
     sleeper.join().unwrap();
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, gw.admin_url("/metrics")).await;
     assert!(
         text.contains("floodgate_store_errors_total{kind=\"timeout\"}"),
         "{text}"

@@ -47,26 +47,12 @@ async fn admitted(c: &reqwest::Client, gw: &Gateway, probe: &str) -> u64 {
 }
 
 async fn rule_limit(c: &reqwest::Client, gw: &Gateway) -> u64 {
-    let v: Value = c
-        .get(gw.admin_url("/rules"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(c, gw.admin_url("/rules")).await;
     v["rules"][0]["limit"].as_u64().unwrap()
 }
 
 async fn reload_generation(c: &reqwest::Client, gw: &Gateway) -> (u64, Option<String>) {
-    let v: Value = c
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(c, gw.admin_url("/readyz")).await;
     (
         v["reload"]["generation"].as_u64().unwrap(),
         v["reload"]["last_error"].as_str().map(str::to_string),
@@ -176,14 +162,7 @@ async fn twenty_rewrites_under_load_lose_nothing() {
         latencies[latencies.len() / 2]
     );
 
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, gw.admin_url("/metrics")).await;
     assert!(
         text.contains("floodgate_config_reloads_total{result=\"failure\"} 10"),
         "{text}"

@@ -92,13 +92,7 @@ async fn forwarded_proto_is_https_behind_tls() {
         )
         .build()
         .unwrap();
-    let v: serde_json::Value = c
-        .get(format!("https://localhost:{tls_port}/debug/headers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value =
+        get_json(&c, format!("https://localhost:{tls_port}/debug/headers")).await;
     assert_eq!(v["headers"]["x-forwarded-proto"], "https");
 }

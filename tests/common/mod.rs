@@ -267,6 +267,28 @@ pub async fn wait_for_status(
     }
 }
 
+/// `GET url` and its body as text.
+pub async fn get_text(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> String {
+    c.get(url)
+        .send()
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body")
+}
+
+/// `GET url` and its body as JSON.
+pub async fn get_json(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_json::Value {
+    c.get(url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON body")
+}
+
 /// A reqwest client with no proxy settings from the environment.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
