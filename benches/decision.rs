@@ -16,16 +16,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use floodgate::limiter::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
-use floodgate::limiter::{Algorithm, Check, LeakyMode, Limit};
-
-const ALGORITHMS: [Algorithm; 6] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket,
-    Algorithm::Concurrency,
-];
+use floodgate::limiter::{Algorithm, Check, Limit};
 
 /// Distinct keys of the "many keys" case: more than fit in the CPU caches.
 const MANY_KEYS: u64 = 100_000;
@@ -34,15 +25,8 @@ fn check(rule: &str, key: u64, algorithm: Algorithm) -> Check {
     Check {
         rule: Arc::from(rule),
         key,
-        limit: Limit {
-            algorithm,
-            // 2 M a second: never reached at 1 M decisions per second of clock time.
-            limit: 200_000,
-            window: Duration::from_millis(100),
-            burst: 200_000,
-            mode: LeakyMode::Police,
-            max_delay: Duration::ZERO,
-        },
+        // 2 M a second: never reached at 1 M decisions per second of clock time.
+        limit: Limit::police(algorithm, 200_000, Duration::from_millis(100), 200_000),
         cost: 1,
     }
 }
@@ -67,7 +51,7 @@ fn decide(store: &MemoryStore, check: &Check) {
 
 fn decisions(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL {
         let (store, clock) = new_store();
         let hot = check("hot", 42, algorithm);
         group.bench_function(BenchmarkId::new("one_key", algorithm.as_str()), |b| {

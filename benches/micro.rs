@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use floodgate::auth::Identity;
-use floodgate::limiter::{Algorithm, Decision, LeakyMode, Limit};
+use floodgate::limiter::{Algorithm, Decision, Limit};
 use floodgate::metrics::RuleCounters;
 use floodgate::response::RateLimitHeaders;
 use floodgate::rules::{FailureMode, KeyPart, RequestView, Rule, RuleMatch, Scope};
@@ -22,18 +22,16 @@ fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm)
         name: Arc::from(name),
         matcher,
         key,
-        limit: Limit {
+        limit: Limit::police(
             algorithm,
-            limit: 100,
-            window: if algorithm == Algorithm::Concurrency {
+            100,
+            if algorithm == Algorithm::Concurrency {
                 Duration::ZERO
             } else {
                 Duration::from_secs(60)
             },
-            burst: 20,
-            mode: LeakyMode::Police,
-            max_delay: Duration::ZERO,
-        },
+            20,
+        ),
         scope: Scope::Local,
         on_store_error: FailureMode::Open,
         cost: 1,

@@ -322,7 +322,7 @@ pub fn query_param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, LeakyMode};
+    use crate::limiter::{Algorithm, Limit};
     use std::time::Duration;
 
     fn rule(key: Vec<KeyPart>, matcher: RuleMatch) -> Rule {
@@ -330,14 +330,7 @@ mod tests {
             name: "r".into(),
             matcher,
             key,
-            limit: Limit {
-                algorithm: Algorithm::FixedWindow,
-                limit: 1,
-                window: Duration::from_secs(1),
-                burst: 1,
-                mode: LeakyMode::Police,
-                max_delay: Duration::ZERO,
-            },
+            limit: Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
             scope: Scope::Local,
             on_store_error: FailureMode::Open,
             cost: 1,

@@ -14,7 +14,7 @@ use floodgate::config::{Backend, Store};
 use floodgate::limiter::algorithm::{self, State};
 use floodgate::limiter::breaker::BreakerState;
 use floodgate::limiter::redis::{Options, RedisStore, StoreError};
-use floodgate::limiter::{Algorithm, Check, Decision, LeakyMode, Limit};
+use floodgate::limiter::{Algorithm, Check, Decision, Limit};
 
 /// A timeout that only a broken store reaches: functional tests must not flake under load.
 const GENEROUS: Duration = Duration::from_secs(5);
@@ -39,25 +39,6 @@ fn standalone(server: &RedisServer) -> Arc<RedisStore> {
 fn standalone_with(server: &RedisServer, options: Options) -> Arc<RedisStore> {
     RedisStore::with_options(&store_config(Backend::Redis, vec![server.url()]), options)
         .expect("store")
-}
-
-fn limit(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Limit {
-    Limit {
-        algorithm,
-        limit,
-        window,
-        burst,
-        mode: LeakyMode::Police,
-        max_delay: Duration::ZERO,
-    }
-}
-
-fn shape(limit_: u64, window: Duration, burst: u64, max_delay: Duration) -> Limit {
-    Limit {
-        mode: LeakyMode::Shape,
-        max_delay,
-        ..limit(Algorithm::LeakyBucket, limit_, window, burst)
-    }
 }
 
 fn check(rule: &str, key: u64, limit: Limit, cost: u64) -> Check {
@@ -142,28 +123,43 @@ impl Reference {
 fn differential_rules() -> Vec<(&'static str, Limit)> {
     use Algorithm::*;
     vec![
-        ("fw-5-1s", limit(FixedWindow, 5, secs(1), 5)),
-        ("fw-3-7ms", limit(FixedWindow, 3, ms(7), 3)),
-        ("fw-100-1h", limit(FixedWindow, 100, secs(3600), 100)),
-        ("swl-5-1s", limit(SlidingWindowLog, 5, secs(1), 5)),
-        ("swl-1-10ms", limit(SlidingWindowLog, 1, ms(10), 1)),
-        ("swl-20-3s", limit(SlidingWindowLog, 20, secs(3), 20)),
-        ("swc-5-1s", limit(SlidingWindowCounter, 5, secs(1), 5)),
-        ("swc-7-3ms", limit(SlidingWindowCounter, 7, ms(3), 7)),
+        ("fw-5-1s", Limit::police(FixedWindow, 5, secs(1), 5)),
+        ("fw-3-7ms", Limit::police(FixedWindow, 3, ms(7), 3)),
+        (
+            "fw-100-1h",
+            Limit::police(FixedWindow, 100, secs(3600), 100),
+        ),
+        ("swl-5-1s", Limit::police(SlidingWindowLog, 5, secs(1), 5)),
+        ("swl-1-10ms", Limit::police(SlidingWindowLog, 1, ms(10), 1)),
+        (
+            "swl-20-3s",
+            Limit::police(SlidingWindowLog, 20, secs(3), 20),
+        ),
+        (
+            "swc-5-1s",
+            Limit::police(SlidingWindowCounter, 5, secs(1), 5),
+        ),
+        (
+            "swc-7-3ms",
+            Limit::police(SlidingWindowCounter, 7, ms(3), 7),
+        ),
         (
             "swc-1000-1m",
-            limit(SlidingWindowCounter, 1000, secs(60), 1000),
+            Limit::police(SlidingWindowCounter, 1000, secs(60), 1000),
         ),
-        ("tb-3-1s-b5", limit(TokenBucket, 3, secs(1), 5)),
-        ("tb-10-1s-b1", limit(TokenBucket, 10, secs(1), 1)),
-        ("tb-7-1ms-b3", limit(TokenBucket, 7, ms(1), 3)),
-        ("lbp-10-1s-b20", limit(LeakyBucket, 10, secs(1), 20)),
-        ("lbp-3-1s-b2", limit(LeakyBucket, 3, secs(1), 2)),
-        ("lbs-10-1s-b20-2s", shape(10, secs(1), 20, secs(2))),
-        ("lbs-3-1s-b5-700ms", shape(3, secs(1), 5, ms(700))),
-        ("lbs-4-10ms-b3-0", shape(4, ms(10), 3, Duration::ZERO)),
-        ("cc-3", limit(Concurrency, 3, Duration::ZERO, 3)),
-        ("cc-1", limit(Concurrency, 1, Duration::ZERO, 1)),
+        ("tb-3-1s-b5", Limit::police(TokenBucket, 3, secs(1), 5)),
+        ("tb-10-1s-b1", Limit::police(TokenBucket, 10, secs(1), 1)),
+        ("tb-7-1ms-b3", Limit::police(TokenBucket, 7, ms(1), 3)),
+        ("lbp-10-1s-b20", Limit::police(LeakyBucket, 10, secs(1), 20)),
+        ("lbp-3-1s-b2", Limit::police(LeakyBucket, 3, secs(1), 2)),
+        ("lbs-10-1s-b20-2s", Limit::shape(10, secs(1), 20, secs(2))),
+        ("lbs-3-1s-b5-700ms", Limit::shape(3, secs(1), 5, ms(700))),
+        (
+            "lbs-4-10ms-b3-0",
+            Limit::shape(4, ms(10), 3, Duration::ZERO),
+        ),
+        ("cc-3", Limit::police(Concurrency, 3, Duration::ZERO, 3)),
+        ("cc-1", Limit::police(Concurrency, 1, Duration::ZERO, 1)),
     ]
 }
 
@@ -296,19 +292,19 @@ async fn reloaded_rules_reinterpret_state_like_the_reference() {
     let store = standalone(&server);
     // Every variant of one rule, cycled through in random order.
     let variants = [
-        limit(TokenBucket, 3, secs(1), 5),
-        limit(TokenBucket, 7, secs(2), 4),
-        limit(TokenBucket, 1000, secs(60), 50),
-        limit(LeakyBucket, 10, secs(1), 20),
-        shape(4, secs(1), 6, ms(900)),
-        limit(LeakyBucket, 13, secs(3), 5),
-        limit(FixedWindow, 5, secs(1), 5),
-        limit(FixedWindow, 2, secs(1), 2),
-        limit(SlidingWindowCounter, 5, secs(1), 5),
-        limit(SlidingWindowCounter, 9, secs(2), 9),
-        limit(SlidingWindowLog, 4, secs(1), 4),
-        limit(SlidingWindowLog, 2, secs(1), 2),
-        limit(Concurrency, 2, Duration::ZERO, 2),
+        Limit::police(TokenBucket, 3, secs(1), 5),
+        Limit::police(TokenBucket, 7, secs(2), 4),
+        Limit::police(TokenBucket, 1000, secs(60), 50),
+        Limit::police(LeakyBucket, 10, secs(1), 20),
+        Limit::shape(4, secs(1), 6, ms(900)),
+        Limit::police(LeakyBucket, 13, secs(3), 5),
+        Limit::police(FixedWindow, 5, secs(1), 5),
+        Limit::police(FixedWindow, 2, secs(1), 2),
+        Limit::police(SlidingWindowCounter, 5, secs(1), 5),
+        Limit::police(SlidingWindowCounter, 9, secs(2), 9),
+        Limit::police(SlidingWindowLog, 4, secs(1), 4),
+        Limit::police(SlidingWindowLog, 2, secs(1), 2),
+        Limit::police(Concurrency, 2, Duration::ZERO, 2),
     ];
     for seed in 0..24u64 {
         let mut rng = fastrand::Rng::with_seed(1000 + seed);
@@ -353,12 +349,18 @@ async fn a_concurrent_burst_admits_exactly_the_limit() {
     let store = standalone(&server);
     let hour = secs(3600);
     let cases = [
-        ("burst-fw", limit(FixedWindow, 10, hour, 10)),
-        ("burst-swl", limit(SlidingWindowLog, 10, hour, 10)),
-        ("burst-swc", limit(SlidingWindowCounter, 10, hour, 10)),
-        ("burst-tb", limit(TokenBucket, 10, hour, 10)),
-        ("burst-lbp", limit(LeakyBucket, 10, hour, 10)),
-        ("burst-cc", limit(Concurrency, 10, Duration::ZERO, 10)),
+        ("burst-fw", Limit::police(FixedWindow, 10, hour, 10)),
+        ("burst-swl", Limit::police(SlidingWindowLog, 10, hour, 10)),
+        (
+            "burst-swc",
+            Limit::police(SlidingWindowCounter, 10, hour, 10),
+        ),
+        ("burst-tb", Limit::police(TokenBucket, 10, hour, 10)),
+        ("burst-lbp", Limit::police(LeakyBucket, 10, hour, 10)),
+        (
+            "burst-cc",
+            Limit::police(Concurrency, 10, Duration::ZERO, 10),
+        ),
     ];
     for (rule, l) in cases {
         let window_before = redis_time_us(&server) / 3_600_000_000;
@@ -417,14 +419,24 @@ async fn a_rejected_request_charges_no_rule() {
     let server = RedisServer::start();
     let store = standalone(&server);
     let hour = secs(3600);
-    let tight = check("tight", 7, limit(Algorithm::TokenBucket, 2, hour, 2), 1);
+    let tight = check(
+        "tight",
+        7,
+        Limit::police(Algorithm::TokenBucket, 2, hour, 2),
+        1,
+    );
     let roomy = check(
         "roomy",
         7,
-        limit(Algorithm::SlidingWindowLog, 100, hour, 100),
+        Limit::police(Algorithm::SlidingWindowLog, 100, hour, 100),
         1,
     );
-    let slots = check("slots", 7, limit(Algorithm::Concurrency, 50, hour, 50), 1);
+    let slots = check(
+        "slots",
+        7,
+        Limit::police(Algorithm::Concurrency, 50, hour, 50),
+        1,
+    );
     let both = [tight.clone(), roomy.clone(), slots.clone()];
     for lease in 0..2 {
         let ds = store.decide(&both, lease, GENEROUS).await.expect("decide");
@@ -460,7 +472,7 @@ async fn concurrency_slots_are_leases() {
     let c = check(
         "exports",
         1,
-        limit(Algorithm::Concurrency, 3, Duration::ZERO, 3),
+        Limit::police(Algorithm::Concurrency, 3, Duration::ZERO, 3),
         1,
     );
     let key = store.key(&c);
@@ -516,7 +528,7 @@ async fn script_flush_is_transparent() {
     let c = check(
         "flush",
         1,
-        limit(Algorithm::FixedWindow, 1000, secs(60), 1000),
+        Limit::police(Algorithm::FixedWindow, 1000, secs(60), 1000),
         1,
     );
     for round in 0..5 {
@@ -542,7 +554,7 @@ async fn calls_fail_while_redis_is_down_and_recover_when_it_returns() {
     let c = check(
         "restart",
         1,
-        limit(Algorithm::TokenBucket, 100, secs(1), 100),
+        Limit::police(Algorithm::TokenBucket, 100, secs(1), 100),
         1,
     );
     let one = std::slice::from_ref(&c);
@@ -587,7 +599,12 @@ async fn the_store_starts_without_redis_and_connects_when_it_appears() {
     let store = standalone(&server);
     assert!(start.elapsed() < ms(100), "new() does not wait for Redis");
     assert!(!store.is_connected());
-    let c = check("late", 1, limit(Algorithm::FixedWindow, 5, secs(60), 5), 1);
+    let c = check(
+        "late",
+        1,
+        Limit::police(Algorithm::FixedWindow, 5, secs(60), 5),
+        1,
+    );
     let r = store.decide(std::slice::from_ref(&c), 1, ms(50)).await;
     assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
     server.restart();
@@ -635,7 +652,7 @@ async fn a_slow_redis_times_out_quickly() {
     let c = check(
         "slow",
         1,
-        limit(Algorithm::SlidingWindowLog, 1000, secs(60), 1000),
+        Limit::police(Algorithm::SlidingWindowLog, 1000, secs(60), 1000),
         1,
     );
     let one = std::slice::from_ref(&c);
@@ -675,7 +692,7 @@ async fn the_breaker_opens_after_repeated_failures_and_closes_after_recovery() {
     let c = check(
         "breaker",
         1,
-        limit(Algorithm::FixedWindow, 1000, secs(60), 1000),
+        Limit::police(Algorithm::FixedWindow, 1000, secs(60), 1000),
         1,
     );
     let one = std::slice::from_ref(&c);
@@ -716,7 +733,7 @@ async fn repeated_timeouts_open_the_breaker() {
     let c = check(
         "stall",
         1,
-        limit(Algorithm::TokenBucket, 1000, secs(1), 1000),
+        Limit::police(Algorithm::TokenBucket, 1000, secs(1), 1000),
         1,
     );
     let one = std::slice::from_ref(&c);
@@ -747,19 +764,19 @@ async fn one_evalsha_per_request_with_three_rules() {
         check(
             "rt-tb",
             1,
-            limit(Algorithm::TokenBucket, 1_000_000, hour, 1_000_000),
+            Limit::police(Algorithm::TokenBucket, 1_000_000, hour, 1_000_000),
             1,
         ),
         check(
             "rt-swl",
             1,
-            limit(Algorithm::SlidingWindowLog, 100_000, hour, 100_000),
+            Limit::police(Algorithm::SlidingWindowLog, 100_000, hour, 100_000),
             1,
         ),
         check(
             "rt-cc",
             1,
-            limit(Algorithm::Concurrency, 100_000, hour, 100_000),
+            Limit::police(Algorithm::Concurrency, 100_000, hour, 100_000),
             1,
         ),
     ];
@@ -850,7 +867,7 @@ async fn limits_hold_across_a_three_master_cluster() {
     let gateway_a = RedisStore::new(&config).expect("store");
     let gateway_b = RedisStore::new(&config).expect("store");
     let hour = secs(3600);
-    let log = limit(Algorithm::SlidingWindowLog, 5, hour, 5);
+    let log = Limit::police(Algorithm::SlidingWindowLog, 5, hour, 5);
 
     // 24 identities: each admits exactly 5 of 12 concurrent requests, half through each
     // gateway.
@@ -881,14 +898,24 @@ async fn limits_hold_across_a_three_master_cluster() {
         let _: () = n.query(&["CONFIG", "RESETSTAT"]);
     }
     let same = [
-        check("cl-a", 100, limit(Algorithm::TokenBucket, 2, hour, 2), 1),
+        check(
+            "cl-a",
+            100,
+            Limit::police(Algorithm::TokenBucket, 2, hour, 2),
+            1,
+        ),
         check(
             "cl-b",
             100,
-            limit(Algorithm::SlidingWindowLog, 50, hour, 50),
+            Limit::police(Algorithm::SlidingWindowLog, 50, hour, 50),
             1,
         ),
-        check("cl-c", 100, limit(Algorithm::Concurrency, 50, hour, 50), 1),
+        check(
+            "cl-c",
+            100,
+            Limit::police(Algorithm::Concurrency, 50, hour, 50),
+            1,
+        ),
     ];
     for lease in 0..6 {
         let ds = gateway_a
@@ -910,13 +937,13 @@ async fn limits_hold_across_a_three_master_cluster() {
                 check(
                     "cl-x",
                     1000 + i,
-                    limit(Algorithm::Concurrency, 3, hour, 3),
+                    Limit::police(Algorithm::Concurrency, 3, hour, 3),
                     1,
                 ),
                 check(
                     "cl-y",
                     2000 + j,
-                    limit(Algorithm::SlidingWindowLog, 1, hour, 1),
+                    Limit::police(Algorithm::SlidingWindowLog, 1, hour, 1),
                     1,
                 ),
             )

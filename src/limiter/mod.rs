@@ -31,6 +31,16 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order the README lists them.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+    ];
+
     /// The name used in gateway.toml, metrics and the admin API.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -68,6 +78,30 @@ pub struct Limit {
     pub mode: LeakyMode,
     /// Leaky bucket shape mode: the longest a request may be held.
     pub max_delay: Duration,
+}
+
+impl Limit {
+    /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a
+    /// request.
+    pub fn police(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Self {
+        Limit {
+            algorithm,
+            limit,
+            window,
+            burst,
+            mode: LeakyMode::Police,
+            max_delay: Duration::ZERO,
+        }
+    }
+
+    /// A shaping leaky bucket: requests wait their turn, up to `max_delay`.
+    pub fn shape(limit: u64, window: Duration, burst: u64, max_delay: Duration) -> Self {
+        Limit {
+            mode: LeakyMode::Shape,
+            max_delay,
+            ..Limit::police(Algorithm::LeakyBucket, limit, window, burst)
+        }
+    }
 }
 
 /// The answer of one rule for one request: pure data, from any algorithm and any store, read

@@ -10,25 +10,6 @@ use super::*;
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000 * MS;
 
-fn limit(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Limit {
-    Limit {
-        algorithm,
-        limit,
-        window,
-        burst,
-        mode: LeakyMode::Police,
-        max_delay: Duration::ZERO,
-    }
-}
-
-fn shape(limit_: u64, window: Duration, burst: u64, max_delay: Duration) -> Limit {
-    Limit {
-        mode: LeakyMode::Shape,
-        max_delay,
-        ..limit(Algorithm::LeakyBucket, limit_, window, burst)
-    }
-}
-
 /// One key's state, charged the way a store charges it.
 #[derive(Default)]
 struct Key(Option<State>);
@@ -63,7 +44,7 @@ fn ms(n: u64) -> Duration {
 
 #[test]
 fn fixed_window_counts_per_aligned_window() {
-    let l = limit(Algorithm::FixedWindow, 3, Duration::from_secs(1), 3);
+    let l = Limit::police(Algorithm::FixedWindow, 3, Duration::from_secs(1), 3);
     let mut key = Key::default();
     let d = key.hit(&l, 10 * SEC + 250 * MS, 1);
     assert_eq!((d.allowed, d.limit, d.remaining), (true, 3, 2));
@@ -81,7 +62,7 @@ fn fixed_window_counts_per_aligned_window() {
 /// next pass within two nanoseconds, and not one more.
 #[test]
 fn fixed_window_admits_exactly_twice_the_limit_across_a_boundary() {
-    let l = limit(Algorithm::FixedWindow, 100, Duration::from_secs(60), 100);
+    let l = Limit::police(Algorithm::FixedWindow, 100, Duration::from_secs(60), 100);
     let mut key = Key::default();
     let boundary = 600 * SEC;
     assert_eq!(key.burst(&l, boundary - 1, 150), 100);
@@ -90,7 +71,7 @@ fn fixed_window_admits_exactly_twice_the_limit_across_a_boundary() {
 
 #[test]
 fn fixed_window_cost_above_limit_is_never_admitted() {
-    let l = limit(Algorithm::FixedWindow, 3, Duration::from_secs(1), 3);
+    let l = Limit::police(Algorithm::FixedWindow, 3, Duration::from_secs(1), 3);
     let d = Key::default().hit(&l, 0, 4);
     assert!(!d.allowed);
     assert_eq!(d.retry_after, Duration::from_secs(1));
@@ -99,12 +80,12 @@ fn fixed_window_cost_above_limit_is_never_admitted() {
 #[test]
 fn fixed_window_keeps_count_when_limit_changes_and_drops_it_when_window_does() {
     let mut key = Key::default();
-    let l = limit(Algorithm::FixedWindow, 10, Duration::from_secs(10), 10);
+    let l = Limit::police(Algorithm::FixedWindow, 10, Duration::from_secs(10), 10);
     assert_eq!(key.burst(&l, SEC, 8), 8);
-    let lower = limit(Algorithm::FixedWindow, 9, Duration::from_secs(10), 9);
+    let lower = Limit::police(Algorithm::FixedWindow, 9, Duration::from_secs(10), 9);
     assert_eq!(key.peek(&lower, SEC, 1).remaining, 0);
     assert!(!key.peek(&lower, SEC, 2).allowed);
-    let shorter = limit(Algorithm::FixedWindow, 10, Duration::from_secs(3), 10);
+    let shorter = Limit::police(Algorithm::FixedWindow, 10, Duration::from_secs(3), 10);
     assert_eq!(key.peek(&shorter, SEC, 1).remaining, 9);
 }
 
@@ -112,7 +93,7 @@ fn fixed_window_keeps_count_when_limit_changes_and_drops_it_when_window_does() {
 
 #[test]
 fn sliding_log_is_exact() {
-    let l = limit(Algorithm::SlidingWindowLog, 3, Duration::from_secs(60), 3);
+    let l = Limit::police(Algorithm::SlidingWindowLog, 3, Duration::from_secs(60), 3);
     let mut key = Key::default();
     assert!(key.hit(&l, 0, 1).allowed);
     assert!(key.hit(&l, 10 * SEC, 1).allowed);
@@ -134,7 +115,7 @@ fn sliding_log_is_exact() {
 
 #[test]
 fn sliding_log_drops_expired_entries_and_stays_bounded() {
-    let l = limit(Algorithm::SlidingWindowLog, 5, Duration::from_secs(1), 5);
+    let l = Limit::police(Algorithm::SlidingWindowLog, 5, Duration::from_secs(1), 5);
     let mut key = Key::default();
     for i in 0..1_000 {
         key.hit(&l, i * 100 * MS, 1);
@@ -149,7 +130,7 @@ fn sliding_log_drops_expired_entries_and_stays_bounded() {
 
 #[test]
 fn sliding_counter_weights_the_previous_window() {
-    let l = limit(
+    let l = Limit::police(
         Algorithm::SlidingWindowCounter,
         10,
         Duration::from_secs(10),
@@ -174,7 +155,7 @@ fn sliding_counter_weights_the_previous_window() {
 
 #[test]
 fn sliding_counter_retry_can_fall_in_the_next_window() {
-    let l = limit(
+    let l = Limit::police(
         Algorithm::SlidingWindowCounter,
         4,
         Duration::from_secs(10),
@@ -192,7 +173,7 @@ fn sliding_counter_retry_can_fall_in_the_next_window() {
 #[test]
 fn token_bucket_refills_continuously() {
     // 10 per second, 20 in the bucket.
-    let l = limit(Algorithm::TokenBucket, 10, Duration::from_secs(1), 20);
+    let l = Limit::police(Algorithm::TokenBucket, 10, Duration::from_secs(1), 20);
     let mut key = Key::default();
     let d = key.hit(&l, SEC, 1);
     assert_eq!((d.limit, d.remaining, d.reset), (20, 19, ms(100)));
@@ -209,7 +190,7 @@ fn token_bucket_refills_continuously() {
 
 #[test]
 fn token_bucket_cost_above_burst_is_never_admitted() {
-    let l = limit(Algorithm::TokenBucket, 10, Duration::from_secs(1), 5);
+    let l = Limit::police(Algorithm::TokenBucket, 10, Duration::from_secs(1), 5);
     let d = Key::default().hit(&l, 0, 6);
     assert!(!d.allowed);
     assert_eq!(d.retry_after, Duration::from_secs(1));
@@ -218,7 +199,7 @@ fn token_bucket_cost_above_burst_is_never_admitted() {
 #[test]
 fn token_bucket_rounds_the_rate_down_never_up() {
     // 3 per second is 333_333_333.3 ns per token, rounded up to 333_333_334 ns.
-    let l = limit(Algorithm::TokenBucket, 3, Duration::from_secs(1), 1_000);
+    let l = Limit::police(Algorithm::TokenBucket, 3, Duration::from_secs(1), 1_000);
     let mut key = Key::default();
     assert_eq!(key.burst(&l, 0, 2_000), 1_000);
     // 100 s bring back 299.9999998 tokens: 299 whole ones, never 300.
@@ -232,7 +213,7 @@ fn token_bucket_rounds_the_rate_down_never_up() {
 
 #[test]
 fn leaky_police_is_a_bucket_of_burst_requests() {
-    let l = limit(Algorithm::LeakyBucket, 10, Duration::from_secs(1), 5);
+    let l = Limit::police(Algorithm::LeakyBucket, 10, Duration::from_secs(1), 5);
     let mut key = Key::default();
     assert_eq!(key.burst(&l, SEC, 10), 5);
     let d = key.hit(&l, SEC, 1);
@@ -246,7 +227,7 @@ fn leaky_police_is_a_bucket_of_burst_requests() {
 #[test]
 fn leaky_shape_delays_instead_of_rejecting() {
     // The config example: 10 per second, 20 may wait, for up to 2 s.
-    let l = shape(10, Duration::from_secs(1), 20, Duration::from_secs(2));
+    let l = Limit::shape(10, Duration::from_secs(1), 20, Duration::from_secs(2));
     let mut key = Key::default();
     let now = 5 * SEC;
     for i in 0..=20 {
@@ -265,7 +246,7 @@ fn leaky_shape_delays_instead_of_rejecting() {
 
 #[test]
 fn leaky_shape_max_delay_bounds_the_wait() {
-    let l = shape(10, Duration::from_secs(1), 20, ms(250));
+    let l = Limit::shape(10, Duration::from_secs(1), 20, ms(250));
     let mut key = Key::default();
     let delays: Vec<_> = (0..5)
         .map(|_| key.hit(&l, SEC, 1))
@@ -279,8 +260,8 @@ fn leaky_shape_max_delay_bounds_the_wait() {
 
 #[test]
 fn leaky_mode_change_keeps_the_backlog() {
-    let police = limit(Algorithm::LeakyBucket, 10, Duration::from_secs(1), 5);
-    let shaped = shape(10, Duration::from_secs(1), 5, Duration::from_secs(1));
+    let police = Limit::police(Algorithm::LeakyBucket, 10, Duration::from_secs(1), 5);
+    let shaped = Limit::shape(10, Duration::from_secs(1), 5, Duration::from_secs(1));
     let mut key = Key::default();
     assert_eq!(key.burst(&police, 0, 3), 3);
     assert_eq!(key.hit(&shaped, 0, 1).delay, ms(300));
@@ -290,7 +271,7 @@ fn leaky_mode_change_keeps_the_backlog() {
 
 #[test]
 fn concurrency_counts_in_flight_and_release_restores() {
-    let l = limit(Algorithm::Concurrency, 2, Duration::ZERO, 2);
+    let l = Limit::police(Algorithm::Concurrency, 2, Duration::ZERO, 2);
     let mut key = Key::default();
     assert_eq!(key.hit(&l, 0, 1).remaining, 1);
     assert_eq!(key.hit(&l, 0, 1).remaining, 0);
@@ -311,8 +292,8 @@ fn concurrency_counts_in_flight_and_release_restores() {
 
 #[test]
 fn a_state_of_another_algorithm_counts_as_none() {
-    let fixed = limit(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1);
-    let log = limit(Algorithm::SlidingWindowLog, 1, Duration::from_secs(1), 1);
+    let fixed = Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1);
+    let log = Limit::police(Algorithm::SlidingWindowLog, 1, Duration::from_secs(1), 1);
     let mut key = Key::default();
     assert!(key.hit(&fixed, 0, 1).allowed);
     assert!(!key.hit(&fixed, 0, 1).allowed);
@@ -322,14 +303,7 @@ fn a_state_of_another_algorithm_counts_as_none() {
 
 #[test]
 fn absurd_numbers_do_not_panic() {
-    let algorithms = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::Concurrency,
-    ];
+    let algorithms = Algorithm::ALL;
     let numbers = [
         (0, Duration::ZERO, 0),
         (u64::MAX, Duration::MAX, u64::MAX),
@@ -345,7 +319,7 @@ fn absurd_numbers_do_not_panic() {
                 let l = Limit {
                     mode,
                     max_delay: Duration::MAX,
-                    ..limit(algorithm, l, window, burst)
+                    ..Limit::police(algorithm, l, window, burst)
                 };
                 // Time going backwards too: a caller's clock bug must not panic either.
                 for now in [0, 1, u64::MAX - 1, u64::MAX, 5] {
@@ -575,7 +549,7 @@ proptest! {
         l in 1..10u64,
         ops in prop::collection::vec((any::<bool>(), 0..3u64), 1..200),
     ) {
-        let l = limit(Algorithm::Concurrency, l, Duration::ZERO, l);
+        let l = Limit::police(Algorithm::Concurrency, l, Duration::ZERO, l);
         let mut key = Key::default();
         let mut held: Vec<u64> = Vec::new();
         for (acquire, cost) in ops {

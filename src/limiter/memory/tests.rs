@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::limiter::{Algorithm, LeakyMode, Limit};
+use crate::limiter::{Algorithm, Limit};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -18,14 +18,7 @@ fn check(rule: &str, key: u64, algorithm: Algorithm, limit: u64) -> Check {
     Check {
         rule: Arc::from(rule),
         key,
-        limit: Limit {
-            algorithm,
-            limit,
-            window: Duration::from_secs(60),
-            burst: limit,
-            mode: LeakyMode::Police,
-            max_delay: Duration::ZERO,
-        },
+        limit: Limit::police(algorithm, limit, Duration::from_secs(60), limit),
         cost: 1,
     }
 }
@@ -53,14 +46,7 @@ fn a_rejected_request_charges_no_rule() {
 
 #[test]
 fn every_algorithm_is_all_or_nothing() {
-    let algorithms = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::Concurrency,
-    ];
+    let algorithms = Algorithm::ALL;
     for algorithm in algorithms {
         let (store, _) = store(1_000);
         let exhausted = check("exhausted", 7, Algorithm::FixedWindow, 1);
