@@ -64,33 +64,6 @@ fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
     Some(head)
 }
 
-/// One `GET path` on a fresh connection: (status, body), or what went wrong.
-fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| e.to_string())?;
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status line in {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
 /// The `[server]` table with `grace` as the grace period.
 fn server(grace: &'static str) -> impl FnOnce(SocketAddr, SocketAddr) -> String {
     move |addr, admin| {
@@ -143,7 +116,7 @@ fn sigterm_finishes_the_request_in_flight_then_exits() {
 
     let addr = gw.addr;
     let request = std::thread::spawn(move || {
-        let out = http_get(addr, "/orders/slow");
+        let out = http_get(addr, "/orders/slow", Duration::from_secs(60));
         (out, Instant::now())
     });
     up.arrived
@@ -187,7 +160,8 @@ fn grace_period_ends_a_request_that_outlives_it() {
     let mut gw = Gateway::start_custom(server("1s"), &body(up.addr), &[]);
 
     let addr = gw.addr;
-    let request = std::thread::spawn(move || http_get(addr, "/orders/forever"));
+    let request =
+        std::thread::spawn(move || http_get(addr, "/orders/forever", Duration::from_secs(60)));
     up.arrived
         .recv_timeout(Duration::from_secs(20))
         .expect("the request reaches the upstream");
@@ -215,7 +189,8 @@ fn sigint_exits_at_once() {
     let mut gw = Gateway::start_custom(server("20s"), &body(up.addr), &[]);
 
     let addr = gw.addr;
-    let request = std::thread::spawn(move || http_get(addr, "/orders/forever"));
+    let request =
+        std::thread::spawn(move || http_get(addr, "/orders/forever", Duration::from_secs(60)));
     up.arrived
         .recv_timeout(Duration::from_secs(20))
         .expect("the request reaches the upstream");

@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,24 +16,8 @@ use common::*;
 /// Every request opens its own connection on purpose: what an upgrade must not break is
 /// accepting connections. (A client that reuses an idle keep-alive connection can always race
 /// the server closing it, upgrade or not; HTTP clients retry that case for idempotent requests.)
-fn http_get(addr: SocketAddr, path: &str) -> Result<u16, String> {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| e.to_string())?;
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    text.split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status line in {text:?}"))
+fn status_of(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    http_get(addr, path, Duration::from_secs(30)).map(|(status, _)| status)
 }
 
 /// Client load: one thread per path, each sending requests back to back until dropped (or for
@@ -58,7 +41,7 @@ impl Load {
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(120);
                     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                        match http_get(addr, path) {
+                        match status_of(addr, path) {
                             Ok(200) => {
                                 ok.fetch_add(1, Ordering::Relaxed);
                             }
@@ -189,7 +172,7 @@ auth = "none"
         "the new process exited: {}",
         std::fs::read_to_string(&new_log).unwrap_or_default()
     );
-    assert_eq!(http_get(old.admin, "/healthz"), Ok(200));
+    assert_eq!(status_of(old.admin, "/healthz"), Ok(200));
 
     let served = load.ok();
     let failures = load.finish();

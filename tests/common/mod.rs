@@ -289,6 +289,40 @@ pub async fn get_json(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_
         .expect("JSON body")
 }
 
+/// One `GET path` on a fresh `connection: close` connection, by hand (no client library that
+/// might retry or pool): (status, body), or what went wrong. Reads give up after
+/// `read_timeout`.
+pub fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    read_timeout: Duration,
+) -> Result<(u16, String), String> {
+    use std::io::Read as _;
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(read_timeout))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
 /// A reqwest client with no proxy settings from the environment.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
