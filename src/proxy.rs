@@ -190,55 +190,34 @@ impl ProxyHttp for Proxy {
                 retry_after,
                 rules,
             } => {
-                let secs = whole_seconds_at_least_one(retry_after);
-                let names: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
-                ctx.rejected_by = Some(names.join(","));
+                let names = rules.join(", ");
                 let title = if status == 429 {
                     "Too Many Requests"
                 } else {
                     "Request Rejected"
                 };
-                let mut problem = Problem::new(
+                let problem = Problem::new(
                     "urn:floodgate:problem:rate-limited",
                     title,
                     status,
-                    format!("rate limit exceeded for rule(s) {}", names.join(", ")),
+                    format!("rate limit exceeded for rule(s) {names}"),
                 );
-                problem.violated_rules = names;
-                problem.retry_after = Some(secs);
-                let problem = with_id(problem, ctx);
-                let request_id = ctx.request_id.clone();
-                send_problem(session, &problem, |resp| {
-                    resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
-                    resp.insert_header("x-request-id", &request_id)?;
-                    headers.apply(resp)
-                })
-                .await?;
+                self.refuse(session, ctx, problem, &rules, retry_after, Some(&headers))
+                    .await?;
                 Ok(true)
             }
             Verdict::Unavailable { retry_after, rules } => {
-                let secs = whole_seconds_at_least_one(retry_after);
-                let names: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
-                ctx.rejected_by = Some(names.join(","));
                 let problem = Problem::new(
                     "urn:floodgate:problem:limiter-unavailable",
                     "Service Unavailable",
                     503,
                     format!(
                         "the rate-limit store is unavailable and rule(s) {} refuse requests until it is back",
-                        names.join(", ")
+                        rules.join(", ")
                     ),
                 );
-                let mut problem = with_id(problem, ctx);
-                problem.violated_rules = names;
-                problem.retry_after = Some(secs);
-                let request_id = ctx.request_id.clone();
-                send_problem(session, &problem, |resp| {
-                    resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
-                    resp.insert_header("x-request-id", &request_id)?;
-                    Ok(())
-                })
-                .await?;
+                self.refuse(session, ctx, problem, &rules, retry_after, None)
+                    .await?;
                 Ok(true)
             }
         }
@@ -449,6 +428,34 @@ impl ProxyHttp for Proxy {
 }
 
 impl Proxy {
+    /// Answers a request the rules refused (429, a rule's status, or 503): `Retry-After` in
+    /// whole seconds, the rules named in the body and the access log, and the RateLimit
+    /// headers when the rules produced some.
+    async fn refuse(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        mut problem: Problem,
+        rules: &[Arc<str>],
+        retry_after: std::time::Duration,
+        headers: Option<&RateLimitHeaders>,
+    ) -> Result<()> {
+        let secs = whole_seconds_at_least_one(retry_after);
+        ctx.rejected_by = Some(rules.join(","));
+        problem.violated_rules = rules.iter().map(|r| r.to_string()).collect();
+        problem.retry_after = Some(secs);
+        let problem = with_id(problem, ctx);
+        send_problem(session, &problem, |resp| {
+            resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
+            resp.insert_header("x-request-id", &ctx.request_id)?;
+            match headers {
+                Some(h) => h.apply(resp),
+                None => Ok(()),
+            }
+        })
+        .await
+    }
+
     /// Sends a problem+json answer with the request id (and a WWW-Authenticate for 401s).
     async fn answer(
         &self,
