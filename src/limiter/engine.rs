@@ -114,15 +114,6 @@ impl Limiter {
         }
     }
 
-    /// A limiter on the in-process store only.
-    pub fn in_memory(max_keys: usize) -> Self {
-        Limiter {
-            local: Arc::new(MemoryStore::new(max_keys)),
-            fallback: Arc::new(MemoryStore::new(max_keys)),
-            shared: None,
-        }
-    }
-
     /// The in-process store (for metrics and tests).
     pub fn memory(&self) -> &MemoryStore {
         &self.local
