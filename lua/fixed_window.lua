@@ -1,21 +1,21 @@
 -- Fixed window: mirrors algorithm::fixed_window. One counter per window aligned on multiples
 -- of the window since the Unix epoch.
--- State: string "fw:<window end, us>:<count>", expiring at the window's end.
+-- State: TAG_FW, <window end, us>, <count> (packed, see common.lua), expiring at the window's end.
 -- p: cost, limit, window (us). Returns allowed, remaining, reset_ns, retry_ns, delay_ns, charge.
 local function fixed_window(key, now, p)
   local w = p.window
   local _, into = floor_div(now, w)
   local window_end = now - into + w
   local count = 0
-  local stored = load_fields(key, 'fw', 2)
-  if stored and stored[1] == window_end then
-    count = stored[2]
+  local stored_end, stored_count = load_fields(key, TAG_FW, 2)
+  if stored_end == window_end then
+    count = stored_count
   end
   local reset = (window_end - now) * 1000
   local charged = count + p.cost
   if charged <= p.limit then
     return true, p.limit - charged, reset, 0, 0, function()
-      save_fields(key, 'fw', { window_end, charged }, reset)
+      save_fields(key, TAG_FW, reset, window_end, charged)
     end
   end
   if p.cost > p.limit then

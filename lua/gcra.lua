@@ -1,7 +1,7 @@
 -- GCRA arithmetic shared by the token bucket and the leaky bucket (algorithm::gcra_police,
 -- algorithm::gcra_shape, algorithm::backlog).
 --
--- State: string "<tag>:<written at, us>:<debt, ns>:<interval, ns>". The reference stores the
+-- State: <tag>, <written at, us>, <debt, ns>, <interval, ns> (packed). The reference stores the
 -- absolute instant `full_at` (token) / `tat` (leaky) in nanoseconds, which a double cannot
 -- hold exactly; `written_at * 1000 + debt` is that same instant, kept exact as two numbers.
 -- The key expires when the debt is paid off (the bucket is full / empty again).
@@ -11,15 +11,14 @@
 -- conversion is exact while interval * stored_interval < 2^53; past that it is off by at
 -- most a few ns (reloads only).
 local function gcra_backlog(key, tag, now, p)
-  local s = load_fields(key, tag, 3)
-  if not s then
+  local written, debt, stored = load_fields(key, tag, 3)
+  if not written then
     return 0
   end
-  local backlog = s[2] + (s[1] - now) * 1000
+  local backlog = debt + (written - now) * 1000
   if backlog <= 0 then
     return 0
   end
-  local stored = s[3]
   if stored == p.interval or stored <= 0 then
     return backlog
   end
@@ -35,7 +34,7 @@ local function gcra_police(key, tag, now, p)
     -- Whole tokens (free places) left.
     local remaining = floor_div(p.cap - charged, p.interval)
     return true, remaining, charged, 0, 0, function()
-      save_fields(key, tag, { now, charged, p.interval }, charged)
+      save_fields(key, tag, charged, now, charged, p.interval)
     end
   end
   local retry = charged - p.cap
@@ -58,7 +57,7 @@ local function gcra_shape(key, tag, now, p)
       remaining = math.min(floor_div(longest - line, p.interval) + 1, p.burst)
     end
     return true, remaining, line, 0, delay, function()
-      save_fields(key, tag, { now, line, p.interval }, line)
+      save_fields(key, tag, line, now, line, p.interval)
     end
   end
   return false, 0, delay, delay - longest, 0, nil

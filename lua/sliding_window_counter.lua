@@ -4,7 +4,7 @@
 -- compared exactly in integers (all terms in units of 1/window of a request, in us; the
 -- reference's nanosecond terms are these times 1000, so every comparison agrees). Exact while
 -- limit * window_us < 2^53 (e.g. a limit of 1,000,000 per hour).
--- State: string "swc:<current window start + 2 windows, us>:<previous>:<current>", expiring
+-- State: TAG_SWC, <current window start + 2 windows, us>, <previous>, <current>, expiring
 -- when both counts stop mattering.
 -- p: cost, limit, window (us).
 local function sliding_window_counter(key, now, p)
@@ -12,13 +12,13 @@ local function sliding_window_counter(key, now, p)
   local _, elapsed = floor_div(now, w)
   local start = now - elapsed
   local prev, cur = 0, 0
-  local stored = load_fields(key, 'swc', 3)
-  if stored then
-    local stored_start = stored[1] - 2 * w
+  local stored_expires, stored_prev, stored_cur = load_fields(key, TAG_SWC, 3)
+  if stored_expires then
+    local stored_start = stored_expires - 2 * w
     if stored_start == start then
-      prev, cur = stored[2], stored[3]
+      prev, cur = stored_prev, stored_cur
     elseif stored_start + w == start then
-      prev, cur = stored[3], 0
+      prev, cur = stored_cur, 0
     end
   end
   local left = w - elapsed
@@ -35,7 +35,7 @@ local function sliding_window_counter(key, now, p)
     end
     return true, remaining, reset, 0, 0, function()
       local expires = start + 2 * w
-      save_fields(key, 'swc', { expires, prev, cur + c }, (expires - now) * 1000)
+      save_fields(key, TAG_SWC, (expires - now) * 1000, expires, prev, cur + c)
     end
   end
   local reset = left * 1000
