@@ -15,8 +15,10 @@
 --           lbp, the longest wait min(max_delay, burst * interval) for lbs)
 --
 -- Every check is decided against the stored state first; only if every one admits is any of
--- them charged (all or nothing). Returns a flat array, 5 integers per check, in KEYS order:
+-- them charged (all or nothing). Returns 5 numbers per check, in KEYS order:
 --   allowed (1/0), remaining, reset (ns), retry_after (ns, 0 when allowed), delay (ns)
+-- packed as little-endian doubles in one bulk string (all integers below 2^53, so exact): one
+-- reply element instead of 5 per check, cheaper to produce here and to parse in the gateway.
 
 local algorithms = {
   fw = fixed_window,
@@ -77,4 +79,4 @@ if admitted then
     charge()
   end
 end
-return out
+return struct.pack('<' .. string.rep('d', #out), unpack(out))

@@ -8,9 +8,9 @@
 //! `decide.lua`, which decides every check of a request against the stored state and charges
 //! all of them only if all admit. They are concatenated at compile time into ONE script
 //! ([`DECIDE_LUA`], one SHA) and run with `EVALSHA`; `release.lua` gives concurrency slots back.
-//! redis-rs's `Script::invoke_async` answers `NOSCRIPT` (after `SCRIPT FLUSH` or a Redis
-//! restart) with `SCRIPT LOAD` (to every node, in a cluster) and the same `EVALSHA` again, so
-//! no caller ever sees it. Time comes from Redis `TIME` inside the script, never from a gateway
+//! A `NOSCRIPT` answer (after `SCRIPT FLUSH` or a Redis restart) is met with `SCRIPT LOAD` (to
+//! every node, in a cluster) and the same `EVALSHA` again ([`Conn::eval`]), so no caller ever
+//! sees it. Time comes from Redis `TIME` inside the script, never from a gateway
 //! clock, so gateways whose clocks disagree still share exact limits.
 //!
 //! # Units
@@ -55,7 +55,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, Slot};
-use redis::{IntoConnectionInfo, RedisResult, Script, ScriptInvocation, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult, Script, ServerErrorKind, Value,
+};
 use tokio::sync::watch;
 
 use super::algorithm::MAX_SLIDING_LOG_LIMIT;
@@ -118,6 +120,9 @@ const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Numbers per check in the decide script's reply.
 const REPLY_FIELDS: usize = 5;
+
+/// Bytes per check in the decide script's reply: the numbers are little-endian doubles.
+const REPLY_BYTES: usize = REPLY_FIELDS * 8;
 
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -195,13 +200,27 @@ enum Conn {
 }
 
 impl Conn {
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> RedisResult<T> {
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-            Conn::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs `cmd`, an `EVALSHA` of `script` (see [`evalsha`]); when Redis no longer knows the
+    /// script (`SCRIPT FLUSH`, a restart, a failover to a fresh node) loads it and runs `cmd`
+    /// once more.
+    async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> RedisResult<T> {
+        match self.query(cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let load = match self {
+                    Conn::Single(c) => script.load_async(&mut c.clone()).await,
+                    Conn::Cluster(c) => script.load_async(&mut c.clone()).await,
+                };
+                load?;
+                self.query(cmd).await
+            }
+            reply => reply,
         }
     }
 
@@ -269,8 +288,8 @@ impl Params {
     }
 
     /// The decision from the script's five numbers for this check.
-    fn decision(&self, reply: &[i64]) -> Decision {
-        let n = |i: usize| reply.get(i).map_or(0, |&v| u64::try_from(v).unwrap_or(0));
+    fn decision(&self, reply: &[u64; REPLY_FIELDS]) -> Decision {
+        let n = |i: usize| reply[i];
         let allowed = n(0) == 1;
         Decision {
             allowed,
@@ -290,6 +309,22 @@ impl Params {
             },
         }
     }
+}
+
+/// One check's numbers from the decide script's reply: little-endian doubles holding
+/// non-negative integers below 2^53 (anything else reads as 0).
+fn unpack_reply(packed: &[u8]) -> [u64; REPLY_FIELDS] {
+    let mut numbers = [0; REPLY_FIELDS];
+    for (n, bytes) in numbers.iter_mut().zip(packed.chunks_exact(8)) {
+        let mut b = [0; 8];
+        b.copy_from_slice(bytes);
+        let f = f64::from_le_bytes(b);
+        if f.is_finite() && f > 0.0 {
+            // Saturating, and exact for the integers the script sends.
+            *n = f as u64;
+        }
+    }
+    numbers
 }
 
 fn sat(v: u128) -> u64 {
@@ -586,18 +621,14 @@ impl Inner {
             .unwrap_or_default();
         let groups = self.groups(&keys);
         let call = |group: &[usize]| {
-            let mut invocation = DECIDE.prepare_invoke();
+            let mut cmd = evalsha(&DECIDE, group.len());
             for &i in group {
-                invocation.key(keys[i].as_str());
+                cmd.arg(keys[i].as_str());
             }
-            invocation
-                .arg(lease.as_str())
-                .arg(lease_ttl_us)
-                .arg(now.as_str());
+            cmd.arg(lease.as_str()).arg(lease_ttl_us).arg(now.as_str());
             for &i in group {
                 let p = &params[i];
-                invocation
-                    .arg(p.code)
+                cmd.arg(p.code)
                     .arg(p.cost)
                     .arg(p.limit)
                     .arg(p.window_us)
@@ -606,7 +637,7 @@ impl Inner {
                     .arg(p.cap_ns);
             }
             let conn = conn.clone();
-            async move { conn.invoke::<Vec<i64>>(&invocation).await }
+            async move { conn.eval::<Vec<u8>>(&DECIDE, &cmd).await }
         };
         let replies = match groups.as_slice() {
             [group] => vec![call(group).await],
@@ -617,16 +648,16 @@ impl Inner {
         let mut some_admitted = false;
         for (group, reply) in groups.iter().zip(replies) {
             let reply = reply.map_err(|e| StoreError::Redis(e.to_string()))?;
-            if reply.len() != group.len() * REPLY_FIELDS {
+            if reply.len() != group.len() * REPLY_BYTES {
                 return Err(StoreError::Redis(format!(
-                    "decide script answered {} numbers for {} checks",
+                    "decide script answered {} bytes for {} checks",
                     reply.len(),
                     group.len()
                 )));
             }
             let mut all = true;
-            for (&i, numbers) in group.iter().zip(reply.chunks(REPLY_FIELDS)) {
-                let d = params[i].decision(numbers);
+            for (&i, packed) in group.iter().zip(reply.chunks_exact(REPLY_BYTES)) {
+                let d = params[i].decision(&unpack_reply(packed));
                 all &= d.allowed;
                 decisions[i] = Some(d);
             }
@@ -677,16 +708,16 @@ impl Inner {
         let keys: Vec<String> = held.iter().map(|c| self.key(c)).collect();
         let lease = format!("{lease:016x}");
         let calls = self.groups(&keys).into_iter().map(|group| {
-            let mut invocation = RELEASE.prepare_invoke();
+            let mut cmd = evalsha(&RELEASE, group.len());
             for &i in &group {
-                invocation.key(keys[i].as_str());
+                cmd.arg(keys[i].as_str());
             }
-            invocation.arg(lease.as_str());
+            cmd.arg(lease.as_str());
             for &i in &group {
-                invocation.arg(held[i].cost);
+                cmd.arg(held[i].cost);
             }
             let conn = conn.clone();
-            async move { conn.invoke::<i64>(&invocation).await }
+            async move { conn.eval::<i64>(&RELEASE, &cmd).await }
         });
         match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
             Ok(results) => {
@@ -701,6 +732,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// `EVALSHA <sha of script> <keys>`, to which the caller appends the keys, then the
+/// arguments. Written straight into one command buffer: redis-rs' `ScriptInvocation` first
+/// copies every key and argument into a vector of its own, a dozen allocations per request.
+fn evalsha(script: &Script, keys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
 }
 
 fn holds_slot(check: &Check) -> bool {
@@ -913,10 +953,20 @@ mod tests {
         assert_eq!(d.remaining, 0);
         assert_eq!(d.retry_after, Duration::from_nanos(1));
         assert_eq!(d.delay, Duration::ZERO);
-        // Garbage from the network never panics.
-        let d = p.decision(&[1, -3]);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
+    }
+
+    #[test]
+    fn replies_unpack_exactly_and_garbage_reads_as_zero() {
+        let packed: Vec<u8> = [1.0, 9_007_199_254_740_991.0, -3.0, f64::NAN, 1e300]
+            .iter()
+            .flat_map(|f: &f64| f.to_le_bytes())
+            .collect();
+        assert_eq!(
+            unpack_reply(&packed),
+            [1, 9_007_199_254_740_991, 0, 0, u64::MAX]
+        );
+        // A short reply never panics: the missing numbers read as 0.
+        assert_eq!(unpack_reply(&packed[..12]), [1, 0, 0, 0, 0]);
     }
 
     #[test]
