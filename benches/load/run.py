@@ -22,8 +22,9 @@ Each measured run is `wrk -t1 -cC -dDs --latency`; rounds go through the systems
   * memory: 1,000,000 distinct keys through a gateway whose rule is keyed on a header, and the
     growth of its resident set.
 
-Gateways get `threads = 1` and nginx `worker_processes 1`; servers are pinned to CPU 0 and wrk
-to CPU 1 when there are two CPUs or more (--no-pin to let the scheduler choose). Every process
+Gateways get `threads = 1` and nginx `worker_processes 1`; servers are pinned to CPU 0, wrk and
+redis-server (a stand-in for the Redis host of a deployment) to CPU 1 when there are two CPUs or
+more (--redis-cpus 0 to put Redis with the servers, --no-pin to let the scheduler choose). Every process
 started is stopped at the end, also on Ctrl-C or an error. Results: OUT/results.md (the tables
 of docs/benchmarks.md) and OUT/results.json (every run).
 """
@@ -211,7 +212,10 @@ class Bench:
         self.pin = not args.no_pin and self.ncpu >= 2
         self.server_cpus = args.server_cpus
         self.client_cpus = args.client_cpus
-        self.redis_cpus = args.redis_cpus or args.server_cpus
+        # Redis stands for the separate host it is in a deployment with many gateways: it gets
+        # the client's core, so that the gateways' core carries the gateway and its upstream
+        # only (--redis-cpus 0 to put it with the servers).
+        self.redis_cpus = args.redis_cpus or args.client_cpus
         self.floodgate = str(Path(args.floodgate).resolve())
         # The target dir may be shared with other builds: remember which binary was measured.
         self.floodgate_mtime = os.path.getmtime(self.floodgate)
@@ -978,7 +982,7 @@ def main() -> int:
     p.add_argument("--no-pin", action="store_true", help="do not pin servers and client to CPUs")
     p.add_argument("--server-cpus", default="0", help="CPU list of nginx and floodgate (0)")
     p.add_argument("--client-cpus", default="1", help="CPU list of wrk (1)")
-    p.add_argument("--redis-cpus", help="CPU list of redis-server (default: the servers')")
+    p.add_argument("--redis-cpus", help="CPU list of redis-server (default: the client's)")
     p.add_argument("--skip-max", action="store_true", help="no maximum-load runs (hence no half load)")
     p.add_argument("--skip-half", action="store_true", help="no half-load runs")
     p.add_argument("--skip-memory", action="store_true", help="no memory run")
