@@ -617,6 +617,53 @@ async fn the_store_starts_without_redis_and_connects_when_it_appears() {
     assert!(store.is_connected());
 }
 
+/// A URL with a user, a password and a database number: the store authenticates (ACL user),
+/// keeps its keys in that database, and a wrong password fails decisions with an error that
+/// never shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_and_database_are_used() {
+    let server = RedisServer::start_with(|_, _| {
+        ["--user", "gate", "on", ">s3cret-pw", "~*", "&*", "+@all"]
+            .map(String::from)
+            .to_vec()
+    });
+    let url = |password: &str| format!("redis://gate:{password}@127.0.0.1:{}/3", server.port());
+    let store =
+        RedisStore::new(&store_config(Backend::Redis, vec![url("s3cret-pw")])).expect("store");
+    let c = check(
+        "authed",
+        5,
+        Limit::police(Algorithm::FixedWindow, 2, secs(60), 2),
+        1,
+    );
+    for (lease, admitted) in [(1, true), (2, true), (3, false)] {
+        let ds = store
+            .decide(std::slice::from_ref(&c), lease, GENEROUS)
+            .await
+            .expect("decide with credentials");
+        assert_eq!(ds[0].allowed, admitted, "request {lease}: {ds:?}");
+    }
+    let in_db3: i64 = {
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{}/3", server.port()))
+            .expect("client")
+            .get_connection()
+            .expect("connect to db 3");
+        redis::cmd("EXISTS")
+            .arg(store.key(&c))
+            .query(&mut conn)
+            .expect("EXISTS")
+    };
+    assert_eq!(in_db3, 1, "the counter lives in database 3");
+    let in_db0: i64 = server.query(&["EXISTS", &store.key(&c)]);
+    assert_eq!(in_db0, 0, "and not in database 0");
+
+    let wrong =
+        RedisStore::new(&store_config(Backend::Redis, vec![url("not-the-pw")])).expect("store");
+    let r = wrong.decide(std::slice::from_ref(&c), 9, ms(300)).await;
+    let error = format!("{:?}", r.expect_err("a wrong password cannot decide"));
+    assert!(!error.contains("not-the-pw"), "{error}");
+}
+
 /// Starts `DEBUG SLEEP secs` on its own connection in a thread (Redis answers nothing
 /// meanwhile); joined on drop so that no thread outlives the test.
 struct Stall(Option<std::thread::JoinHandle<()>>);

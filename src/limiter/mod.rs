@@ -10,6 +10,7 @@ pub mod breaker;
 pub mod engine;
 pub mod memory;
 pub mod redis;
+pub mod resp;
 
 use std::time::Duration;
 

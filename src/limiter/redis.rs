@@ -56,12 +56,14 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, Slot};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult, Script, ServerErrorKind, Value,
+    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult, Script,
+    ServerErrorKind, Value,
 };
 use tokio::sync::watch;
 
 use super::algorithm::MAX_SLIDING_LOG_LIMIT;
 use super::breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
+use super::resp::RespConn;
 use super::{Algorithm, Check, Decision, LeakyMode};
 use crate::config::{Backend, Store};
 use crate::metrics::metrics;
@@ -191,10 +193,13 @@ enum Target {
     Cluster(Box<ClusterClient>),
 }
 
-/// A live connection: both kinds are cheap handles on multiplexed connections that reconnect
-/// by themselves (the cluster one also follows MOVED/ASK and rediscovers slots).
+/// A live connection, a cheap handle shared by every request. `Lean` (a `redis://` server) is
+/// floodgate's own pipelined connection ([`super::resp`]): when it breaks, the store builds a
+/// new one. The redis-rs ones (`rediss://` and Unix sockets; clusters, which also follow
+/// MOVED/ASK and rediscover slots) reconnect by themselves.
 #[derive(Clone)]
 enum Conn {
+    Lean(RespConn),
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -202,6 +207,11 @@ enum Conn {
 impl Conn {
     async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
+            Conn::Lean(c) => match c.query(cmd).await {
+                Ok(Ok(value)) => Ok(T::from_redis_value(value)?),
+                Ok(Err(message)) => Err(server_error(message)),
+                Err(e) => Err((ErrorKind::Io, "Redis connection", e.to_string()).into()),
+            },
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
@@ -214,6 +224,7 @@ impl Conn {
         match self.query(cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let load = match self {
+                    Conn::Lean(_) => self.query::<String>(&script_load(script)).await,
                     Conn::Single(c) => script.load_async(&mut c.clone()).await,
                     Conn::Cluster(c) => script.load_async(&mut c.clone()).await,
                 };
@@ -224,9 +235,16 @@ impl Conn {
         }
     }
 
+    /// Whether this connection can no longer answer and a new one must be built (only ours:
+    /// redis-rs's connections reconnect by themselves).
+    fn is_broken(&self) -> bool {
+        matches!(self, Conn::Lean(c) if c.is_broken())
+    }
+
     /// Sends `cmd` to the server, or to every master of a cluster.
     async fn everywhere(&self, cmd: redis::Cmd) -> RedisResult<Value> {
         match self {
+            Conn::Lean(_) => self.query(&cmd).await,
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => {
                 c.clone()
@@ -546,7 +564,11 @@ impl RedisStore {
         metrics().store_up.set(0);
         inner.up.store(false, Ordering::Release);
         let opened = ticket.failure();
-        if opened && matches!(error, StoreError::Timeout) {
+        if inner.conn.borrow().as_ref().is_some_and(Conn::is_broken) {
+            // Our own connection does not reconnect by itself: build the next one now (the
+            // failing calls meanwhile count towards the breaker).
+            inner.spawn_connect();
+        } else if opened && matches!(error, StoreError::Timeout) {
             // A connection that stopped answering (a black-holed peer) never fails by itself:
             // build a fresh one in the background while the breaker holds calls off.
             inner.spawn_connect();
@@ -743,6 +765,32 @@ fn evalsha(script: &Script, keys: usize) -> Cmd {
     cmd
 }
 
+/// `SCRIPT LOAD <source of script>`.
+fn script_load(script: &Script) -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(script_source(script));
+    cmd
+}
+
+/// The source of one of our two scripts.
+fn script_source(script: &Script) -> &'static str {
+    if script.get_hash() == DECIDE.get_hash() {
+        DECIDE_LUA
+    } else {
+        RELEASE_LUA
+    }
+}
+
+/// An error Redis answered, as redis-rs would classify it (`NOSCRIPT` must be recognised).
+fn server_error(message: String) -> redis::RedisError {
+    let kind = if message.starts_with("NOSCRIPT") {
+        ErrorKind::Server(ServerErrorKind::NoScript)
+    } else {
+        ErrorKind::Extension
+    };
+    (kind, "Redis answered an error", message).into()
+}
+
 fn holds_slot(check: &Check) -> bool {
     check.limit.algorithm == Algorithm::Concurrency && check.cost > 0
 }
@@ -788,6 +836,21 @@ async fn connect_loop(store: Weak<Inner>) {
 async fn connect(target: &Target) -> RedisResult<Conn> {
     match target {
         Target::Single(client) => {
+            let info = client.get_connection_info();
+            if let ConnectionAddr::Tcp(host, port) = info.addr() {
+                let settings = info.redis_settings();
+                return RespConn::connect(
+                    host,
+                    *port,
+                    settings.username(),
+                    settings.password(),
+                    settings.db(),
+                    CONNECT_TIMEOUT,
+                )
+                .await
+                .map(Conn::Lean)
+                .map_err(|e| (ErrorKind::Io, "cannot connect to Redis", e.to_string()).into());
+            }
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 // Decisions have their own deadline (store.timeout); a response timeout here
