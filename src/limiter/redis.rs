@@ -260,7 +260,8 @@ impl Conn {
 
 /// The numbers one check passes to the decide script (see `lua/decide.lua`).
 struct Params {
-    code: &'static str,
+    /// The algorithm's number in `decide.lua`'s table.
+    code: u8,
     cost: u64,
     limit: u64,
     window_us: u64,
@@ -279,19 +280,19 @@ impl Params {
         let interval_ns = window_ns.div_ceil(l.limit.max(1)).max(1);
         let bucket = sat(u128::from(l.burst) * u128::from(interval_ns));
         let (code, limit, cap_ns, quota) = match (l.algorithm, l.mode) {
-            (Algorithm::FixedWindow, _) => ("fw", l.limit, 0, l.limit),
+            (Algorithm::FixedWindow, _) => (1, l.limit, 0, l.limit),
             (Algorithm::SlidingWindowLog, _) => {
                 let q = l.limit.min(MAX_SLIDING_LOG_LIMIT);
-                ("swl", q, 0, q)
+                (2, q, 0, q)
             }
-            (Algorithm::SlidingWindowCounter, _) => ("swc", l.limit, 0, l.limit),
-            (Algorithm::TokenBucket, _) => ("tb", l.limit, bucket, l.burst),
-            (Algorithm::LeakyBucket, LeakyMode::Police) => ("lbp", l.limit, bucket, l.burst),
+            (Algorithm::SlidingWindowCounter, _) => (3, l.limit, 0, l.limit),
+            (Algorithm::TokenBucket, _) => (4, l.limit, bucket, l.burst),
+            (Algorithm::LeakyBucket, LeakyMode::Police) => (5, l.limit, bucket, l.burst),
             (Algorithm::LeakyBucket, LeakyMode::Shape) => {
                 let longest = sat(l.max_delay.as_nanos()).min(bucket);
-                ("lbs", l.limit, longest, l.burst)
+                (6, l.limit, longest, l.burst)
             }
-            (Algorithm::Concurrency, _) => ("cc", l.limit, 0, l.limit),
+            (Algorithm::Concurrency, _) => (7, l.limit, 0, l.limit),
         };
         Params {
             code,
@@ -303,6 +304,25 @@ impl Params {
             cap_ns: cap_ns.min(MAX_EXACT),
             quota,
         }
+    }
+
+    /// The check as `decide.lua` reads it: the algorithm's number, then cost, limit, window,
+    /// burst, interval and cap as little-endian doubles (exact: all are capped below 2^53).
+    fn packed(&self) -> [u8; 49] {
+        let mut out = [0; 49];
+        out[0] = self.code;
+        let numbers = [
+            self.cost,
+            self.limit,
+            self.window_us,
+            self.burst,
+            self.interval_ns,
+            self.cap_ns,
+        ];
+        for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
+            slot.copy_from_slice(&(n as f64).to_le_bytes());
+        }
+        out
     }
 
     /// The decision from the script's five numbers for this check.
@@ -649,14 +669,7 @@ impl Inner {
             }
             cmd.arg(lease.as_str()).arg(lease_ttl_us).arg(now.as_str());
             for &i in group {
-                let p = &params[i];
-                cmd.arg(p.code)
-                    .arg(p.cost)
-                    .arg(p.limit)
-                    .arg(p.window_us)
-                    .arg(p.burst)
-                    .arg(p.interval_ns)
-                    .arg(p.cap_ns);
+                cmd.arg(&params[i].packed()[..]);
             }
             let conn = conn.clone();
             async move { conn.eval::<Vec<u8>>(&DECIDE, &cmd).await }
@@ -990,7 +1003,7 @@ mod tests {
             Duration::from_secs(1),
             20,
         ));
-        assert_eq!(p.code, "lbs");
+        assert_eq!(p.code, 6, "leaky shape");
         assert_eq!(
             p.cap_ns, 250_000_000,
             "longest wait = min(max_delay, burst * interval)"
