@@ -66,7 +66,10 @@ pub fn request_id(headers: &HeaderMap) -> String {
 
 /// A random 128-bit id in hex.
 pub fn new_request_id() -> String {
-    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+    let mut id = String::with_capacity(32);
+    crate::text::push_hex16(&mut id, fastrand::u64(..));
+    crate::text::push_hex16(&mut id, fastrand::u64(..));
+    id
 }
 
 #[cfg(test)]

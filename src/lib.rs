@@ -16,3 +16,4 @@ pub mod response;
 pub mod rules;
 pub mod server;
 pub mod shutdown;
+pub mod text;

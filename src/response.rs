@@ -1,7 +1,6 @@
 //! What floodgate itself answers: problem+json bodies (RFC 9457) for 401/404/429/502/503/504,
 //! and the RateLimit header fields of draft-ietf-httpapi-ratelimit-headers.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,6 +11,7 @@ use serde::Serialize;
 
 use crate::limiter::Decision;
 use crate::rules::Rule;
+use crate::text::push_u64;
 
 /// The content type of every error floodgate answers.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -144,16 +144,29 @@ impl RateLimitHeaders {
                 continue;
             }
             let sep = if h.policy.is_empty() { "" } else { ", " };
-            let _ = write!(h.policy, "{sep}\"{}\";q={}", rule.name, rule.limit.limit);
+            // "name";q=limit;w=window, "name";r=remaining;t=seconds (no core::fmt: this runs
+            // for every request).
+            h.policy.push_str(sep);
+            h.policy.push('"');
+            h.policy.push_str(&rule.name);
+            h.policy.push_str("\";q=");
+            push_u64(&mut h.policy, rule.limit.limit);
             if !rule.limit.window.is_zero() {
-                let _ = write!(h.policy, ";w={}", ceil_secs(rule.limit.window).max(1));
+                h.policy.push_str(";w=");
+                push_u64(&mut h.policy, ceil_secs(rule.limit.window).max(1));
             }
             let t = ceil_secs(if d.allowed {
                 d.reset
             } else {
                 d.retry_after.max(d.reset)
             });
-            let _ = write!(h.state, "{sep}\"{}\";r={};t={}", rule.name, d.remaining, t);
+            h.state.push_str(sep);
+            h.state.push('"');
+            h.state.push_str(&rule.name);
+            h.state.push_str("\";r=");
+            push_u64(&mut h.state, d.remaining);
+            h.state.push_str(";t=");
+            push_u64(&mut h.state, t);
             if legacy {
                 let candidate = (rule.limit.limit, d.remaining, t);
                 let tighter = match tightest {

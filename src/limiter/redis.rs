@@ -67,6 +67,7 @@ use super::resp::RespConn;
 use super::{Algorithm, Check, Decision, LeakyMode};
 use crate::config::{Backend, Store};
 use crate::metrics::metrics;
+use crate::text::push_hex16;
 
 /// The multi-rule decision script: helpers, every algorithm, then `decide.lua`, as one script
 /// (one SHA). See `lua/decide.lua` for its arguments and reply.
@@ -608,7 +609,13 @@ impl RedisStore {
 
 impl Inner {
     fn key(&self, check: &Check) -> String {
-        format!("{}{}:{{{:016x}}}", self.key_prefix, check.rule, check.key)
+        let mut key = String::with_capacity(self.key_prefix.len() + check.rule.len() + 19);
+        key.push_str(&self.key_prefix);
+        key.push_str(&check.rule);
+        key.push_str(":{");
+        push_hex16(&mut key, check.key);
+        key.push('}');
+        key
     }
 
     /// Indexes of `keys` grouped by what one script call may touch: all of them (standalone),
@@ -656,7 +663,7 @@ impl Inner {
         let conn = self.connection().await?;
         let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
         let params: Vec<Params> = checks.iter().map(Params::of).collect();
-        let lease = format!("{lease:016x}");
+        let lease = hex16(lease);
         let lease_ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
         let now = now_us
             .map(|n| n.min(MAX_EXACT).to_string())
@@ -741,7 +748,7 @@ impl Inner {
             return;
         };
         let keys: Vec<String> = held.iter().map(|c| self.key(c)).collect();
-        let lease = format!("{lease:016x}");
+        let lease = hex16(lease);
         let calls = self.groups(&keys).into_iter().map(|group| {
             let mut cmd = evalsha(&RELEASE, group.len());
             for &i in &group {
@@ -776,6 +783,13 @@ fn evalsha(script: &Script, keys: usize) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
     cmd
+}
+
+/// A lease id as the scripts name it: 16 hex digits.
+fn hex16(lease: u64) -> String {
+    let mut s = String::with_capacity(16);
+    push_hex16(&mut s, lease);
+    s
 }
 
 /// `SCRIPT LOAD <source of script>`.
