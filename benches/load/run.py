@@ -15,7 +15,8 @@ wrk (one thread). The systems compared:
   fg-concurrency  floodgate, one local concurrency rule high enough to admit everything
 
 Each measured run is `wrk -t1 -cC -dDs --latency`; rounds go through the systems in turn
-(A B C ... A B C ...), and the report gives medians over rounds. Then:
+(A B C ... A B C ...), each system at every connection count C of --connections (32 and 128),
+and the report gives medians over rounds at each system's best count: its maximum load. Then:
 
   * half load: every system of interest, closed-loop, at the connection count at which
     fg-none runs at about half its maximum (see `half_load` for why not a paced rate);
@@ -212,6 +213,12 @@ class Bench:
         self.pin = not args.no_pin and self.ncpu >= 2
         self.server_cpus = args.server_cpus
         self.client_cpus = args.client_cpus
+        try:
+            self.conns = sorted({int(c) for c in args.connections.split(",") if c.strip()})
+        except ValueError:
+            raise SystemExit(f"--connections: not a list of numbers: {args.connections}")
+        if not self.conns or min(self.conns) < 1:
+            raise SystemExit("--connections: at least one count, each at least 1")
         # Redis stands for the separate host it is in a deployment with many gateways: it gets
         # the client's core, so that the gateways' core carries the gateway and its upstream
         # only (--redis-cpus 0 to put it with the servers).
@@ -525,7 +532,9 @@ auth = "none"
         self.check_access_log_key(up_port)
 
         # nginx as the peer: a proxy with limit_req (all allowed), and its 429 path.
-        upstream_block = f"upstream up {{ server 127.0.0.1:{up_port}; keepalive 64; keepalive_requests 10000000; }}"
+        # keepalive above the largest wrk connection count: nginx never opens a connection per request.
+        upstream_block = (f"upstream up {{ server 127.0.0.1:{up_port}; keepalive {max(256, max(self.conns))}; "
+                          "keepalive_requests 10000000; }")
         proxy = ("proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\";")
         port = free_port()
         conf = self.nginx_conf(
@@ -611,21 +620,38 @@ auth = "none"
         return [s for s in self.systems.values() if not s.skipped]
 
     def max_load(self) -> None:
+        """Every system at every connection count of --connections, in turn, each round. A
+        system's maximum is its best connection count (by median req/s): a system that waits on
+        something (a Redis round trip) needs more requests in flight to keep its core busy, and
+        one measured below saturation would show its latency, not its throughput."""
         a = self.args
-        log(f"warm-up: 2 s per system at -c{a.connections}")
+        log(f"warm-up: 2 s per system at -c{self.conns[0]}")
         for s in self.live():
-            self.wrk_run(s.port, a.connections, 2)
+            self.wrk_run(s.port, self.conns[0], 2)
         for rnd in range(a.rounds):
             for s in self.live():
-                r = self.measure_quiet(s, a.connections, a.duration)
-                r["round"] = rnd + 1
-                s.runs.append(r)
-                extra = (f" redis {r['commands_per_req']:.3f} cmds/req {r['redis_us_per_req']:.1f} µs/req"
-                         if s.redis else "")
-                log(f"round {rnd + 1}/{a.rounds} {s.name:15s} {r['rps']:9.0f} req/s  p50 {us(r['p50_us']):>9s}  "
-                    f"p99 {us(r['p99_us']):>9s}  rss {r['rss_kib'] / 1024:.1f} MiB  cpu {r['cpu_us_per_req']:.1f} µs/req ({r['cpu_user_us_per_req']:.1f} user)  others {r['other_cpus']:.2f} CPU{extra}"
-                    + (f"  unexpected status: {r['unexpected_status']}" if r["unexpected_status"] else "")
-                    + (f"  socket errors {r['errors']}" if r["errors"] else ""))
+                for conns in self.conns:
+                    r = self.measure_quiet(s, conns, a.duration)
+                    r["round"] = rnd + 1
+                    r["connections"] = conns
+                    s.runs.append(r)
+                    extra = (f" redis {r['commands_per_req']:.3f} cmds/req {r['redis_us_per_req']:.1f} µs/req"
+                             if s.redis else "")
+                    log(f"round {rnd + 1}/{a.rounds} {s.name:15s} -c{conns:<4d} {r['rps']:9.0f} req/s  "
+                        f"p50 {us(r['p50_us']):>9s}  p99 {us(r['p99_us']):>9s}  rss {r['rss_kib'] / 1024:.1f} MiB  "
+                        f"cpu {r['cpu_us_per_req']:.1f} µs/req ({r['cpu_user_us_per_req']:.1f} user)  "
+                        f"others {r['other_cpus']:.2f} CPU{extra}"
+                        + (f"  unexpected status: {r['unexpected_status']}" if r["unexpected_status"] else "")
+                        + (f"  socket errors {r['errors']}" if r["errors"] else ""))
+
+    def best_runs(self, s: System) -> list:
+        """The runs of `s` at its best connection count (highest median req/s)."""
+        by_conns: dict[int, list] = {}
+        for r in s.runs:
+            by_conns.setdefault(r.get("connections", self.conns[0]), []).append(r)
+        if not by_conns:
+            return []
+        return max(by_conns.values(), key=lambda runs: statistics.median(r["rps"] for r in runs))
 
     def half_load(self) -> None:
         """p99 at half of the maximum load.
@@ -682,14 +708,14 @@ auth = "none"
         # arenas are in place before the resident set is read.
         warm = 20_000
         env = {"BENCH_VARY_HEADER": "x-bench-key", "BENCH_VARY_COUNT": str(warm), "BENCH_VARY_OFFSET": "0"}
-        self.wrk_run(port, a.connections, 30, env, until=reached(warm))
+        self.wrk_run(port, self.conns[0], 30, env, until=reached(warm))
         time.sleep(1)
         before = rss_kib(p.pid)
         keys_before = self.metric(admin, "floodgate_memory_store_keys")
         env = {"BENCH_VARY_HEADER": "x-bench-key", "BENCH_VARY_COUNT": str(a.memory_keys),
                "BENCH_VARY_OFFSET": str(10 * a.memory_keys)}
         log(f"memory: sending {a.memory_keys} distinct keys (at most {a.memory_timeout:g} s)")
-        r = self.wrk_run(port, a.connections, a.memory_timeout, env,
+        r = self.wrk_run(port, self.conns[0], a.memory_timeout, env,
                          until=reached((keys_before or 0) + a.memory_keys))
         time.sleep(1)
         after = rss_kib(p.pid)
@@ -761,6 +787,7 @@ auth = "none"
         out = {k: med(k) for k in ("rps", "p50_us", "p99_us", "rss_kib", "cpu_us_per_req",
                                    "cpu_user_us_per_req", "cpu_sys_us_per_req")}
         out["rounds"] = len(runs)
+        out["connections"] = runs[0].get("connections")
         if s.redis:
             out["scripts_per_req"] = med("scripts_per_req")
             out["commands_per_req"] = med("commands_per_req")
@@ -773,7 +800,7 @@ auth = "none"
     def report(self) -> str:
         a = self.args
         m = self.machine()
-        S = {n: self.summary(s, s.runs) for n, s in self.systems.items()}
+        S = {n: self.summary(s, self.best_runs(s)) for n, s in self.systems.items()}
         H = {n: self.summary(s, s.half_runs) for n, s in self.systems.items()}
         lines = []
         w = lines.append
@@ -784,20 +811,21 @@ auth = "none"
         if a.floodgate_env:
             w(f"Gateways ran with {', '.join('`' + e + '`' for e in a.floodgate_env)}.")
             w("")
-        w(f"`wrk -t1 -c{a.connections} -d{a.duration:g}s --latency`, {a.rounds} rounds alternating between the systems, "
-          f"medians over rounds. Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
+        w(f"`wrk -t1 -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
+          f"{a.rounds} rounds alternating between the systems, medians over rounds; each system's row is its best "
+          "connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
           "floodgate `threads = 1`, nginx `worker_processes 1`.")
         w("")
         w("### Maximum load")
         w("")
-        w("| # | system | req/s | ratio | vs | p50 | p99 | Redis cmds/req | RSS | CPU/req |")
-        w("|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
+        w("| # | system | -c | req/s | ratio | vs | p50 | p99 | Redis cmds/req | RSS | CPU/req |")
+        w("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
         numbers = {"upstream": "1", "nginx-limit": "2", "fg-none": "3", "fg-local": "4", "fg-global1": "5",
                    "fg-global3": "6", "nginx-429": "7", "fg-429": "7", "fg-concurrency": "8"}
         for n, s in self.systems.items():
             r = S[n]
             if s.skipped or not r:
-                w(f"| {numbers.get(n, '')} | {s.title} | not measured: {s.skipped or 'no run'} | | | | | | | |")
+                w(f"| {numbers.get(n, '')} | {s.title} | | not measured: {s.skipped or 'no run'} | | | | | | | |")
                 continue
             b = S.get(s.baseline) if s.baseline else None
             ratio = pct(r["rps"], b["rps"]) if b else "—"
@@ -807,11 +835,11 @@ auth = "none"
             if s.redis:
                 cpu += f" + Redis {r['redis_cpu_us_per_req']:.1f} µs"
             flag = ""
-            if r["unexpected_status"] > len(s.runs) * (1 + a.duration / 60):
+            if r["unexpected_status"] > r["rounds"] * (1 + a.duration / 60):
                 flag += f" ⚠ {r['unexpected_status']} unexpected statuses"
             if r["errors"]:
                 flag += f" ⚠ {r['errors']} socket errors"
-            w(f"| {numbers.get(n, '')} | {s.title} (`{n}`){flag} | {r['rps']:,.0f} | {ratio} | {vs} | {us(r['p50_us'])} | "
+            w(f"| {numbers.get(n, '')} | {s.title} (`{n}`){flag} | {r['connections']} | {r['rps']:,.0f} | {ratio} | {vs} | {us(r['p50_us'])} | "
               f"{us(r['p99_us'])} | {cmds} | {r['rss_kib'] / 1024:.1f} MiB | {cpu} |")
         inner = []
         for n, s in self.systems.items():
@@ -974,7 +1002,8 @@ def main() -> int:
                    help="where results.md and results.json go (target/bench)")
     p.add_argument("--duration", type=float, default=10, help="seconds per measured run (10)")
     p.add_argument("--rounds", type=int, default=3, help="rounds over the systems (3)")
-    p.add_argument("--connections", type=int, default=32, help="wrk connections at maximum load (32)")
+    p.add_argument("--connections", default="32,128",
+                   help="wrk connection counts at maximum load, comma-separated; each system's best counts (32,128)")
     p.add_argument("--memory-keys", type=int, default=1_000_000, help="distinct keys of the memory run")
     p.add_argument("--memory-timeout", type=float, default=120, help="longest the memory run may take (s)")
     p.add_argument("--only", nargs="*", help="measure only these systems")
