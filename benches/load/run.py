@@ -813,7 +813,7 @@ auth = "none"
             w("")
         w(f"`wrk -t1 -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
           f"{a.rounds} rounds alternating between the systems, medians over rounds; each system's row is its best "
-          "connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
+          f"connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
           "floodgate `threads = 1`, nginx `worker_processes 1`.")
         w("")
         w("### Maximum load")
