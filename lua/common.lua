@@ -128,3 +128,28 @@ local function newest_score(key)
   end
   return tonumber(newest[2])
 end
+
+-- A sorted-set state of kind `tag` at `now`: whether `key` can hold it (see zset_usable), and
+-- how many members still count. Members whose expiry is <= now no longer count: they are
+-- removed first, which changes no decision.
+local function zset_live(key, tag, now)
+  if not zset_usable(key, tag) then
+    return false, 0
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
+  return true, redis.call('ZCARD', key)
+end
+
+-- Charges a sorted-set state: `p.cost` members "<tag><lease>:<n>" expiring at `expires`; the
+-- key lives until `newest` or `expires`, whichever is later. Another algorithm's state
+-- (`usable` false) is replaced, even by nothing (cost 0).
+local function zset_charge(key, usable, tag, now, expires, newest, p)
+  if not usable then
+    redis.call('DEL', key)
+  end
+  if p.cost == 0 then
+    return
+  end
+  zadd_members(key, expires, tag .. p.lease .. ':', p.cost)
+  redis.call('PEXPIRE', key, ttl_ms((math.max(expires, newest) - now) * 1000))
+end

@@ -6,26 +6,17 @@
 -- removes the request's members at once. The key expires with its newest lease.
 -- p: cost, limit, lease, lease_ttl (us).
 local function concurrency(key, now, p)
-  local usable = zset_usable(key, 'c')
-  local in_flight = 0
-  if usable then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
-    in_flight = redis.call('ZCARD', key)
-  end
+  local usable, in_flight = zset_live(key, 'c', now)
   local charged = in_flight + p.cost
   if charged <= p.limit then
     return true, p.limit - charged, 0, 0, 0, function()
-      if not usable then
-        -- Another algorithm's state: charging replaces it, even with nothing (cost 0).
-        redis.call('DEL', key)
-      end
-      if p.cost == 0 then
-        return
-      end
       local expires = now + p.lease_ttl
-      zadd_members(key, expires, 'c' .. p.lease .. ':', p.cost)
-      local newest = math.max(expires, newest_score(key) or expires)
-      redis.call('PEXPIRE', key, ttl_ms((newest - now) * 1000))
+      -- The key lives as long as its longest lease (another gateway's TTL may be longer).
+      local newest = expires
+      if usable then
+        newest = newest_score(key) or expires
+      end
+      zset_charge(key, usable, 'c', now, expires, newest, p)
     end
   end
   -- A slot frees when some exchange ends, which cannot be predicted: one second, the smallest

@@ -8,16 +8,10 @@
 -- p: cost, limit (already capped at MAX_SLIDING_LOG_LIMIT), window (us), lease.
 local function sliding_window_log(key, now, p)
   local quota = p.limit
-  local usable = zset_usable(key, 'l')
-  local live = 0
+  local usable, live = zset_live(key, 'l', now)
   local last = now
-  if usable then
-    -- Entries with expiry <= now no longer count: dropping them changes no decision.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
-    live = redis.call('ZCARD', key)
-    if live > 0 then
-      last = math.max(now, newest_score(key) or now)
-    end
+  if live > 0 then
+    last = math.max(now, newest_score(key) or now)
   end
   local charged = live + p.cost
   if charged <= quota then
@@ -27,16 +21,8 @@ local function sliding_window_log(key, now, p)
       newest = expires
     end
     return true, quota - charged, (newest - now) * 1000, 0, 0, function()
-      if not usable then
-        -- Another algorithm's state: charging replaces it, even with nothing (cost 0).
-        redis.call('DEL', key)
-      end
-      if p.cost == 0 then
-        return
-      end
-      zadd_members(key, expires, 'l' .. p.lease .. ':', p.cost)
       -- Entries admitted under a longer window (before a reload) may outlive this one.
-      redis.call('PEXPIRE', key, ttl_ms((math.max(expires, last) - now) * 1000))
+      zset_charge(key, usable, 'l', now, expires, last, p)
     end
   end
   local reset = (last - now) * 1000
