@@ -94,8 +94,40 @@ pub const DECIDE_LUA: &str = concat!(
 /// The concurrency release script (`lua/release.lua`).
 pub const RELEASE_LUA: &str = include_str!("../../lua/release.lua");
 
-static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(DECIDE_LUA));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static DECIDE: LazyLock<Lua> = LazyLock::new(|| Lua::new(DECIDE_LUA));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
+
+/// A script as the store runs it: its SHA, computed once, for `EVALSHA`, and its source for
+/// `SCRIPT LOAD` when Redis does not know it.
+struct Lua {
+    source: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            source,
+            sha: Script::new(source).get_hash().to_string(),
+        }
+    }
+
+    /// `EVALSHA <sha> <keys>`, to which the caller appends the keys, then the arguments.
+    /// Written straight into one command buffer: redis-rs' `ScriptInvocation` first copies
+    /// every key and argument into a vector of its own, a dozen allocations per request.
+    fn evalsha(&self, keys: usize) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys);
+        cmd
+    }
+
+    /// `SCRIPT LOAD <source>` (redis-rs' cluster routing sends it to every node).
+    fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.source);
+        cmd
+    }
+}
 
 /// How long a global concurrency slot is held at most when its request never releases it (the
 /// gateway died mid-request, or the release could not reach Redis). Longer than any sane
@@ -218,18 +250,13 @@ impl Conn {
         }
     }
 
-    /// Runs `cmd`, an `EVALSHA` of `script` (see [`evalsha`]); when Redis no longer knows the
-    /// script (`SCRIPT FLUSH`, a restart, a failover to a fresh node) loads it and runs `cmd`
-    /// once more.
-    async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> RedisResult<T> {
+    /// Runs `cmd`, an `EVALSHA` of `script` (see [`Lua::evalsha`]); when Redis no longer
+    /// knows the script (`SCRIPT FLUSH`, a restart, a failover to a fresh node) loads it and
+    /// runs `cmd` once more.
+    async fn eval<T: FromRedisValue>(&self, script: &Lua, cmd: &Cmd) -> RedisResult<T> {
         match self.query(cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let load = match self {
-                    Conn::Lean(_) => self.query::<String>(&script_load(script)).await,
-                    Conn::Single(c) => script.load_async(&mut c.clone()).await,
-                    Conn::Cluster(c) => script.load_async(&mut c.clone()).await,
-                };
-                load?;
+                self.query::<String>(&script.load()).await?;
                 self.query(cmd).await
             }
             reply => reply,
@@ -670,7 +697,7 @@ impl Inner {
             .unwrap_or_default();
         let groups = self.groups(&keys);
         let call = |group: &[usize]| {
-            let mut cmd = evalsha(&DECIDE, group.len());
+            let mut cmd = DECIDE.evalsha(group.len());
             for &i in group {
                 cmd.arg(keys[i].as_str());
             }
@@ -750,7 +777,7 @@ impl Inner {
         let keys: Vec<String> = held.iter().map(|c| self.key(c)).collect();
         let lease = hex16(lease);
         let calls = self.groups(&keys).into_iter().map(|group| {
-            let mut cmd = evalsha(&RELEASE, group.len());
+            let mut cmd = RELEASE.evalsha(group.len());
             for &i in &group {
                 cmd.arg(keys[i].as_str());
             }
@@ -776,36 +803,11 @@ impl Inner {
     }
 }
 
-/// `EVALSHA <sha of script> <keys>`, to which the caller appends the keys, then the
-/// arguments. Written straight into one command buffer: redis-rs' `ScriptInvocation` first
-/// copies every key and argument into a vector of its own, a dozen allocations per request.
-fn evalsha(script: &Script, keys: usize) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
-    cmd
-}
-
 /// A lease id as the scripts name it: 16 hex digits.
 fn hex16(lease: u64) -> String {
     let mut s = String::with_capacity(16);
     push_hex16(&mut s, lease);
     s
-}
-
-/// `SCRIPT LOAD <source of script>`.
-fn script_load(script: &Script) -> Cmd {
-    let mut cmd = redis::cmd("SCRIPT");
-    cmd.arg("LOAD").arg(script_source(script));
-    cmd
-}
-
-/// The source of one of our two scripts.
-fn script_source(script: &Script) -> &'static str {
-    if script.get_hash() == DECIDE.get_hash() {
-        DECIDE_LUA
-    } else {
-        RELEASE_LUA
-    }
 }
 
 /// An error Redis answered, as redis-rs would classify it (`NOSCRIPT` must be recognised).
