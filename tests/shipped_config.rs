@@ -27,7 +27,7 @@ async fn the_shipped_rules_work() {
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, shipped(port, admin, api.addr)).unwrap();
     let log = dir.path().join("log");
-    let mut child = spawn_floodgate(&path, dir.path(), &log);
+    let mut child = spawn_floodgate(&path, dir.path(), &log, &[]);
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     let guard = scopeguard(&mut child);
     wait_for_port(addr, Duration::from_secs(30), guard.0, "floodgate");

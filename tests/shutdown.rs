@@ -10,6 +10,7 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -49,7 +50,23 @@ impl HeldUpstream {
             release,
         }
     }
+
+    /// Sends `GET path` to the gateway at `gateway` from a thread, and returns once the request
+    /// is held here. The thread yields the answer and the instant it came.
+    fn hold(&self, gateway: SocketAddr, path: &'static str) -> JoinHandle<(Answer, Instant)> {
+        let request = std::thread::spawn(move || {
+            let out = http_get(gateway, path, Duration::from_secs(60));
+            (out, Instant::now())
+        });
+        self.arrived
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the request reaches the upstream");
+        request
+    }
 }
+
+/// What [`http_get`] answers.
+type Answer = Result<(u16, String), String>;
 
 /// Reads up to the end of a request or response head; `None` if the peer closed first.
 fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
@@ -114,14 +131,7 @@ fn sigterm_finishes_the_request_in_flight_then_exits() {
     let up = HeldUpstream::start();
     let mut gw = Gateway::start_custom(server("20s"), &body(up.addr), &[]);
 
-    let addr = gw.addr;
-    let request = std::thread::spawn(move || {
-        let out = http_get(addr, "/orders/slow", Duration::from_secs(60));
-        (out, Instant::now())
-    });
-    up.arrived
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the request reaches the upstream");
+    let request = up.hold(gw.addr, "/orders/slow");
 
     gw.signal("TERM");
     // New connections are refused while the request is still held upstream,
@@ -159,12 +169,7 @@ fn grace_period_ends_a_request_that_outlives_it() {
     let up = HeldUpstream::start();
     let mut gw = Gateway::start_custom(server("1s"), &body(up.addr), &[]);
 
-    let addr = gw.addr;
-    let request =
-        std::thread::spawn(move || http_get(addr, "/orders/forever", Duration::from_secs(60)));
-    up.arrived
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the request reaches the upstream");
+    let request = up.hold(gw.addr, "/orders/forever");
 
     let signalled = Instant::now();
     gw.signal("TERM");
@@ -180,7 +185,7 @@ fn grace_period_ends_a_request_that_outlives_it() {
     );
     assert!(gw.logs().contains("grace period over"), "{}", gw.logs());
     // The client sees its connection end without an answer.
-    assert!(request.join().unwrap().is_err());
+    assert!(request.join().unwrap().0.is_err());
 }
 
 #[test]
@@ -188,12 +193,7 @@ fn sigint_exits_at_once() {
     let up = HeldUpstream::start();
     let mut gw = Gateway::start_custom(server("20s"), &body(up.addr), &[]);
 
-    let addr = gw.addr;
-    let request =
-        std::thread::spawn(move || http_get(addr, "/orders/forever", Duration::from_secs(60)));
-    up.arrived
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the request reaches the upstream");
+    let request = up.hold(gw.addr, "/orders/forever");
 
     gw.signal("INT");
     assert!(
@@ -201,5 +201,5 @@ fn sigint_exits_at_once() {
         "SIGINT did not stop floodgate within 5s (grace period 20s)\n{}",
         gw.logs()
     );
-    assert!(request.join().unwrap().is_err());
+    assert!(request.join().unwrap().0.is_err());
 }

@@ -148,8 +148,9 @@ impl Drop for Gateway {
     }
 }
 
-/// Spawns the binary for `config` with its process files in `dir` and logs to `log`.
-pub fn spawn_floodgate(config: &Path, dir: &Path, log: &Path) -> Child {
+/// Spawns the binary for `config` with its process files in `dir`, logs to `log`, and
+/// `extra` arguments such as `--upgrade`.
+pub fn spawn_floodgate(config: &Path, dir: &Path, log: &Path, extra: &[&str]) -> Child {
     let log_file = std::fs::File::create(log).expect("log file");
     Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .arg("-c")
@@ -158,6 +159,7 @@ pub fn spawn_floodgate(config: &Path, dir: &Path, log: &Path) -> Child {
         .arg(dir.join("floodgate.pid"))
         .arg("--upgrade-sock")
         .arg(dir.join("upgrade.sock"))
+        .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log_file)
@@ -370,24 +372,11 @@ impl Drop for Spawned {
     }
 }
 
-/// Spawns floodgate like [`spawn_floodgate`] (same pid file and upgrade socket in `dir`), with
-/// `extra` arguments such as `--upgrade`.
+/// [`spawn_floodgate`], stopped when dropped.
 pub fn spawn_floodgate_with(config: &Path, dir: &Path, log: &Path, extra: &[&str]) -> Spawned {
-    let log_file = std::fs::File::create(log).expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .arg("-c")
-        .arg(config)
-        .arg("--pid-file")
-        .arg(dir.join("floodgate.pid"))
-        .arg("--upgrade-sock")
-        .arg(dir.join("upgrade.sock"))
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .expect("start floodgate");
-    Spawned { child }
+    Spawned {
+        child: spawn_floodgate(config, dir, log, extra),
+    }
 }
 
 impl Gateway {
@@ -408,7 +397,7 @@ impl Gateway {
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config).expect("write config");
         let log = dir.path().join("floodgate.log");
-        let child = spawn_floodgate(&path, dir.path(), &log);
+        let child = spawn_floodgate(&path, dir.path(), &log, &[]);
         let mut gw = Gateway {
             child,
             dir,
