@@ -190,11 +190,7 @@ impl Limiter {
                     Ok(ds) => {
                         admitted = ds.iter().all(|d| d.allowed);
                         if admitted {
-                            leases.shared = shared_checks
-                                .iter()
-                                .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
-                                .cloned()
-                                .collect();
+                            leases.shared = concurrency_checks(&shared_checks);
                             if !leases.shared.is_empty() {
                                 leases.shared_store = Some((shared.clone(), lease));
                             }
@@ -229,12 +225,7 @@ impl Limiter {
         }
 
         if admitted {
-            leases.local = local_idx
-                .iter()
-                .map(|&i| &enforcing[i])
-                .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
-                .cloned()
-                .collect();
+            leases.local = concurrency_checks(local_idx.iter().map(|&i| &enforcing[i]));
             if !leases.local.is_empty() {
                 leases.local_store = Some(self.local.clone());
             }
@@ -367,11 +358,7 @@ impl Limiter {
         let local = self.fallback.decide(&fallback_checks);
         let ok = local.iter().all(|d| d.allowed);
         if ok {
-            leases.fallback = fallback_checks
-                .iter()
-                .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
-                .cloned()
-                .collect();
+            leases.fallback = concurrency_checks(&fallback_checks);
             if !leases.fallback.is_empty() {
                 leases.fallback_store = Some(self.fallback.clone());
             }
@@ -384,6 +371,15 @@ impl Limiter {
 }
 
 /// Puts `ds` (decisions for the checks at `idx`) into their places.
+/// The concurrency checks among `checks`: the slots an admitted request holds until it ends.
+fn concurrency_checks<'a>(checks: impl IntoIterator<Item = &'a Check>) -> Vec<Check> {
+    checks
+        .into_iter()
+        .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
+        .cloned()
+        .collect()
+}
+
 fn place(out: &mut [Option<Decision>], idx: &[usize], ds: Vec<Decision>) {
     for (&i, d) in idx.iter().zip(ds) {
         out[i] = Some(d);
