@@ -78,7 +78,6 @@ impl ServeHttp for Admin {
                 let m = metrics();
                 let store = self.gateway.limiter.memory();
                 m.memory_keys.set(store.len() as i64);
-                m.memory_evictions.set(store.evictions() as i64);
                 text(StatusCode::OK, "text/plain; version=0.0.4", m.render())
             }
             ("GET", "/rules") if query.split('&').any(|p| p == "format=markdown") => text(

@@ -105,6 +105,14 @@ pub fn presented_key<'h>(headers: &'h HeaderMap, header: &HeaderName) -> Option<
     None
 }
 
+/// Whether any `Authorization` header uses the Bearer scheme (it may carry an API key).
+pub fn is_bearer(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .any(|v| v.as_bytes().len() >= 6 && v.as_bytes()[..6].eq_ignore_ascii_case(b"bearer"))
+}
+
 fn trim(v: &[u8]) -> &[u8] {
     let start = v
         .iter()

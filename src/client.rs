@@ -9,7 +9,12 @@ use ipnet::IpNet;
 /// The client IP. The peer address is the truth unless the peer is a trusted proxy; then
 /// `X-Forwarded-For` is read from the right, skipping trusted hops, and the first address that
 /// is not trusted is the client (everything left of it could have been written by the client).
+///
+/// IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`, what a dual-stack `[::]` listener reports
+/// for IPv4 peers) are read as the IPv4 address they carry, the peer and every hop alike: one
+/// client is one `ip` key and matches IPv4 `trusted_proxies` entries however it connected.
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(&peer) {
         return peer;
@@ -34,6 +39,10 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
 
 /// One X-Forwarded-For element: an IP, possibly with a port or IPv6 brackets.
 fn parse_hop(hop: &str) -> Option<IpAddr> {
+    parse_hop_as_written(hop).map(|ip| ip.to_canonical())
+}
+
+fn parse_hop_as_written(hop: &str) -> Option<IpAddr> {
     let hop = hop.trim();
     if let Ok(ip) = hop.parse() {
         return Some(ip);
@@ -104,6 +113,22 @@ mod tests {
         assert_eq!(
             client_ip(peer, &xff("junk, 10.0.0.9"), &trusted),
             "10.0.0.9".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn mapped_ipv4_is_ipv4() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        // The mapped peer is a trusted IPv4 proxy; a mapped hop is an IPv4 client.
+        assert_eq!(
+            client_ip(mapped, &xff("::ffff:203.0.113.7"), &trusted),
+            "203.0.113.7".parse::<IpAddr>().unwrap()
+        );
+        let untrusted: IpAddr = "::ffff:198.51.100.1".parse().unwrap();
+        assert_eq!(
+            client_ip(untrusted, &HeaderMap::new(), &trusted),
+            "198.51.100.1".parse::<IpAddr>().unwrap()
         );
     }
 

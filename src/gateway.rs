@@ -48,6 +48,7 @@ impl Gateway {
     /// A gateway running `config`.
     pub fn new(config: Config) -> Self {
         let limiter = Limiter::new(&config.store);
+        limiter.set_max_waiting(config.max_waiting.clone());
         let path = config.path.clone();
         let config = Arc::new(config);
         metrics().reloads.with_label_values(&["success"]).inc_by(0);
@@ -77,8 +78,9 @@ impl Gateway {
     pub async fn reload(&self, trigger: &str) -> Result<ReloadStatus, ConfigError> {
         let _one_at_a_time = self.reload_lock.lock().await;
         let path = self.path.clone();
-        // Reading files and resolving upstream names may block: keep it off the workers.
-        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+        // Reading files (until two reads agree) and resolving upstream names block: keep it
+        // off the workers.
+        let loaded = tokio::task::spawn_blocking(move || crate::config::watch::load_settled(&path))
             .await
             .unwrap_or_else(|e| {
                 Err(ConfigError::whole_file(
@@ -95,6 +97,7 @@ impl Gateway {
                 if !restart.is_empty() {
                     tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
                 }
+                self.limiter.set_max_waiting(new.max_waiting.clone());
                 self.config.store(Arc::new(new));
                 metrics().reloads.with_label_values(&["success"]).inc();
                 metrics().last_reload.set(unix_now() as f64);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use floodgate::config::{Config, LogFormat};
+use floodgate::config::Config;
 use floodgate::server::{build, ProcessFlags};
 
 // jemalloc instead of the system allocator: the request path allocates small, short-lived
@@ -50,18 +50,6 @@ enum Command {
     Diagram,
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -93,7 +81,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            init_logging(cfg.server.log_format);
+            floodgate::logging::init(cfg.server.log_format);
             let flags = ProcessFlags {
                 upgrade: cli.upgrade,
                 daemon: cli.daemon,
@@ -104,6 +92,16 @@ fn main() -> ExitCode {
                 tracing::warn!("{w}");
             }
             tracing::info!(config = %cfg.path.display(), listen = ?cfg.server.listen, admin = %cfg.server.admin_listen, "floodgate starting");
+            // Every client connection is a descriptor: take all the kernel allows.
+            match floodgate::connection::raise_nofile_limit() {
+                Ok(n) => tracing::info!(
+                    open_files = n,
+                    "open-file limit (RLIMIT_NOFILE) raised to the hard limit"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot raise the open-file limit (RLIMIT_NOFILE)")
+                }
+            }
             match build(cfg, &flags) {
                 Ok(server) => server.run_forever(),
                 Err(e) => {

@@ -27,6 +27,14 @@ pub struct Metrics {
     pub circuit_state: IntGauge,
     /// `floodgate_store_evicting_policy`: 1 when Redis may evict counter keys.
     pub store_evicting_policy: IntGauge,
+    /// `floodgate_connections_open`: client connections open now.
+    pub connections_open: IntGauge,
+    /// `floodgate_connections_refused_total{reason}` (`max_connections`,
+    /// `max_connections_per_ip`): connections closed at accept because a cap was reached.
+    pub connections_refused: IntCounterVec,
+    /// `floodgate_connection_timeouts_total{kind}` (`header`, `keepalive`): connections closed
+    /// because a request head did not arrive in time.
+    pub connection_timeouts: IntCounterVec,
     /// `floodgate_decision_duration_seconds`: time to decide a request's rules.
     pub decision_seconds: Histogram,
     /// `floodgate_upstream_duration_seconds{upstream}`: request start to upstream response header.
@@ -37,8 +45,9 @@ pub struct Metrics {
     pub last_reload: Gauge,
     /// `floodgate_memory_store_keys`: keys held by the in-process store.
     pub memory_keys: IntGauge,
-    /// `floodgate_memory_store_evictions_total`: keys evicted because `max_keys` was reached.
-    pub memory_evictions: IntGauge,
+    /// `floodgate_memory_store_evictions_total{rule}`: live keys of the rule evicted from the
+    /// in-process stores because `max_keys` was reached (incremented by the stores).
+    pub memory_evictions: IntCounterVec,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -113,6 +122,29 @@ impl Metrics {
             "floodgate_store_evicting_policy",
             "1 when the Redis maxmemory-policy may evict counter keys (an evicted bucket is a reset limit).",
         );
+        let connections_open = int_gauge(
+            &registry,
+            "floodgate_connections_open",
+            "Client connections open now.",
+        );
+        let connections_refused = counter_vec(
+            &registry,
+            "floodgate_connections_refused_total",
+            "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip).",
+            &["reason"],
+        );
+        for reason in ["max_connections", "max_connections_per_ip"] {
+            connections_refused.with_label_values(&[reason]).inc_by(0);
+        }
+        let connection_timeouts = counter_vec(
+            &registry,
+            "floodgate_connection_timeouts_total",
+            "Client connections closed because a request head did not arrive in time, by kind (header: header_timeout, keepalive: keepalive_timeout).",
+            &["kind"],
+        );
+        for kind in ["header", "keepalive"] {
+            connection_timeouts.with_label_values(&[kind]).inc_by(0);
+        }
         let decision_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "floodgate_decision_duration_seconds",
@@ -155,10 +187,11 @@ impl Metrics {
             "floodgate_memory_store_keys",
             "Keys held by the in-process store.",
         );
-        let memory_evictions = int_gauge(
+        let memory_evictions = counter_vec(
             &registry,
             "floodgate_memory_store_evictions_total",
-            "Keys evicted from the in-process store because max_keys was reached.",
+            "Live keys evicted from the in-process store because max_keys was reached, by rule.",
+            &["rule"],
         );
         #[cfg(target_os = "linux")]
         {
@@ -174,6 +207,9 @@ impl Metrics {
             store_up,
             circuit_state,
             store_evicting_policy,
+            connections_open,
+            connections_refused,
+            connection_timeouts,
             decision_seconds,
             upstream_seconds,
             reloads,
@@ -218,6 +254,8 @@ impl RuleCounters {
         let m = metrics();
         let d = |result: &str| m.decisions.with_label_values(&[name, result]);
         let f = |mode: &str| m.failure_mode.with_label_values(&[name, mode]);
+        // The stores increment it; created here at 0 so that `increase()` sees the first one.
+        m.memory_evictions.with_label_values(&[name]);
         RuleCounters {
             allowed: d("allowed"),
             rejected: d("rejected"),

@@ -43,9 +43,12 @@ pub struct RequestCtx {
     identity: Option<Arc<Identity>>,
     client_ip: IpAddr,
     tls: bool,
-    key_from_bearer: bool,
     headers: Option<RateLimitHeaders>,
     rejected_by: Option<String>,
+    /// The target to forward with the normalized path, when it differs from the client's.
+    forward_target: Option<http::Uri>,
+    /// The Host to forward when the client sent an absolute-form target.
+    forward_host: Option<String>,
     attempts: usize,
     upstream_start: Option<Instant>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
@@ -74,14 +77,27 @@ impl ProxyHttp for Proxy {
             identity: None,
             client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             tls: false,
-            key_from_bearer: false,
             headers: None,
             rejected_by: None,
+            forward_target: None,
+            forward_host: None,
             attempts: 0,
             upstream_start: None,
             leases: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
+    }
+
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // The head is in: the rest of the exchange is off the head deadline.
+        crate::connection::head_received(session);
+        // Answer pipelined HTTP/1.1 requests in order instead of dropping the second one.
+        session.as_downstream_mut().set_pipelining_enabled(true);
+        Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -92,13 +108,40 @@ impl ProxyHttp for Proxy {
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical());
         ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let req = session.req_header();
         ctx.client_ip = client_ip(peer, &req.headers, &cfg.server.trusted_proxies);
 
-        let host = request_host(req);
-        let path = req.uri.path().to_string();
+        // One spelling per resource: routes, rules and the upstream all see the normalized host
+        // and path, so a re-spelled request is charged as what it is.
+        let host = match request_host(req) {
+            Ok(h) => h,
+            Err(detail) => {
+                let problem = with_id(Problem::bad_request(detail), ctx);
+                session.set_keepalive(None);
+                self.answer(session, ctx, &problem, None).await?;
+                return Ok(true);
+            }
+        };
+        let path = match crate::normalize::path(req.uri.path(), cfg.server.escaped_slashes) {
+            Ok(p) => p.into_owned(),
+            Err(e) => {
+                let problem = with_id(Problem::bad_request(e.to_string()), ctx);
+                session.set_keepalive(None);
+                self.answer(session, ctx, &problem, None).await?;
+                return Ok(true);
+            }
+        };
+        // The upstream gets the normalized path. An HTTP/1.1 absolute-form target goes upstream
+        // in origin form, its authority as the Host; HTTP/2 keeps its `:authority`.
+        let absolute = absolute_form_authority(req);
+        if path != req.uri.path() || absolute.is_some() {
+            ctx.forward_target = Some(forward_target(&req.uri, &path, absolute.is_some()));
+        }
+        if req.headers.get(http::header::HOST).is_none() {
+            ctx.forward_host = absolute.map(str::to_string);
+        }
         let Some(route_idx) = cfg
             .routes
             .iter()
@@ -113,8 +156,6 @@ impl ProxyHttp for Proxy {
 
         if route.auth != AuthMode::None {
             let presented = presented_key(&req.headers, &cfg.auth.header);
-            ctx.key_from_bearer =
-                presented.is_some() && req.headers.get(&cfg.auth.header).is_none();
             match presented.map(|k| cfg.auth.keys.lookup(k)) {
                 Some(Some(identity)) => ctx.identity = Some(identity),
                 Some(None) => {
@@ -275,7 +316,7 @@ impl ProxyHttp for Proxy {
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
-            .map(|a| a.ip().to_string());
+            .map(|a| a.ip().to_canonical().to_string());
         if let Some(peer) = peer {
             let chain = match upstream_request
                 .headers
@@ -286,6 +327,12 @@ impl ProxyHttp for Proxy {
                 _ => peer,
             };
             upstream_request.insert_header("x-forwarded-for", chain)?;
+        }
+        if let Some(target) = ctx.forward_target.take() {
+            upstream_request.set_uri(target);
+        }
+        if let Some(host) = &ctx.forward_host {
+            upstream_request.insert_header(http::header::HOST, host.as_str())?;
         }
         ctx.upstream_start = Some(Instant::now());
         upstream_request
@@ -302,9 +349,17 @@ impl ProxyHttp for Proxy {
                 upstream_request.insert_header("x-floodgate-plan", plan)?;
             }
         }
-        if !cfg.auth.forward_key {
+        // Every header that can carry a key goes, whichever one authenticated: a client that
+        // sends an empty x-api-key beside a Bearer token must not get the token forwarded.
+        let reads_keys = ctx
+            .config
+            .as_ref()
+            .zip(ctx.route)
+            .and_then(|(c, i)| c.routes.get(i))
+            .is_some_and(|r| r.auth != AuthMode::None);
+        if !cfg.auth.forward_key && reads_keys {
             upstream_request.remove_header(&cfg.auth.header);
-            if ctx.key_from_bearer {
+            if crate::auth::is_bearer(&upstream_request.headers) {
                 upstream_request.remove_header(&http::header::AUTHORIZATION);
             }
         }
@@ -392,6 +447,8 @@ impl ProxyHttp for Proxy {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        // The response is complete: a kept-alive connection now waits for its next request.
+        crate::connection::exchange_done(session);
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.leases = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
@@ -497,11 +554,60 @@ fn with_id(mut p: Problem, ctx: &RequestCtx) -> Problem {
 const CHALLENGE_MISSING: &str = "Bearer realm=\"floodgate\"";
 const CHALLENGE_INVALID: &str = "Bearer realm=\"floodgate\", error=\"invalid_token\"";
 
-/// The request's host: the Host header (HTTP/1.1) or the URI authority (HTTP/2).
-fn request_host(req: &RequestHeader) -> Option<String> {
-    req.headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| req.uri.authority().map(|a| a.as_str().to_string()))
+/// `uri` with `path` (normalized, so always a valid path) in place of its own, the query
+/// kept; in origin form when `origin_form`.
+fn forward_target(uri: &http::Uri, path: &str, origin_form: bool) -> http::Uri {
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    if origin_form {
+        parts.scheme = None;
+        parts.authority = None;
+    }
+    parts.path_and_query = path_and_query.parse().ok();
+    // The parts came from a valid URI and the path from the normalizer; should they ever not
+    // fit together, the client's own target goes upstream.
+    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}
+
+/// The request's host, normalized (`crate::normalize::host`): the target's authority when it
+/// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
+/// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
+fn request_host(req: &RequestHeader) -> std::result::Result<Option<String>, String> {
+    let raw = match req.uri.authority() {
+        Some(a) => a.as_str(),
+        // Pingora has checked that a Host header, if any, equals this authority.
+        None => match absolute_form_authority(req) {
+            Some(a) => a,
+            None => {
+                let mut hosts = req.headers.get_all(http::header::HOST).iter();
+                let Some(first) = hosts.next() else {
+                    return Ok(None);
+                };
+                if hosts.next().is_some() {
+                    return Err("the request has more than one Host header".into());
+                }
+                first
+                    .to_str()
+                    .map_err(|_| "the Host header is not a host name".to_string())?
+            }
+        },
+    };
+    crate::normalize::host(raw)
+        .map(|h| Some(h.into_owned()))
+        .map_err(|e| e.to_string())
+}
+
+/// The authority of an HTTP/1.1 absolute-form target (`GET http://host/x HTTP/1.1`): Pingora
+/// keeps only the path in the URI and the whole target in the raw bytes.
+fn absolute_form_authority(req: &RequestHeader) -> Option<&str> {
+    let raw = std::str::from_utf8(req.raw_path()).ok()?;
+    let (scheme, rest) = raw.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    Some(&rest[..end])
 }

@@ -83,6 +83,16 @@ impl Problem {
         )
     }
 
+    /// 400: a request the gateway will not route (a malformed host or path).
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Problem::new(
+            "urn:floodgate:problem:bad-request",
+            "Bad Request",
+            400,
+            detail,
+        )
+    }
+
     /// 502/504: the upstream failed.
     pub fn upstream(status: u16, upstream: &str) -> Self {
         let (title, detail) = if status == 504 {
@@ -116,7 +126,48 @@ pub fn whole_seconds_at_least_one(d: Duration) -> u64 {
 
 /// Whole seconds, rounded up (`t` of RateLimit may be 0 when the quota is already full).
 pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    // Saturating: `Duration::MAX` would overflow, and a header value is no place to panic.
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// The largest RFC 8941 sf-integer (15 digits); RateLimit numbers beyond it are sent as it,
+/// since a longer one makes a client's structured-field parser refuse the whole field.
+pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// Appends `n` as an sf-integer, capped at [`SF_INTEGER_MAX`].
+fn push_sf_integer(out: &mut String, n: u64) {
+    push_u64(out, n.min(SF_INTEGER_MAX));
+}
+
+/// Appends `name` as an RFC 8941 sf-string. Config rule names exclude `"`, `\` and control
+/// characters but may hold non-ASCII, which an sf-string cannot: those bytes are written
+/// percent-encoded (`café` is `"caf%C3%A9"`); `"` and `\` are backslash-escaped should one
+/// ever get here.
+fn push_sf_string(out: &mut String, name: &str) {
+    out.push('"');
+    if name
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push_str(name);
+    } else {
+        for b in name.bytes() {
+            match b {
+                b'"' | b'\\' => {
+                    out.push('\\');
+                    out.push(char::from(b));
+                }
+                0x20..=0x7e => out.push(char::from(b)),
+                _ => {
+                    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                    out.push('%');
+                    out.push(char::from(HEX[usize::from(b >> 4)]));
+                    out.push(char::from(HEX[usize::from(b & 0xf)]));
+                }
+            }
+        }
+    }
+    out.push('"');
 }
 
 /// The RateLimit header fields for the rules that applied (and have `headers` on).
@@ -147,13 +198,12 @@ impl RateLimitHeaders {
             // "name";q=limit;w=window, "name";r=remaining;t=seconds (no core::fmt: this runs
             // for every request).
             h.policy.push_str(sep);
-            h.policy.push('"');
-            h.policy.push_str(&rule.name);
-            h.policy.push_str("\";q=");
-            push_u64(&mut h.policy, rule.limit.limit);
+            push_sf_string(&mut h.policy, &rule.name);
+            h.policy.push_str(";q=");
+            push_sf_integer(&mut h.policy, rule.limit.limit);
             if !rule.limit.window.is_zero() {
                 h.policy.push_str(";w=");
-                push_u64(&mut h.policy, ceil_secs(rule.limit.window).max(1));
+                push_sf_integer(&mut h.policy, ceil_secs(rule.limit.window).max(1));
             }
             let t = ceil_secs(if d.allowed {
                 d.reset
@@ -161,12 +211,11 @@ impl RateLimitHeaders {
                 d.retry_after.max(d.reset)
             });
             h.state.push_str(sep);
-            h.state.push('"');
-            h.state.push_str(&rule.name);
-            h.state.push_str("\";r=");
-            push_u64(&mut h.state, d.remaining);
+            push_sf_string(&mut h.state, &rule.name);
+            h.state.push_str(";r=");
+            push_sf_integer(&mut h.state, d.remaining);
             h.state.push_str(";t=");
-            push_u64(&mut h.state, t);
+            push_sf_integer(&mut h.state, t);
             if legacy {
                 let candidate = (rule.limit.limit, d.remaining, t);
                 let tighter = match tightest {

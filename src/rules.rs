@@ -264,7 +264,8 @@ impl Rule {
                 KeyPart::Plan => req.identity?.plan.as_deref()?.as_bytes(),
                 KeyPart::Route => req.route.as_bytes(),
                 KeyPart::Method => req.method.as_str().as_bytes(),
-                KeyPart::Path => req.path.as_bytes(),
+                // `/orders/1/` and `/orders/1` are one resource to count.
+                KeyPart::Path => crate::normalize::trim_trailing_slash(req.path).as_bytes(),
                 KeyPart::Header(name) => req.headers.get(name)?.as_bytes(),
                 KeyPart::Query(name) => query_param(req.query?, name)?.as_bytes(),
             };

@@ -12,7 +12,8 @@ use pingora::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::watch::Reloader;
-use crate::config::Config;
+use crate::config::{Config, Connections};
+use crate::connection::GuardedApp;
 use crate::gateway::Gateway;
 use crate::proxy::Proxy;
 use crate::shutdown::{requests, Drain};
@@ -69,18 +70,22 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     let grace_period = config.server.grace_period;
     let gateway = Arc::new(Gateway::new(config));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let connections = config_connections(&gateway);
+    let mut http = pingora::proxy::http_proxy(
         &server_conf,
         Proxy {
             gateway: gateway.clone(),
         },
-        "floodgate proxy",
     );
-    if let Some(app) = proxy.app_logic_mut() {
-        let mut opts = HttpServerOptions::default();
-        opts.h2c = true;
-        app.server_options = Some(opts);
-    }
+    let mut opts = HttpServerOptions::default();
+    opts.h2c = true;
+    // h2 connections are idle-timed by Pingora; HTTP/1.1 ones by crate::connection.
+    opts.h2_idle_timeout = Some(connections.keepalive_timeout);
+    http.server_options = Some(opts);
+    let mut proxy = Service::new(
+        "floodgate proxy".to_string(),
+        GuardedApp::new(http, gateway.clone()),
+    );
     for addr in &listen {
         proxy.add_tcp(&addr.to_string());
     }
@@ -117,4 +122,9 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         Drain::new(requests().clone(), grace_period),
     ));
     Ok(server)
+}
+
+/// The connection settings the gateway started with (what the listeners are built from).
+fn config_connections(gateway: &Gateway) -> Connections {
+    gateway.config.load().server.connections.clone()
 }

@@ -150,7 +150,8 @@ fn bad_files_name_line_and_column() {
 
 #[test]
 fn keys_file_errors_name_the_keys_file() {
-    let config = "[auth]\nkeys_file = \"keys.toml\"\n";
+    // A route too: a config without one is invalid (an empty or truncated file).
+    let config = "[auth]\nkeys_file = \"keys.toml\"\n\n[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n";
     let (ok, out, err) = check(
         config,
         &[("keys.toml", "[[keys]]\nid = \"k\"\nsecret = \"s\"\n")],
@@ -181,4 +182,143 @@ fn the_gateway_refuses_to_start_on_a_bad_file() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gateway.toml:2:11"), "{err}");
+}
+
+/// An upstream and a route: what every valid file needs besides the part a test is about.
+const ROUTE: &str = "\n[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n";
+
+/// (issue 11) Redis URLs are judged by the store's own parser and client construction, so a URL
+/// the store would refuse at run time fails `check` at its line and column, without ever
+/// printing the URL (it may hold a password).
+#[test]
+fn redis_urls_the_store_cannot_use_fail_check() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[store]\nbackend = \"redis\"\nurl = \"redis://:s3cret@host:notaport\"\n",
+            "gateway.toml:3:7",
+        ),
+        (
+            "[store]\nbackend = \"redis\"\nurl = \"redis://[::1\"\n",
+            "gateway.toml:3:7",
+        ),
+        (
+            "[store]\nbackend = \"redis\"\nurl = \"redis://:@:0/x\"\n",
+            "gateway.toml:3:7",
+        ),
+        (
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379/-1\"\n",
+            "gateway.toml:3:7",
+        ),
+        (
+            "[store]\nbackend = \"redis-cluster\"\nurls = [\"redis://127.0.0.1:7000\", \"redis://:s3cret@host:notaport\"]\n",
+            "gateway.toml:3:35",
+        ),
+        // Each seed parses, but redis-rs cannot build a cluster client from seeds that
+        // disagree on the password: the whole list is at fault.
+        (
+            "[store]\nbackend = \"redis-cluster\"\nurls = [\"redis://:s3cret@127.0.0.1:7000\", \"redis://:other@127.0.0.1:7001\"]\n",
+            "gateway.toml:3:8",
+        ),
+    ];
+    for (store, location) in cases {
+        let config = format!("{store}{ROUTE}");
+        let (ok, _out, err) = check(&config, &[]);
+        assert!(!ok, "accepted a URL the store cannot use:\n{config}");
+        assert!(err.contains(location), "expected {location} in: {err}");
+        assert!(err.contains("URL") || err.contains("url"), "{err}");
+        assert!(!err.contains("s3cret"), "the password leaked: {err}");
+    }
+    let good =
+        format!("[store]\nbackend = \"redis\"\nurl = \"redis://:pw@127.0.0.1:6379/2\"\n{ROUTE}");
+    let (ok, _, err) = check(&good, &[]);
+    assert!(ok, "{err}");
+}
+
+/// (issue 11) Key ids, users and plans are sent upstream as headers: a value with CR/LF or
+/// another byte no header value may hold is refused at load, inline and in the keys file.
+#[test]
+fn identity_values_that_cannot_be_headers_fail_check() {
+    let inline: &[(&str, &str)] = &[
+        (
+            "id = \"k\\r\\nx-admin: 1\"\nsecret = \"s\"\n",
+            "gateway.toml:3:6",
+        ),
+        (
+            "id = \"k\"\nsecret = \"s\"\nuser = \"acme\\nx: y\"\n",
+            "gateway.toml:5:8",
+        ),
+        (
+            "id = \"k\"\nsecret = \"s\"\nplan = \"pro\\u0000\"\n",
+            "gateway.toml:5:8",
+        ),
+        (
+            "id = \"k\"\nsecret = \"s\"\nplan = \"pro\\u007f\"\n",
+            "gateway.toml:5:8",
+        ),
+    ];
+    for (key, location) in inline {
+        let config = format!("\n[[auth.keys]]\n{key}{ROUTE}");
+        let (ok, _out, err) = check(&config, &[]);
+        assert!(!ok, "accepted:\n{config}");
+        assert!(err.contains(location), "expected {location} in: {err}");
+        assert!(err.contains("header"), "{err}");
+    }
+    let config = format!("[auth]\nkeys_file = \"keys.toml\"\n{ROUTE}");
+    let (ok, _, err) = check(
+        &config,
+        &[(
+            "keys.toml",
+            "[[keys]]\nid = \"k\"\nsecret = \"s\"\nuser = \"a\\rb\"\n",
+        )],
+    );
+    assert!(!ok);
+    assert!(err.contains("keys.toml:4:8"), "{err}");
+    // Printable text, spaces and non-ASCII are fine.
+    let (ok, _, err) = check(
+        &config,
+        &[(
+            "keys.toml",
+            "[[keys]]\nid = \"k 1\"\nsecret = \"s\"\nuser = \"Zoë & co\"\nplan = \"pro\"\n",
+        )],
+    );
+    assert!(ok, "{err}");
+}
+
+/// (issue 11) A zero-byte file, or one cut short before its routes, is not a gateway.
+#[test]
+fn files_without_routes_fail_check() {
+    for config in [
+        "",
+        "\n\n",
+        "[server]\nthreads = 1\n[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n",
+    ] {
+        let (ok, _out, err) = check(config, &[]);
+        assert!(!ok, "accepted a file without routes: {config:?}");
+        assert!(err.contains("gateway.toml: "), "{err}");
+        assert!(err.contains("[[routes]]"), "{err}");
+    }
+}
+
+/// (issue 11) A shaping rule's max_delay is bounded: every held request holds a connection.
+#[test]
+fn unbounded_shaping_delays_fail_check() {
+    let rule = |max_delay: &str| {
+        format!("{ROUTE}\n[[rules]]\nname = \"s\"\nkey = [\"ip\"]\nalgorithm = \"leaky_bucket\"\nlimit = 1\nwindow = \"1h\"\nmode = \"shape\"\n{max_delay}")
+    };
+    let (ok, _, err) = check(&rule("max_delay = \"999999d\"\n"), &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("gateway.toml:17:13") && err.contains("60s"),
+        "{err}"
+    );
+    let (ok, _, err) = check(&rule("max_delay = \"61s\"\n"), &[]);
+    assert!(!ok, "61s accepted");
+    assert!(err.contains("60s"), "{err}");
+    let (ok, out, err) = check(&rule("max_delay = \"60s\"\n"), &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("max_delay 1m"), "{out}");
+    // Without max_delay the default (the window, here 1h) is capped to the bound.
+    let (ok, out, err) = check(&rule(""), &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("max_delay 1m"), "{out}");
 }

@@ -2,7 +2,8 @@
 //! gateway.
 //!
 //! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`, and for
-//! tests `GET /debug/headers` (echoes the request headers it received). Any request may carry
+//! tests `GET /debug/headers` and any other `GET /debug/...` (echo the path, query and request
+//! headers they received). Any request may carry
 //! `?delay_ms=N` (at most 60000) to make the answer slow. Every response carries
 //! `x-served-by: <name>` so round robin can be seen.
 //!
@@ -110,8 +111,14 @@ impl ServeHttp for OrdersApi {
         match (method.as_str(), segments.as_slice()) {
             ("GET", ["healthz"]) => self.reply(StatusCode::OK, &json!({"status": "ok"})),
             ("GET", ["debug", "headers"]) => {
-                self.reply(StatusCode::OK, &json!({"headers": headers}))
+                self.reply(StatusCode::OK, &json!({"headers": headers, "path": path}))
             }
+            // Any other GET under /debug/ echoes the path it was asked for (what the gateway
+            // forwarded, after normalization).
+            ("GET", ["debug", ..]) => self.reply(
+                StatusCode::OK,
+                &json!({"path": path, "query": req.uri.query(), "headers": headers}),
+            ),
             ("GET", ["orders"]) => {
                 let list: Vec<Value> = self.orders.lock().values().cloned().collect();
                 self.reply(StatusCode::OK, &json!({"orders": list}))

@@ -42,6 +42,9 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
+    /// `max_waiting` of each shaping rule, by rule name: how many requests it may hold at once
+    /// (the limiter enforces it; see `limiter::engine::MAX_WAITING_PER_RULE`).
+    pub max_waiting: std::collections::HashMap<Arc<str>, usize>,
     /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
     /// reloader compares files against it to tell a real change from a no-op event.
     pub fingerprint: [u8; 32],
@@ -72,6 +75,25 @@ pub struct Server {
     pub access_log: bool,
     /// TLS listeners.
     pub tls: Option<Tls>,
+    /// Connection limits and deadlines (slow and idle clients).
+    pub connections: Connections,
+    /// What `%2F` / `%5C` in a request path do.
+    pub escaped_slashes: crate::normalize::EscapedSlashes,
+}
+
+/// `[server]` settings that bound what one client can hold: deadlines for slow and idle
+/// connections, and caps on open connections. Read at each accept, so a reload applies them to
+/// new connections.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connections {
+    /// The whole request head must arrive within this (a total deadline, not per read).
+    pub header_timeout: Duration,
+    /// An idle kept-alive connection (HTTP/1.1 and h2) is closed after this.
+    pub keepalive_timeout: Duration,
+    /// Open client connections at most, over all listeners.
+    pub max_connections: usize,
+    /// Open client connections at most from one IP.
+    pub max_per_ip: usize,
 }
 
 /// How log lines are written.
@@ -242,17 +264,10 @@ pub fn path_has_prefix(path: &str, prefix: &str) -> bool {
     }
 }
 
-/// Host comparison that ignores case and a port on the request's side.
+/// Host comparison: both sides are normalized (`crate::normalize::host`) before they meet, the
+/// config's at load and the request's once per request, so equal hosts are equal strings.
 pub fn host_eq(request_host: &str, wanted: &str) -> bool {
-    let bare = if let Some(rest) = request_host.strip_prefix('[') {
-        rest.split_once(']').map_or(rest, |(h, _)| h)
-    } else {
-        match request_host.rsplit_once(':') {
-            Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
-            _ => request_host,
-        }
-    };
-    bare.eq_ignore_ascii_case(wanted.trim_start_matches('[').trim_end_matches(']'))
+    request_host == wanted
 }
 
 /// Digest of some files' bytes in order (length-prefixed; a missing file counts as empty).
@@ -300,10 +315,11 @@ mod tests {
     }
 
     #[test]
-    fn host_ignores_port_and_case() {
-        assert!(host_eq("API.example.com:8080", "api.example.com"));
-        assert!(host_eq("api.example.com", "api.example.com"));
-        assert!(!host_eq("other.example.com", "api.example.com"));
-        assert!(host_eq("[::1]:8080", "::1"));
+    fn host_ignores_port_and_case_once_normalized() {
+        let n = |h: &str| crate::normalize::host(h).unwrap().into_owned();
+        assert!(host_eq(&n("API.example.com:8080"), &n("api.example.com")));
+        assert!(host_eq(&n("api.example.com."), &n("api.example.com")));
+        assert!(!host_eq(&n("other.example.com"), &n("api.example.com")));
+        assert!(host_eq(&n("[::1]:8080"), &n("::1")));
     }
 }

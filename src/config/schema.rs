@@ -41,6 +41,11 @@ pub struct RawServer {
     pub access_log: Option<bool>,
     pub log_format: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,
+    pub header_timeout: Option<Spanned<String>>,
+    pub keepalive_timeout: Option<Spanned<String>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub max_connections_per_ip: Option<Spanned<i64>>,
+    pub escaped_slashes: Option<Spanned<String>>,
 }
 
 /// `[server.tls]`.
@@ -92,8 +97,8 @@ pub struct RawKey {
     pub id: Spanned<String>,
     pub sha256: Option<Spanned<String>>,
     pub secret: Option<Spanned<String>>,
-    pub user: Option<String>,
-    pub plan: Option<String>,
+    pub user: Option<Spanned<String>>,
+    pub plan: Option<Spanned<String>>,
 }
 
 /// One `[[upstreams]]`.
@@ -123,7 +128,7 @@ pub struct RawRoute {
 pub struct RawRouteMatch {
     pub path_prefix: Option<Spanned<String>>,
     pub path: Option<Spanned<String>>,
-    pub host: Option<String>,
+    pub host: Option<Spanned<String>>,
     pub methods: Option<Vec<Spanned<String>>>,
 }
 
@@ -143,6 +148,7 @@ pub struct RawRule {
     pub on_store_error: Option<Spanned<String>>,
     pub mode: Option<Spanned<String>>,
     pub max_delay: Option<Spanned<String>>,
+    pub max_waiting: Option<Spanned<i64>>,
     pub cost: Option<Spanned<i64>>,
     #[serde(default)]
     pub shadow: bool,
@@ -158,7 +164,7 @@ pub struct RawRuleMatch {
     pub path: Option<Spanned<String>>,
     pub path_prefix: Option<Spanned<String>>,
     pub methods: Option<Vec<Spanned<String>>>,
-    pub host: Option<String>,
+    pub host: Option<Spanned<String>>,
     pub plan: Option<String>,
     pub header: Option<Spanned<RawHeaderMatch>>,
 }

@@ -19,6 +19,7 @@ use super::duration::parse_duration;
 use super::schema::*;
 use super::*;
 use crate::auth::{digest_of, ApiKey, Identity, KeyStore};
+use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::{Algorithm, LeakyMode, Limit};
 use crate::rules::{FailureMode, KeyPart, Rule, RuleMatch, Scope};
 
@@ -79,7 +80,20 @@ impl Src<'_> {
                 p.span(),
                 format!("path \"{}\" must start with \"/\"", p.get_ref()),
             )),
-            Some(p) => Ok(Some(p.get_ref().clone())),
+            // Compared with normalized request paths, so normalized the same way.
+            Some(p) => crate::normalize::path(p.get_ref(), crate::normalize::EscapedSlashes::Keep)
+                .map(|n| Some(n.into_owned()))
+                .map_err(|e| self.err(p.span(), format!("path \"{}\": {e}", p.get_ref()))),
+            None => Ok(None),
+        }
+    }
+
+    /// A `match.host`, normalized as request hosts are (lower case, no port, no trailing dot).
+    fn host(&self, v: &Option<Spanned<String>>) -> Result<Option<String>, ConfigError> {
+        match v {
+            Some(h) => crate::normalize::host(h.get_ref())
+                .map(|n| Some(n.into_owned()))
+                .map_err(|e| self.err(h.span(), format!("host \"{}\": {e}", h.get_ref()))),
             None => Ok(None),
         }
     }
@@ -122,6 +136,20 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let upstreams = upstreams(&src, &raw.upstreams)?;
     let routes = routes(&src, &raw.routes, &upstreams)?;
     let rules = rules(&src, &raw.rules, &routes)?;
+    let max_waiting = max_waiting(&src, &raw.rules)?;
+    if routes.is_empty() {
+        // Checked last, so that a file with other mistakes names those first. A zero-byte or truncated file parses as TOML; in force it would answer 404 to
+        // everything while looking healthy.
+        let what = if text.trim().is_empty() {
+            "the file is empty"
+        } else {
+            "the file defines no [[routes]]"
+        };
+        return Err(ConfigError::whole_file(
+            path,
+            format!("{what}: a gateway needs at least one [[routes]] entry, or every request gets 404 (a truncated file?)"),
+        ));
+    }
     Ok(Config {
         path: path.to_path_buf(),
         server,
@@ -130,7 +158,13 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         routes,
         rules,
-        fingerprint: fingerprint_of(&[text.as_bytes(), keys_text.as_bytes()]),
+        max_waiting,
+        fingerprint: match keys_text {
+            // The same files, in the same order, as the reloader fingerprints: a keys file
+            // only when one is named (an extra empty entry made every start reload once).
+            Some(keys) => fingerprint_of(&[text.as_bytes(), keys.as_bytes()]),
+            None => fingerprint_of(&[text.as_bytes()]),
+        },
         warnings,
     })
 }
@@ -212,7 +246,18 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         }
         None => None,
     };
+    let connections = connections(src, raw)?;
+    let escaped_slashes = match &raw.escaped_slashes {
+        Some(v) => src.one_of(
+            v,
+            "server.escaped_slashes",
+            crate::normalize::EscapedSlashes::NAMES,
+        )?,
+        None => crate::normalize::EscapedSlashes::Reject,
+    };
     Ok(Server {
+        escaped_slashes,
+        connections,
         listen,
         admin_listen,
         threads,
@@ -223,6 +268,42 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         log_format,
         access_log: raw.access_log.unwrap_or(true),
         tls,
+    })
+}
+
+/// Longest `header_timeout` / `keepalive_timeout` accepted: past it a slow client holds a
+/// connection for longer than any real client needs.
+const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(3600);
+
+fn connections(src: &Src, raw: &RawServer) -> Result<Connections, ConfigError> {
+    let timeout = |v: &Option<Spanned<String>>, name: &str, default: u64| match v {
+        Some(t) => {
+            let d = src.duration(t)?;
+            if d.is_zero() || d > MAX_CONNECTION_TIMEOUT {
+                return Err(src.err(
+                    t.span(),
+                    format!("server.{name} must be between 1ms and 1h"),
+                ));
+            }
+            Ok(d)
+        }
+        None => Ok(Duration::from_secs(default)),
+    };
+    let header_timeout = timeout(&raw.header_timeout, "header_timeout", 10)?;
+    let keepalive_timeout = timeout(&raw.keepalive_timeout, "keepalive_timeout", 60)?;
+    let max_connections = match &raw.max_connections {
+        Some(n) => src.positive(n, "server.max_connections")? as usize,
+        None => 10_000,
+    };
+    let max_per_ip = match &raw.max_connections_per_ip {
+        Some(n) => src.positive(n, "server.max_connections_per_ip")? as usize,
+        None => 256,
+    };
+    Ok(Connections {
+        header_timeout,
+        keepalive_timeout,
+        max_connections,
+        max_per_ip,
     })
 }
 
@@ -264,21 +345,35 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
             Err(src.err(u.span(), "a Redis URL starts with redis:// or rediss://"))
         }
     };
+    // The store's own parser and client construction judge the URL(s), so that what passes
+    // `check` is exactly what the store can use (its errors never repeat the URL).
+    let usable = |urls: Vec<String>, spans: &[Range<usize>], whole: Range<usize>| {
+        crate::limiter::redis::RedisClient::build(backend, &urls)
+            .map(|_| urls)
+            .map_err(|e| {
+                let span = e.index.and_then(|i| spans.get(i).cloned()).unwrap_or(whole);
+                src.err(span, e.message)
+            })
+    };
     let urls = match backend {
         Backend::Memory => Vec::new(),
         Backend::Redis => match &raw.url {
-            Some(u) => vec![check_url(u)?],
+            Some(u) => usable(vec![check_url(u)?], &[u.span()], u.span())?,
             None => {
                 let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
                 return Err(src.err(span, "store.backend = \"redis\" needs store.url"));
             }
         },
         Backend::RedisCluster => match &raw.urls {
-            Some(list) if !list.get_ref().is_empty() => list
-                .get_ref()
-                .iter()
-                .map(check_url)
-                .collect::<Result<_, _>>()?,
+            Some(list) if !list.get_ref().is_empty() => {
+                let urls = list
+                    .get_ref()
+                    .iter()
+                    .map(check_url)
+                    .collect::<Result<_, _>>()?;
+                let spans: Vec<Range<usize>> = list.get_ref().iter().map(|u| u.span()).collect();
+                usable(urls, &spans, list.span())?
+            }
             _ => {
                 let span = raw.backend.as_ref().map_or(0..0, |b| b.span());
                 return Err(src.err(
@@ -319,13 +414,13 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     })
 }
 
-/// `[auth]` and the text of its keys file (empty when there is none).
+/// `[auth]` and the text of its keys file (`None` when there is none).
 fn auth(
     src: &Src,
     raw: &RawAuth,
     dir: &Path,
     warnings: &mut Vec<String>,
-) -> Result<(Auth, String), ConfigError> {
+) -> Result<(Auth, Option<String>), ConfigError> {
     let header = match &raw.header {
         Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
             src.err(
@@ -338,7 +433,7 @@ fn auth(
     let mut seen = HashSet::new();
     let mut keys = Vec::new();
     collect_keys(src, &raw.keys, &mut seen, &mut keys, warnings)?;
-    let mut keys_text = String::new();
+    let mut keys_text = None;
     let keys_file = match &raw.keys_file {
         Some(f) => {
             let path = dir.join(f.get_ref());
@@ -356,7 +451,7 @@ fn auth(
                 ConfigError::at(&path, &text, e.span(), e.message().trim_end().to_string())
             })?;
             collect_keys(&file_src, &parsed.keys, &mut seen, &mut keys, warnings)?;
-            keys_text = text;
+            keys_text = Some(text);
             Some(path)
         }
         None => None,
@@ -382,6 +477,14 @@ fn collect_keys(
         let id = key.id.get_ref();
         if id.is_empty() {
             return Err(src.err(key.id.span(), "key id must not be empty"));
+        }
+        // They are sent upstream as X-Floodgate-Key-Id/-User/-Plan: a value that cannot be a
+        // header value would fail every request made with this key.
+        header_safe(src, &key.id, "id")?;
+        for (field, v) in [("user", &key.user), ("plan", &key.plan)] {
+            if let Some(v) = v {
+                header_safe(src, v, field)?;
+            }
         }
         if !seen.insert(id.clone()) {
             return Err(src.err(key.id.span(), format!("key id \"{id}\" is defined twice")));
@@ -416,12 +519,31 @@ fn collect_keys(
             digest,
             identity: Arc::new(Identity {
                 id: id.clone(),
-                user: key.user.clone().unwrap_or_else(|| id.clone()),
-                plan: key.plan.clone(),
+                user: key
+                    .user
+                    .as_ref()
+                    .map_or_else(|| id.clone(), |u| u.get_ref().clone()),
+                plan: key.plan.as_ref().map(|p| p.get_ref().clone()),
             }),
         });
     }
     Ok(())
+}
+
+/// Refuses an identity value (`id`, `user`, `plan`) that is not a valid HTTP header value
+/// (CR, LF, NUL and other control bytes), judged by the same `http` crate that builds the
+/// headers sent upstream.
+fn header_safe(src: &Src, v: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
+    if http::HeaderValue::from_str(v.get_ref()).is_ok() {
+        return Ok(());
+    }
+    Err(src.err(
+        v.span(),
+        format!(
+            "key {field} {:?} cannot be sent in a header (it holds a line break or another control character)",
+            v.get_ref()
+        ),
+    ))
 }
 
 fn upstreams(src: &Src, raw: &[RawUpstream]) -> Result<Vec<Arc<Upstream>>, ConfigError> {
@@ -521,7 +643,7 @@ fn routes(
             name: name.as_str().into(),
             path: src.path(&m.path)?,
             path_prefix: src.path(&m.path_prefix)?,
-            host: m.host.clone(),
+            host: src.host(&m.host)?,
             methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
             upstream,
             auth,
@@ -529,6 +651,35 @@ fn routes(
     }
     Ok(out)
 }
+
+/// Each shaping rule's `max_waiting` (default [`MAX_WAITING_PER_RULE`]); the key is refused on
+/// any other rule. Runs after `rules`, which has checked algorithm and mode.
+fn max_waiting(
+    src: &Src,
+    raw: &[RawRule],
+) -> Result<std::collections::HashMap<Arc<str>, usize>, ConfigError> {
+    let mut out = std::collections::HashMap::new();
+    for r in raw {
+        let shaping = r.algorithm.get_ref() == "leaky_bucket"
+            && r.mode.as_ref().is_some_and(|m| m.get_ref() == "shape");
+        let cap = match &r.max_waiting {
+            Some(m) if shaping => src.positive(m, "max_waiting")? as usize,
+            Some(m) => {
+                let name = r.name.get_ref();
+                let why = "max_waiting applies to leaky_bucket with mode = \"shape\" only";
+                return Err(src.err(m.span(), format!("rule \"{name}\": {why}")));
+            }
+            None if shaping => MAX_WAITING_PER_RULE,
+            None => continue,
+        };
+        out.insert(Arc::from(r.name.get_ref().as_str()), cap);
+    }
+    Ok(out)
+}
+
+/// The longest a shaping leaky bucket may hold a request (`max_delay`, and the default of
+/// `window` is capped to it): every held request keeps its client's connection open.
+pub const MAX_SHAPING_DELAY: Duration = Duration::from_secs(60);
 
 fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>, ConfigError> {
     let mut seen = HashSet::new();
@@ -615,7 +766,16 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             None => LeakyMode::Police,
         };
         let max_delay = match &r.max_delay {
-            Some(d) if mode == LeakyMode::Shape => src.duration(d)?,
+            Some(d) if mode == LeakyMode::Shape => {
+                let delay = src.duration(d)?;
+                if delay > MAX_SHAPING_DELAY {
+                    return Err(src.err(
+                        d.span(),
+                        format!("rule \"{name}\": max_delay is at most 60s (a held request holds its connection); reject sooner, or police instead of shaping"),
+                    ));
+                }
+                delay
+            }
             Some(d) => {
                 return Err(src.err(
                     d.span(),
@@ -624,7 +784,7 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
                 ),
                 ))
             }
-            None if mode == LeakyMode::Shape => window,
+            None if mode == LeakyMode::Shape => window.min(MAX_SHAPING_DELAY),
             None => Duration::ZERO,
         };
         let key = r
@@ -728,7 +888,7 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
                 path: src.path(&m.path)?,
                 path_prefix: src.path(&m.path_prefix)?,
                 methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
-                host: m.host.clone(),
+                host: src.host(&m.host)?,
                 plan: m.plan.clone(),
                 header,
             },

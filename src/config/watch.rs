@@ -16,11 +16,60 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::sync::mpsc;
 
-use super::fingerprint_of;
+use super::{fingerprint_of, Config, ConfigError};
 use crate::gateway::Gateway;
 
 /// How long the files must stay quiet before a reload: editors write in several steps.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The pause between the two reads of a file that must agree before it is applied: a file
+/// caught mid-write (truncated, then written slowly) reads differently after it.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
+/// How long a reload waits for the files to stop changing before it gives up (the config in
+/// force stays, and the reload counts as failed).
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Loads `path` (and its keys file) once the bytes hold still: the config file is read until
+/// two reads [`SETTLE`] apart are byte-identical, and only then validated; a keys file is read
+/// again after the same pause and must match what was validated. A file caught mid-write is
+/// never applied half-written (a truncated file can be valid TOML with fewer routes and rules).
+/// Blocking: run it off the request workers.
+pub fn load_settled(path: &Path) -> Result<Config, ConfigError> {
+    let deadline = std::time::Instant::now() + SETTLE_LIMIT;
+    let read = |p: &Path| std::fs::read(p).map_err(|e| e.to_string());
+    let mut previous = read(path);
+    loop {
+        std::thread::sleep(SETTLE);
+        if std::time::Instant::now() > deadline {
+            return Err(ConfigError::whole_file(
+                path,
+                format!(
+                    "the file kept changing for {}s; not applied (the previous config stays in force)",
+                    SETTLE_LIMIT.as_secs()
+                ),
+            ));
+        }
+        let now = read(path);
+        if now != previous {
+            previous = now;
+            continue;
+        }
+        let bytes = now.map_err(|e| ConfigError::whole_file(path, format!("cannot read: {e}")))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| ConfigError::whole_file(path, "cannot read: not UTF-8 text"))?;
+        let config = Config::from_str(path, &text)?;
+        if let Some(keys) = &config.auth.keys_file {
+            std::thread::sleep(SETTLE);
+            let files = [path.to_path_buf(), keys.clone()];
+            if fingerprint(&files) != config.fingerprint {
+                previous = read(path);
+                continue;
+            }
+        }
+        return Ok(config);
+    }
+}
 
 /// The background service that reloads the config.
 pub struct Reloader {
@@ -100,10 +149,11 @@ impl BackgroundService for Reloader {
         let mut _watcher = watch(&files, tx.clone());
         // Compare with what the config in force was read from, not with the files now: an
         // edit made while the watch was being set up must not be missed.
-        let mut last = self.gateway.config.load().fingerprint;
-        if fingerprint(&files) != last {
+        if fingerprint(&files) != self.gateway.config.load().fingerprint {
             let _ = tx.send(());
         }
+        // The files' digest when a reload of them failed: the same bytes would fail again.
+        let mut failed: Option<[u8; 32]> = None;
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -117,26 +167,28 @@ impl BackgroundService for Reloader {
                 Some(()) = rx.recv() => {
                     // Debounce: wait until the folder has been quiet for DEBOUNCE.
                     while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
+                    // Nothing to do when the files hold what is in force (a no-op write, or bytes
+                    // a POST /reload or SIGHUP already applied) or what already failed. Compared
+                    // with the config in force, not with the last reload of this loop: a reload
+                    // from elsewhere must not make the watcher miss the file's next state.
                     let now = fingerprint(&files);
-                    if now == last {
+                    if now == self.gateway.config.load().fingerprint || failed == Some(now) {
                         continue;
                     }
                     "file change"
                 }
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => "SIGHUP",
             };
-            last = fingerprint(&files);
-            let _ = self.gateway.reload(trigger).await;
-            if trigger == "SIGHUP" {
-                // A SIGHUP reload may have read newer bytes than `last`; trust what is in force.
-                last = self.gateway.config.load().fingerprint;
-            }
+            let before = fingerprint(&files);
+            failed = match self.gateway.reload(trigger).await {
+                Ok(_) => None,
+                Err(_) => Some(before),
+            };
             // The keys file may have moved: watch what the config in force names.
             let now_files = watched_files(&self.gateway);
             if now_files != files {
                 files = now_files;
                 _watcher = watch(&files, tx.clone());
-                last = fingerprint(&files);
             }
         }
     }

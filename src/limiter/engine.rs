@@ -16,11 +16,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::memory::MemoryStore;
 use super::redis::{RedisStore, StoreError};
-use super::{Algorithm, Check, Decision};
+use super::{Algorithm, Check, Decision, LeakyMode};
 use crate::config::{Backend, Store};
 use crate::rules::{FailureMode, Rule, Scope};
 
@@ -84,6 +84,63 @@ pub struct Limiter {
     fallback: Arc<MemoryStore>,
     /// The shared store (Redis), when configured.
     shared: Option<Arc<RedisStore>>,
+    /// Requests being held by shaping rules: per rule name, when each one's wait ends.
+    waiting: Waiting,
+}
+
+/// How many requests one shaping rule (`leaky_bucket`, `mode = "shape"`) may hold waiting at
+/// once, per instance, unless its `max_waiting` says otherwise. Each one holds a connection
+/// and its request for up to `max_delay`; past this the rule rejects (its status, counted as
+/// its rejection), so a flood of keys cannot turn shaping into connection exhaustion.
+pub const MAX_WAITING_PER_RULE: usize = 1000;
+
+/// Requests held by shaping rules, counted by the instant their wait ends: the proxy holds an
+/// admitted request exactly its `delay`, so an entry whose instant has passed is no longer
+/// waiting. Bounded: at most each rule's cap of entries per rule.
+#[derive(Default)]
+struct Waiting {
+    /// Each rule's cap (its `max_waiting`), from the config in force.
+    caps: parking_lot::RwLock<std::collections::HashMap<Arc<str>, usize>>,
+    rules: parking_lot::Mutex<
+        std::collections::HashMap<
+            Arc<str>,
+            std::collections::BinaryHeap<std::cmp::Reverse<Instant>>,
+        >,
+    >,
+}
+
+impl Waiting {
+    /// Takes a waiting place until `now + delay` in each of `rules`, all or none. `Err(i)`:
+    /// `rules[i]` is full.
+    fn reserve(&self, rules: &[&Arc<str>], now: Instant, delay: Duration) -> Result<(), usize> {
+        let caps = self.caps.read();
+        let mut map = self.rules.lock();
+        for (i, rule) in rules.iter().enumerate() {
+            if let Some(heap) = map.get_mut(&***rule) {
+                while heap.peek().is_some_and(|r| r.0 <= now) {
+                    heap.pop();
+                }
+                let cap = caps.get(&***rule).copied().unwrap_or(MAX_WAITING_PER_RULE);
+                if heap.len() >= cap.max(1) {
+                    return Err(i);
+                }
+            }
+        }
+        // Rules without a waiting request hold no entry, so the map stays as small as the
+        // number of rules holding requests right now.
+        map.retain(|_, heap| {
+            while heap.peek().is_some_and(|r| r.0 <= now) {
+                heap.pop();
+            }
+            !heap.is_empty()
+        });
+        for rule in rules {
+            map.entry((*rule).clone())
+                .or_default()
+                .push(std::cmp::Reverse(now + delay));
+        }
+        Ok(())
+    }
 }
 
 /// Which store decides a check.
@@ -102,8 +159,10 @@ impl Limiter {
             Backend::Redis | Backend::RedisCluster => match RedisStore::new(store) {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot set up the Redis store; global rules apply on_store_error");
-                    None
+                    // Down for good, not absent: absent would make every global rule a
+                    // per-instance limit at the full limit while everything reported healthy.
+                    tracing::error!(error = %e, "cannot set up the Redis store; it counts as down and global rules apply on_store_error");
+                    Some(RedisStore::broken(store, e))
                 }
             },
         };
@@ -111,7 +170,14 @@ impl Limiter {
             local: Arc::new(MemoryStore::new(store.max_keys)),
             fallback: Arc::new(MemoryStore::new(store.max_keys)),
             shared,
+            waiting: Waiting::default(),
         }
+    }
+
+    /// Sets each shaping rule's `max_waiting` (by rule name) from the config coming into
+    /// force; rules not named keep [`MAX_WAITING_PER_RULE`].
+    pub fn set_max_waiting(&self, caps: std::collections::HashMap<Arc<str>, usize>) {
+        *self.waiting.caps.write() = caps;
     }
 
     /// The in-process store (for metrics and tests).
@@ -224,6 +290,36 @@ impl Limiter {
             }
         }
 
+        if admitted {
+            // Shaping rules hold the request: take a waiting place in each, or reject as the
+            // first full rule. Its units stay charged (as when a concurrent request wins the
+            // last local unit after the peek): only a flood reaches the cap.
+            let holding: Vec<usize> = (0..decisions.len())
+                .filter(|&i| {
+                    enforcing_rules[i].limit.mode == LeakyMode::Shape
+                        && decisions[i].as_ref().is_some_and(|d| !d.delay.is_zero())
+                })
+                .collect();
+            if !holding.is_empty() {
+                let delay = holding
+                    .iter()
+                    .filter_map(|&i| decisions[i].as_ref().map(|d| d.delay))
+                    .max()
+                    .unwrap_or_default();
+                let names: Vec<&Arc<str>> =
+                    holding.iter().map(|&i| &enforcing_rules[i].name).collect();
+                if let Err(full) = self.waiting.reserve(&names, Instant::now(), delay) {
+                    let i = holding[full];
+                    if let Some(d) = decisions[i].as_mut() {
+                        d.allowed = false;
+                        d.retry_after = d.delay.max(Duration::from_secs(1));
+                        d.delay = Duration::ZERO;
+                    }
+                    tracing::debug!(rule = %enforcing_rules[i].name, "too many requests waiting on a shaping rule; rejected");
+                    admitted = false;
+                }
+            }
+        }
         if admitted {
             leases.local = concurrency_checks(local_idx.iter().map(|&i| &enforcing[i]));
             if !leases.local.is_empty() {

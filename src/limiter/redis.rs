@@ -224,6 +224,112 @@ struct Inner {
 enum Target {
     Single(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
+    /// The URL(s) could not be turned into a client: why (never the URL itself).
+    Broken(Arc<str>),
+}
+
+/// A Redis URL (or set of cluster seeds) the store cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct UrlError {
+    /// Which URL is at fault (0-based, in `store.urls`), or `None` when it is the set of URLs
+    /// (cluster seeds that disagree) or the backend.
+    pub index: Option<usize>,
+    /// What is wrong, without the URL (which may hold a password).
+    pub message: String,
+}
+
+/// What the store connects with, built from `store.url(s)`. Validation builds one too and
+/// throws it away, so that `floodgate check` accepts exactly the URLs the store can use: the
+/// same parser (redis-rs `IntoConnectionInfo`) and the same client construction.
+pub struct RedisClient {
+    target: Target,
+    endpoint: String,
+}
+
+impl RedisClient {
+    /// Parses `urls` for `backend` as the store does, building the redis-rs client (no
+    /// connection is made).
+    pub fn build(backend: Backend, urls: &[String]) -> Result<RedisClient, UrlError> {
+        let at = |index: Option<usize>, message: String| UrlError { index, message };
+        let mut endpoints = Vec::with_capacity(urls.len());
+        for (i, url) in urls.iter().enumerate() {
+            let info = url.as_str().into_connection_info().map_err(|e| {
+                at(
+                    Some(i),
+                    format!(
+                        "store URL #{} is not a Redis URL the store can use ({}); write redis://[user:password@]host[:port][/db] or rediss://...",
+                        i + 1,
+                        redis_reason(&e)
+                    ),
+                )
+            })?;
+            if info.redis_settings().db() < 0 {
+                return Err(at(
+                    Some(i),
+                    format!(
+                        "store URL #{}: the database number must not be negative",
+                        i + 1
+                    ),
+                ));
+            }
+            endpoints.push(info.addr().to_string());
+        }
+        let target = match backend {
+            Backend::Redis => {
+                let [url] = urls else {
+                    return Err(at(
+                        None,
+                        "store.backend = \"redis\" needs exactly one URL".into(),
+                    ));
+                };
+                let client = redis::Client::open(url.as_str()).map_err(|e| {
+                    at(
+                        Some(0),
+                        format!("store.url is not a valid Redis URL ({})", redis_reason(&e)),
+                    )
+                })?;
+                Target::Single(Box::new(client))
+            }
+            Backend::RedisCluster => {
+                if urls.is_empty() {
+                    return Err(at(
+                        None,
+                        "store.backend = \"redis-cluster\" needs seed URLs".into(),
+                    ));
+                }
+                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .build()
+                    .map_err(|e| {
+                        at(
+                            None,
+                            format!(
+                                "store.urls cannot form a cluster client ({})",
+                                redis_reason(&e)
+                            ),
+                        )
+                    })?;
+                Target::Cluster(Box::new(client))
+            }
+            Backend::Memory => {
+                return Err(at(
+                    None,
+                    "store.backend = \"memory\" has no Redis store".into(),
+                ))
+            }
+        };
+        Ok(RedisClient {
+            target,
+            endpoint: endpoints.join(","),
+        })
+    }
+}
+
+/// redis-rs's reason for refusing a URL or a client: its fixed description (and detail, such
+/// as an unknown `protocol`), which never repeat the URL.
+fn redis_reason(e: &redis::RedisError) -> String {
+    e.to_string().replace(" - InvalidClientConfig", "")
 }
 
 /// A live connection, a cheap handle shared by every request. `Lean` (a `redis://` server) is
@@ -413,67 +519,54 @@ impl RedisStore {
     /// [`RedisStore::new`] with other [`Options`] (tests shorten the lease TTL and the
     /// breaker's cool-down).
     pub fn with_options(store: &Store, options: Options) -> Result<Arc<RedisStore>, StoreError> {
-        let mut endpoints = Vec::with_capacity(store.urls.len());
-        for (i, url) in store.urls.iter().enumerate() {
-            let info = url.as_str().into_connection_info().map_err(|_| {
-                StoreError::Redis(format!(
-                    "store URL #{} is not a valid Redis URL (redis://[user:password@]host[:port][/db] or rediss://...)",
-                    i + 1
-                ))
-            })?;
-            endpoints.push(info.addr().to_string());
-        }
-        let target = match store.backend {
-            Backend::Redis => {
-                let [url] = store.urls.as_slice() else {
-                    return Err(StoreError::Redis(
-                        "store.backend = \"redis\" needs exactly one URL".into(),
-                    ));
-                };
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|_| StoreError::Redis("store.url is not a valid Redis URL".into()))?;
-                Target::Single(Box::new(client))
-            }
-            Backend::RedisCluster => {
-                if store.urls.is_empty() {
-                    return Err(StoreError::Redis(
-                        "store.backend = \"redis-cluster\" needs seed URLs".into(),
-                    ));
-                }
-                let client = ClusterClientBuilder::new(store.urls.iter().map(String::as_str))
-                    .connection_timeout(CONNECT_TIMEOUT)
-                    .build()
-                    .map_err(|e| {
-                        StoreError::Redis(format!(
-                            "store.urls cannot form a cluster client ({:?})",
-                            e.kind()
-                        ))
-                    })?;
-                Target::Cluster(Box::new(client))
-            }
-            Backend::Memory => {
-                return Err(StoreError::Redis(
-                    "store.backend = \"memory\" has no Redis store".into(),
-                ))
-            }
-        };
+        let client = RedisClient::build(store.backend, &store.urls)
+            .map_err(|e| StoreError::Redis(e.to_string()))?;
+        Ok(RedisStore::from_parts(
+            store,
+            options,
+            client.target,
+            client.endpoint,
+        ))
+    }
+
+    /// A store that could not be built (its URL(s) cannot be used): it stays down for the
+    /// life of the process. Every call fails at once with `why`, so each global rule's
+    /// `on_store_error` applies, `/readyz` and `floodgate_store_up` say the store is down, and
+    /// no global rule silently turns into a per-instance limit at the full limit.
+    pub fn broken(store: &Store, why: StoreError) -> Arc<RedisStore> {
+        metrics().store_up.set(0);
+        RedisStore::from_parts(
+            store,
+            Options::default(),
+            Target::Broken(why.to_string().into()),
+            "(unusable Redis URL)".to_string(),
+        )
+    }
+
+    fn from_parts(
+        store: &Store,
+        options: Options,
+        target: Target,
+        endpoint: String,
+    ) -> Arc<RedisStore> {
+        let broken = matches!(target, Target::Broken(_));
         let (conn, _) = watch::channel(None);
         let store = Arc::new(RedisStore {
             inner: Arc::new(Inner {
                 target,
-                endpoint: endpoints.join(","),
+                endpoint,
                 key_prefix: store.key_prefix.clone(),
                 breaker: Breaker::new(options.failure_threshold, options.cool_down),
                 options,
                 conn,
                 started: AtomicBool::new(false),
                 connecting: AtomicBool::new(false),
-                up: AtomicBool::new(true),
+                up: AtomicBool::new(!broken),
                 policy: Mutex::new(None),
             }),
         });
         store.start();
-        Ok(store)
+        store
     }
 
     /// Starts connecting in the background on the current Tokio runtime, if not already
@@ -482,7 +575,9 @@ impl RedisStore {
     /// before `fork` would not survive it) so that the connection is ready before the first
     /// request. [`RedisStore::decide`] calls it too.
     pub fn start(&self) {
-        if self.inner.started.load(Ordering::Acquire) {
+        if self.inner.started.load(Ordering::Acquire)
+            || matches!(self.inner.target, Target::Broken(_))
+        {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -587,6 +682,12 @@ impl RedisStore {
         }
         self.start();
         let inner = &self.inner;
+        if let Target::Broken(why) = &inner.target {
+            // Never built: down for good, and every decision says so.
+            metrics().store_errors.with_label_values(&["error"]).inc();
+            metrics().store_up.set(0);
+            return Err(StoreError::Redis(why.to_string()));
+        }
         let Some(ticket) = inner.breaker.try_call() else {
             metrics()
                 .store_errors
@@ -649,7 +750,7 @@ impl Inner {
     /// or one group per hash slot (cluster), in order of first appearance.
     fn groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
         match self.target {
-            Target::Single(_) => vec![(0..keys.len()).collect()],
+            Target::Single(_) | Target::Broken(_) => vec![(0..keys.len()).collect()],
             Target::Cluster(_) => {
                 let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
                 for (i, key) in keys.iter().enumerate() {
@@ -897,6 +998,12 @@ async fn connect(target: &Target) -> RedisResult<Conn> {
                 .map(Conn::Single)
         }
         Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+        Target::Broken(why) => Err((
+            ErrorKind::InvalidClientConfig,
+            "the Redis store could not be built",
+            why.to_string(),
+        )
+            .into()),
     }
 }
 

@@ -251,8 +251,9 @@ async fn read_loop(shared: Arc<Shared>, mut socket: tokio::net::tcp::OwnedReadHa
 }
 
 /// One complete RESP2 reply at the start of `buf` and the bytes it takes; `None` when more
-/// bytes are needed.
-fn parse(buf: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, &'static str> {
+/// bytes are needed. `depth` is how deep in arrays `buf` starts (callers pass 0). Public for
+/// the property tests in `tests/fuzz.rs`.
+pub fn parse(buf: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, &'static str> {
     let Some((&kind, rest)) = buf.split_first() else {
         return Ok(None);
     };

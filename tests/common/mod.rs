@@ -162,6 +162,17 @@ impl Drop for Gateway {
 /// Spawns the binary for `config` with its process files in `dir`, logs to `log`, and
 /// `extra` arguments such as `--upgrade`.
 pub fn spawn_floodgate(config: &Path, dir: &Path, log: &Path, extra: &[&str]) -> Child {
+    spawn_floodgate_logging(config, dir, log, extra, "info")
+}
+
+/// [`spawn_floodgate`] with `RUST_LOG` set to `rust_log`.
+pub fn spawn_floodgate_logging(
+    config: &Path,
+    dir: &Path,
+    log: &Path,
+    extra: &[&str],
+    rust_log: &str,
+) -> Child {
     let log_file = std::fs::File::create(log).expect("log file");
     Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .arg("-c")
@@ -171,7 +182,7 @@ pub fn spawn_floodgate(config: &Path, dir: &Path, log: &Path, extra: &[&str]) ->
         .arg("--upgrade-sock")
         .arg(dir.join("upgrade.sock"))
         .args(extra)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", rust_log)
         .stdout(Stdio::null())
         .stderr(log_file)
         .spawn()
@@ -398,6 +409,16 @@ impl Gateway {
         body: &str,
         files: &[(&str, &str)],
     ) -> Gateway {
+        Gateway::start_logging(server, body, files, "info")
+    }
+
+    /// [`Gateway::start_custom`] with `RUST_LOG` set to `rust_log`.
+    pub fn start_logging(
+        server: impl FnOnce(SocketAddr, SocketAddr) -> String,
+        body: &str,
+        files: &[(&str, &str)],
+        rust_log: &str,
+    ) -> Gateway {
         let dir = tempfile::tempdir().expect("temp dir");
         for (name, content) in files {
             std::fs::write(dir.path().join(name), content).expect("write file");
@@ -408,7 +429,7 @@ impl Gateway {
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config).expect("write config");
         let log = dir.path().join("floodgate.log");
-        let child = spawn_floodgate(&path, dir.path(), &log, &[]);
+        let child = spawn_floodgate_logging(&path, dir.path(), &log, &[], rust_log);
         let mut gw = Gateway {
             child,
             dir,

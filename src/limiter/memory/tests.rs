@@ -278,13 +278,9 @@ fn sweeping_gives_memory_back_after_a_burst_of_keys() {
         let shards = store.shards.iter();
         shards
             .map(|shard| {
-                shard
-                    .0
-                    .lock()
-                    .segments
-                    .iter()
-                    .map(|t| t.capacity())
-                    .sum::<usize>()
+                let shard = shard.0.lock();
+                let tables = shard.rules.iter().flat_map(|rule| rule.segments.iter());
+                tables.map(|t| t.capacity()).sum::<usize>()
             })
             .sum()
     };
@@ -296,4 +292,157 @@ fn sweeping_gives_memory_back_after_a_burst_of_keys() {
     store.sweep();
     assert!(store.is_empty());
     assert!(table_slots(&store) < 20_000, "{}", table_slots(&store));
+}
+
+/// Keys rule `rule` holds in the store.
+fn keys_of(store: &MemoryStore, rule: &str) -> usize {
+    let id = store.slot(&check(rule, 0, Algorithm::FixedWindow, 1)).rule;
+    store
+        .shards
+        .iter()
+        .map(|shard| {
+            let shard = shard.0.lock();
+            shard.index.get(&id).map_or(0, |&i| shard.rules[i].len)
+        })
+        .sum()
+}
+
+fn login(key: u64) -> Check {
+    check("login", key, Algorithm::SlidingWindowLog, 2)
+}
+
+#[test]
+fn a_limited_key_outlives_a_flood_of_new_keys_on_its_own_rule() {
+    let (store, clock) = store(100);
+    // Keys 0..5 exhausted (the next attempt is rejected), keys 5..20 used once.
+    for key in 0..5 {
+        assert_eq!(allowed(&store, &[login(key), login(key)]), [true, true]);
+        assert_eq!(allowed(&store, &[login(key)]), [false]);
+    }
+    for key in 5..20 {
+        assert_eq!(allowed(&store, &[login(key)]), [true]);
+    }
+    // Later keys expire later: a policy looking only at expiry would drop the limited ones
+    // first.
+    clock.advance(Duration::from_secs(10));
+    for key in 1_000..6_000 {
+        assert_eq!(allowed(&store, &[login(key)]), [true]);
+        clock.advance(Duration::from_micros(1));
+    }
+    assert_eq!(store.len(), 100);
+    for key in 0..5 {
+        assert_eq!(
+            allowed(&store, &[login(key)]),
+            [false],
+            "limited key {key} was not reset"
+        );
+    }
+    // The keys that were not limiting went first: they are fresh again.
+    for key in 5..20 {
+        assert_eq!(store.peek(&[login(key)])[0].remaining, 1, "key {key}");
+    }
+    assert_eq!(store.evictions_of("login"), store.evictions());
+}
+
+#[test]
+fn limited_keys_go_only_when_none_is_left_that_is_not() {
+    let (store, _) = store(10);
+    for key in 0..10 {
+        assert_eq!(allowed(&store, &[login(key), login(key)]), [true, true]);
+    }
+    // Every key is limiting: the memory bound still holds, by the one closest to expiry.
+    assert_eq!(allowed(&store, &[login(10)]), [true]);
+    assert_eq!((store.len(), store.evictions()), (10, 1));
+}
+
+#[test]
+fn one_rules_flood_never_evicts_a_rule_within_its_share() {
+    let (store, clock) = store(100);
+    let quiet = |key| check("quiet", key, Algorithm::TokenBucket, 10);
+    for key in 0..40 {
+        assert_eq!(allowed(&store, &[quiet(key)]), [true]);
+    }
+    // The flood's keys expire later than the quiet rule's (a bucket of 10 refills a token in
+    // 6 s; the flood's refills in 60 s), and none of them is limiting.
+    clock.advance(Duration::from_secs(1));
+    for key in 0..5_000 {
+        let flood = check("flood", key, Algorithm::TokenBucket, 10);
+        let flood = Check {
+            limit: Limit::police(Algorithm::TokenBucket, 10, Duration::from_secs(600), 10),
+            ..flood
+        };
+        assert_eq!(allowed(&store, &[flood]), [true]);
+    }
+    assert_eq!(
+        keys_of(&store, "quiet"),
+        40,
+        "40 is within a share of 100 / 2"
+    );
+    assert_eq!(keys_of(&store, "flood"), 60);
+    for key in 0..40 {
+        assert_eq!(store.peek(&[quiet(key)])[0].remaining, 8, "quiet key {key}");
+    }
+    assert_eq!(store.evictions_of("quiet"), 0);
+}
+
+#[test]
+fn a_rule_over_its_share_gives_keys_back_down_to_it() {
+    let (store, _) = store(100);
+    for key in 0..100 {
+        store.decide(&[check("big", key, Algorithm::FixedWindow, 10)]);
+    }
+    for key in 0..1_000 {
+        store.decide(&[check("newcomer", key, Algorithm::FixedWindow, 10)]);
+    }
+    assert_eq!(keys_of(&store, "big"), 50);
+    assert_eq!(keys_of(&store, "newcomer"), 50);
+}
+
+#[test]
+fn evictions_are_counted_per_rule() {
+    let (store, _) = store(100);
+    let (a, b) = ("evictions-counted-a", "evictions-counted-b");
+    for key in 0..80 {
+        store.decide(&[check(a, key, Algorithm::FixedWindow, 10)]);
+    }
+    for key in 0..500 {
+        store.decide(&[check(b, key, Algorithm::FixedWindow, 10)]);
+    }
+    // `b` took the 20 free places, then 30 of `a`'s keys (down to `a`'s share of 50), then
+    // evicted its own for the remaining 450.
+    assert_eq!(store.evictions_of(a), 30);
+    assert_eq!(store.evictions_of(b), 500 - 20 - 30);
+    assert_eq!(
+        store.evictions(),
+        store.evictions_of(a) + store.evictions_of(b)
+    );
+    assert_eq!(store.evictions_of("never-seen"), 0);
+    let metric = |rule: &str| {
+        crate::metrics::metrics()
+            .memory_evictions
+            .with_label_values(&[rule])
+            .get()
+    };
+    assert_eq!(metric(a), 30);
+    assert_eq!(metric(b), store.evictions_of(b));
+}
+
+#[test]
+fn a_rules_tables_go_when_it_holds_no_key() {
+    let (store, clock) = store(1_000);
+    for key in 0..100 {
+        store.decide(&[check("gone", key, Algorithm::FixedWindow, 10)]);
+    }
+    clock.advance(Duration::from_secs(120));
+    store.sweep();
+    assert!(store.is_empty());
+    assert!(store
+        .shards
+        .iter()
+        .all(|shard| shard.0.lock().rules.is_empty()));
+    // Back again: counted from scratch.
+    assert_eq!(
+        store.decide(&[check("gone", 1, Algorithm::FixedWindow, 10)])[0].remaining,
+        9
+    );
 }

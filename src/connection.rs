@@ -1,0 +1,541 @@
+//! What one client connection may hold: caps on open connections (in all and per IP) and
+//! deadlines for slow and idle clients, enforced below Pingora's HTTP layer.
+//!
+//! Pingora reads a request head with a timeout per read (a client sending a byte a minute is
+//! never cut off) and waits for the next request on a kept-alive HTTP/1.1 connection forever.
+//! [`GuardedApp`] wraps the proxy's [`ServerApp`]: each accepted connection takes a [`Slot`]
+//! (or is closed at once when a cap is reached) and its stream is wrapped in a
+//! [`GuardedStream`], whose reads carry one deadline while a request head is awaited:
+//! - from accept: the whole first head within `header_timeout`;
+//! - after an exchange: the first byte of the next request within `keepalive_timeout`, then the
+//!   rest of that head within `header_timeout` of its first byte.
+//!
+//! Past the deadline the read fails; when part of a head had arrived, a `408` problem+json is
+//! written first. The proxy marks the phases: [`head_received`] once Pingora has parsed a head
+//! (request bodies are then Pingora's, with its own read timeouts) and [`exchange_done`] when
+//! the response is complete. h2 connections (prior knowledge or ALPN) are only held to
+//! `header_timeout` for their preface; Pingora's `h2_idle_timeout` closes them when idle.
+
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+use pingora::apps::ServerApp;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::{SslDigest, TlsRef};
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use pingora::proxy::Session;
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::config::Connections;
+use crate::gateway::Gateway;
+use crate::metrics::metrics;
+
+/// The error a read returns when the head deadline passes (also how the logging filter
+/// recognizes Pingora's line about it).
+pub const HEAD_TIMEOUT_MESSAGE: &str = "request head not received in time";
+
+/// The h2 connection preface: a client that sends it speaks HTTP/2 with prior knowledge.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Open connections, in all and per client IP.
+#[derive(Debug, Default)]
+pub struct ConnectionTable {
+    open: AtomicUsize,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// Why a connection was refused at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `server.max_connections` reached.
+    MaxConnections,
+    /// `server.max_connections_per_ip` reached for the client's IP.
+    MaxPerIp,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::MaxConnections => "max_connections",
+            Refusal::MaxPerIp => "max_connections_per_ip",
+        }
+    }
+}
+
+impl ConnectionTable {
+    /// Takes a slot for a connection from `ip`, or says which cap refuses it.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr, limits: &Connections) -> Result<Slot, Refusal> {
+        if self.open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::MaxConnections);
+        }
+        let mut per_ip = self.per_ip.lock();
+        let n = per_ip.entry(ip).or_insert(0);
+        if *n >= limits.max_per_ip {
+            drop(per_ip);
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::MaxPerIp);
+        }
+        *n += 1;
+        metrics().connections_open.inc();
+        Ok(Slot {
+            table: self.clone(),
+            ip,
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+/// One admitted connection; dropping it gives the slot back.
+#[derive(Debug)]
+pub struct Slot {
+    table: Arc<ConnectionTable>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut per_ip = self.table.per_ip.lock();
+        if let Some(n) = per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                per_ip.remove(&self.ip);
+            }
+        }
+        drop(per_ip);
+        self.table.open.fetch_sub(1, Ordering::AcqRel);
+        metrics().connections_open.dec();
+    }
+}
+
+/// The proxy's [`ServerApp`] behind the connection caps and deadlines.
+pub struct GuardedApp<A> {
+    inner: Arc<A>,
+    gateway: Arc<Gateway>,
+    table: Arc<ConnectionTable>,
+}
+
+impl<A> GuardedApp<A> {
+    /// Wraps `inner`; limits are read from the config in force at each accept.
+    pub fn new(inner: A, gateway: Arc<Gateway>) -> Self {
+        GuardedApp {
+            inner: Arc::new(inner),
+            gateway,
+            table: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let limits = self.gateway.config.load().server.connections.clone();
+        let ip = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
+        let slot = match self.table.admit(ip, &limits) {
+            Ok(slot) => slot,
+            Err(why) => {
+                metrics()
+                    .connections_refused
+                    .with_label_values(&[why.as_str()])
+                    .inc();
+                // Dropping the stream closes it: nothing is read from or written to a client
+                // over a cap.
+                return None;
+            }
+        };
+        let guarded = GuardedStream::new(stream, &limits, slot);
+        // The HTTP app loops over kept-alive requests itself and never hands a stream back.
+        self.inner.process_new(Box::new(guarded), shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await;
+    }
+}
+
+/// Phase bits of [`GuardedStream::phase`]: the low bit says a head is awaited, the rest counts
+/// exchanges (so the reader can tell a new wait from the one it already timed).
+const AWAITING_HEAD: u32 = 1;
+const EXCHANGE: u32 = 2;
+
+/// A client stream whose reads time out while a request head is awaited (see the module doc).
+pub struct GuardedStream {
+    inner: Stream,
+    /// Written by the proxy (through `&self`), read by `poll_read`.
+    phase: AtomicU32,
+    /// The exchange count the current deadline was set for.
+    timed_exchange: u32,
+    header_timeout: Duration,
+    keepalive_timeout: Duration,
+    deadline: Instant,
+    /// Bytes of the awaited head have arrived (a timeout then answers 408).
+    received: bool,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Bytes read while peeking for the h2 preface, handed out by the next reads.
+    peeked: Vec<u8>,
+    _slot: Slot,
+}
+
+impl std::fmt::Debug for GuardedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedStream")
+            .field("inner", &self.inner)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardedStream {
+    fn new(inner: Stream, limits: &Connections, slot: Slot) -> Self {
+        // An h2 connection by ALPN carries many requests at once: only Pingora's h2 idle
+        // timeout applies to it.
+        let h2 = matches!(inner.selected_alpn_proto(), Some(ALPN::H2));
+        GuardedStream {
+            inner,
+            phase: AtomicU32::new(if h2 { 0 } else { AWAITING_HEAD }),
+            timed_exchange: 0,
+            header_timeout: limits.header_timeout,
+            keepalive_timeout: limits.keepalive_timeout,
+            deadline: Instant::now() + limits.header_timeout,
+            received: false,
+            timer: None,
+            peeked: Vec::new(),
+            _slot: slot,
+        }
+    }
+
+    /// The whole head was read: the rest of the exchange is not on the head deadline.
+    fn head_received(&self) {
+        self.phase.fetch_and(!AWAITING_HEAD, Ordering::Relaxed);
+    }
+
+    /// The response is complete: the next read waits for a new request.
+    fn exchange_done(&self) {
+        let p = self.phase.load(Ordering::Relaxed);
+        self.phase.store(
+            (p & !AWAITING_HEAD).wrapping_add(EXCHANGE) | AWAITING_HEAD,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether the deadline has passed (registering the waker for it when not).
+    fn deadline_passed(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = self.deadline;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// The answer to a client whose request head did not arrive in time.
+static REQUEST_TIMEOUT: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let body = r#"{"type":"urn:floodgate:problem:request-timeout","title":"Request Timeout","status":408,"detail":"the request head did not arrive within the server's header_timeout"}"#;
+    format!(
+        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+});
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.peeked.is_empty() {
+            let n = this.peeked.len().min(buf.remaining());
+            buf.put_slice(&this.peeked[..n]);
+            this.peeked.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        let phase = this.phase.load(Ordering::Relaxed);
+        if phase & AWAITING_HEAD == 0 {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        let exchange = phase >> 1;
+        if exchange != this.timed_exchange {
+            // A new wait after a response: idle until the first byte.
+            this.timed_exchange = exchange;
+            this.received = false;
+            this.deadline = Instant::now() + this.keepalive_timeout;
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before && !this.received {
+                    this.received = true;
+                    if exchange != 0 {
+                        this.deadline = Instant::now() + this.header_timeout;
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                if !this.deadline_passed(cx) {
+                    return Poll::Pending;
+                }
+                let kind = if this.received {
+                    // Best effort: the socket's send buffer is empty while a head is awaited,
+                    // so this small write completes at once or not at all.
+                    let _ = Pin::new(&mut this.inner).poll_write(cx, &REQUEST_TIMEOUT);
+                    let _ = Pin::new(&mut this.inner).poll_flush(cx);
+                    "header"
+                } else if exchange == 0 {
+                    "header"
+                } else {
+                    "keepalive"
+                };
+                metrics()
+                    .connection_timeouts
+                    .with_label_values(&[kind])
+                    .inc();
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    HEAD_TIMEOUT_MESSAGE,
+                )))
+            }
+        }
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for GuardedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await;
+    }
+}
+
+impl UniqueID for GuardedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for GuardedStream {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for GuardedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for GuardedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for GuardedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for GuardedStream {
+    /// Pingora peeks for the h2 preface before it reads. Its own peek waits for the preface's
+    /// 24 bytes however slowly they come (and forever for a shorter request); this one reads
+    /// only while what came could still be the preface, at most until the head deadline, and
+    /// hands the bytes to the reads that follow.
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        let want = buf.len().min(H2_PREFACE.len());
+        let mut chunk = [0u8; 64];
+        while self.peeked.len() < want && H2_PREFACE.starts_with(&self.peeked) {
+            match tokio::time::timeout_at(self.deadline, self.inner.read(&mut chunk)).await {
+                Ok(Ok(0)) if self.peeked.is_empty() => {
+                    return Err(io::ErrorKind::UnexpectedEof.into())
+                }
+                Ok(Ok(0)) => break,
+                Ok(Ok(n)) => self.peeked.extend_from_slice(&chunk[..n]),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    if !self.peeked.is_empty() {
+                        use tokio::io::AsyncWriteExt;
+                        let write = self.inner.write_all(&REQUEST_TIMEOUT);
+                        let _ = tokio::time::timeout(Duration::from_millis(100), write).await;
+                    }
+                    metrics()
+                        .connection_timeouts
+                        .with_label_values(&["header"])
+                        .inc();
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        HEAD_TIMEOUT_MESSAGE,
+                    ));
+                }
+            }
+        }
+        self.received = !self.peeked.is_empty();
+        let n = self.peeked.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.peeked[..n]);
+        buf[n..].fill(0);
+        if self.peeked.starts_with(H2_PREFACE) {
+            self.head_received();
+        }
+        Ok(true)
+    }
+}
+
+/// The guarded stream under a session, if it is an HTTP/1 session on a guarded connection.
+fn guarded(session: &Session) -> Option<&GuardedStream> {
+    session
+        .as_downstream()
+        .stream()?
+        .as_any()
+        .downcast_ref::<GuardedStream>()
+}
+
+/// Called once Pingora has parsed a request head: stops the head deadline.
+pub fn head_received(session: &Session) {
+    if let Some(g) = guarded(session) {
+        g.head_received();
+    }
+}
+
+/// Called when an exchange is over: the next read waits for a new request.
+pub fn exchange_done(session: &Session) {
+    if let Some(g) = guarded(session) {
+        g.exchange_done();
+    }
+}
+
+/// Raises the soft limit of open files to the hard limit (each connection is a descriptor) and
+/// says what it is now.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            lim = raised;
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max: usize, per_ip: usize) -> Connections {
+        Connections {
+            header_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            max_connections: max,
+            max_per_ip: per_ip,
+        }
+    }
+
+    #[test]
+    fn caps_apply_and_slots_come_back() {
+        let table = Arc::new(ConnectionTable::default());
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let l = limits(3, 2);
+        let s1 = table.admit(a, &l).unwrap();
+        let _s2 = table.admit(a, &l).unwrap();
+        assert_eq!(table.admit(a, &l).unwrap_err(), Refusal::MaxPerIp);
+        let _s3 = table.admit(b, &l).unwrap();
+        assert_eq!(table.admit(b, &l).unwrap_err(), Refusal::MaxConnections);
+        assert_eq!(table.open(), 3);
+        drop(s1);
+        assert_eq!(table.open(), 2);
+        assert!(table.admit(a, &l).is_ok());
+    }
+}

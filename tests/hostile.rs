@@ -1,0 +1,17 @@
+//! floodgate against hostile clients and hostile configs (issue 11): raw-socket clients where
+//! the request's shape matters, slow and idle connections, request shapes that try to walk past
+//! a limit, secrets that must not leak, and configs that pass `check` but would break at run
+//! time. Each concern lives in its own file under `tests/hostile/`.
+
+mod common;
+
+#[path = "hostile/configs.rs"]
+mod configs;
+#[path = "hostile/connections.rs"]
+mod connections;
+#[path = "hostile/eviction.rs"]
+mod eviction;
+#[path = "hostile/secrets.rs"]
+mod secrets;
+#[path = "hostile/shapes.rs"]
+mod shapes;

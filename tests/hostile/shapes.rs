@@ -1,0 +1,260 @@
+//! Request shapes that try to walk past a limit: re-spelled paths, odd hosts, absolute-form
+//! targets and IPv4-mapped peers. Raw sockets, so that no client library tidies the request.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use crate::common::*;
+
+/// Sends `head` (request line and headers, without the blank line) on a fresh connection and
+/// returns (status, the whole answer).
+pub fn raw(addr: SocketAddr, head: &str) -> (u16, String) {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(format!("{head}\r\nconnection: close\r\n\r\n").as_bytes())
+        .expect("write");
+    let mut out = Vec::new();
+    let _ = conn.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?} for {head:?}"));
+    (status, text)
+}
+
+fn get(addr: SocketAddr, target: &str, headers: &str) -> (u16, String) {
+    raw(
+        addr,
+        &format!("GET {target} HTTP/1.1\r\nhost: floodgate.test{headers}"),
+    )
+}
+
+/// The JSON body of an answer.
+fn body(answer: &str) -> serde_json::Value {
+    let (_, b) = answer.split_once("\r\n\r\n").expect("a body");
+    serde_json::from_str(b).unwrap_or_else(|e| panic!("{e}: {b}"))
+}
+
+fn paths_config(api: SocketAddr) -> String {
+    format!(
+        r#"{DEMO_KEYS}
+{}
+[[routes]]
+name = "orders"
+match = {{ path_prefix = "/orders" }}
+upstream = "orders"
+auth = "required"
+
+[[routes]]
+name = "public"
+match = {{ path_prefix = "/" }}
+upstream = "orders"
+auth = "none"
+
+[[rules]]
+name = "per-order"
+match = {{ route = "orders" }}
+key = ["api_key", "path"]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+
+[[rules]]
+name = "debug-paths"
+match = {{ path_prefix = "/debug/limited" }}
+key = ["ip", "path"]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+"#,
+        orders_upstream(&[api])
+    )
+}
+
+#[test]
+fn respelled_paths_are_one_resource_and_reach_the_upstream_normalized() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&paths_config(api.addr));
+    let key = "\r\nx-api-key: test";
+
+    // `//orders` is the orders route: its auth applies (today the catch-all served it).
+    assert_eq!(get(gw.addr, "//orders", "").0, 401);
+    assert_eq!(get(gw.addr, "/x/../orders", "").0, 401);
+    assert_eq!(get(gw.addr, "/%6Frders", "").0, 401);
+
+    // Five spellings of /orders/1, one counter of 3.
+    let spellings = [
+        "/orders/1",
+        "/orders/1/",
+        "/orders/1//",
+        "//orders/./1",
+        "/%6frders/%31",
+    ];
+    let statuses: Vec<u16> = spellings.iter().map(|p| get(gw.addr, p, key).0).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "{spellings:?}");
+
+    // The upstream serves exactly what was charged.
+    let (status, answer) = get(gw.addr, "/debug//a/./b/../c?x=1", "");
+    assert_eq!(status, 200, "{answer}");
+    let echoed = body(&answer);
+    assert_eq!(echoed["path"], "/debug/a/c");
+    assert_eq!(echoed["query"], "x=1");
+
+    // `..` never climbs above the root.
+    let (_, answer) = get(gw.addr, "/../../debug/root", "");
+    assert_eq!(body(&answer)["path"], "/debug/root");
+
+    // The `path` key part ignores a trailing slash.
+    let limited: Vec<u16> = ["/debug/limited/x", "/debug/limited/x/", "/debug/limited//x"]
+        .iter()
+        .map(|p| get(gw.addr, p, "").0)
+        .collect();
+    assert_eq!(limited, [200, 200, 429]);
+
+    // Encoded slashes are refused by default, with a problem+json 400.
+    let (status, answer) = get(gw.addr, "/orders%2F1", key);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert_eq!(body(&answer)["type"], "urn:floodgate:problem:bad-request");
+    assert_eq!(get(gw.addr, "/debug/a%5cb", "").0, 400);
+    // So is a broken escape.
+    assert_eq!(get(gw.addr, "/debug/a%zz", "").0, 400);
+}
+
+#[test]
+fn escaped_slashes_keep_and_unescape() {
+    let api = OrdersApi::start("orders-1");
+    let keep = Gateway::start_with("escaped_slashes = \"keep\"\n", &paths_config(api.addr), &[]);
+    let (status, answer) = get(keep.addr, "/debug/a%2fb", "");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(body(&answer)["path"], "/debug/a%2Fb");
+
+    let unescape = Gateway::start_with(
+        "escaped_slashes = \"unescape\"\n",
+        &paths_config(api.addr),
+        &[],
+    );
+    let (status, answer) = get(unescape.addr, "/debug/a%2F..%2Fb", "");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(body(&answer)["path"], "/debug/b");
+    // Decoded, `/%2Forders` is `//orders`: the orders route and its auth.
+    assert_eq!(get(unescape.addr, "/%2Forders", "").0, 401);
+}
+
+fn hosts_config(api: SocketAddr) -> String {
+    format!(
+        r#"{}
+[[routes]]
+name = "api"
+match = {{ host = "api.example.com", path_prefix = "/debug" }}
+upstream = "orders"
+auth = "none"
+
+[[routes]]
+name = "other"
+match = {{ path_prefix = "/debug" }}
+upstream = "orders"
+auth = "none"
+
+[[rules]]
+name = "api-host"
+match = {{ host = "API.example.com." }}
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#,
+        orders_upstream(&[api])
+    )
+}
+
+#[test]
+fn hosts_are_normalized_and_absolute_targets_use_their_authority() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&hosts_config(api.addr));
+    let on =
+        |target: &str, host: &str| raw(gw.addr, &format!("GET {target} HTTP/1.1\r\nhost: {host}"));
+    // Case, trailing dot and port do not make another host: the first request is charged,
+    // the second (spelled differently) is refused.
+    assert_eq!(on("/debug/x", "API.Example.COM.:8080").0, 200);
+    assert_eq!(on("/debug/x", "api.example.com").0, 429);
+    // Malformed hosts are refused.
+    let (status, answer) = on("/debug/x", "api.example.com:");
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.contains("urn:floodgate:problem:bad-request"),
+        "{answer}"
+    );
+    assert_eq!(on("/debug/x", ":abc").0, 400);
+    // Another host is another route, not limited by the host rule.
+    assert_eq!(on("/debug/x", "other.example.com").0, 200);
+    // An absolute-form target names the host (RFC 9112 §3.2.2): without a Host header the
+    // host rule still applies (today it was skipped), and the upstream sees that host and an
+    // origin-form target.
+    let (status, answer) = raw(gw.addr, "GET http://api.example.com/debug/y HTTP/1.1");
+    assert_eq!(status, 429, "{answer}");
+    // A Host that disagrees with the target is refused (by Pingora's parser).
+    assert_eq!(
+        on("http://api.example.com/debug/y", "other.example.com").0,
+        400
+    );
+
+    let fresh = Gateway::start(&hosts_config(api.addr));
+    let (status, answer) = raw(
+        fresh.addr,
+        "GET http://Api.Example.com:80/debug/y?q=1 HTTP/1.1",
+    );
+    assert_eq!(status, 200, "{answer}");
+    let echoed = body(&answer);
+    assert_eq!(echoed["path"], "/debug/y");
+    assert_eq!(echoed["query"], "q=1");
+    assert_eq!(echoed["headers"]["host"], "Api.Example.com:80");
+    assert_eq!(
+        raw(fresh.addr, "GET http://api.example.com/debug/y HTTP/1.1").0,
+        429
+    );
+}
+
+#[test]
+fn ipv4_mapped_peers_are_ipv4_for_trust_and_keys() {
+    let api = OrdersApi::start("orders-1");
+    let body = format!(
+        r#"{}
+[[routes]]
+name = "all"
+match = {{ path_prefix = "/" }}
+upstream = "orders"
+auth = "none"
+
+[[rules]]
+name = "per-client"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#,
+        orders_upstream(&[api.addr])
+    );
+    // A dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1.
+    let gw = Gateway::start_custom(
+        |addr, admin| {
+            format!(
+                "[server]\nlisten = [\"[::]:{}\"]\nadmin_listen = \"{admin}\"\nthreads = 1\ngrace_period = \"1s\"\ntrusted_proxies = [\"127.0.0.1\"]\n",
+                addr.port()
+            )
+        },
+        &body,
+        &[],
+    );
+    let xff = |ip: &str| get(gw.addr, "/debug/x", &format!("\r\nx-forwarded-for: {ip}")).0;
+    // The peer is a trusted proxy: each forwarded client has its own counter.
+    assert_eq!(xff("203.0.113.1"), 200);
+    assert_eq!(xff("203.0.113.1"), 429);
+    assert_eq!(xff("203.0.113.2"), 200);
+    // A mapped hop is the same client as its IPv4 form.
+    assert_eq!(xff("::ffff:203.0.113.2"), 429);
+}
