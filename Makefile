@@ -28,9 +28,11 @@ lint:
 deps-build:
 	@command -v cmake >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake; }
 
-## cmake for the build, redis-server (and redis-cli) for the Redis tests, rustfmt and clippy.
+## cmake for the build, redis-server (and redis-cli) for the Redis tests, promtool (Debian's
+## prometheus package) for tests/metrics.rs, rustfmt and clippy.
 deps: deps-build
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 
@@ -43,5 +45,5 @@ check-config:
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
 bench: deps-build
 	@command -v wrk >/dev/null && command -v redis-server >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx redis-server; }
-	$(CARGO) build --release --bin floodgate
-	python3 benches/load/run.py --floodgate target/release/floodgate --out target/bench $(BENCH_ARGS)
+	$(CARGO) build --release --bin floodgate --bin bare-proxy
+	python3 benches/load/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(BENCH_ARGS)

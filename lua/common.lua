@@ -1,4 +1,4 @@
--- floodgate: helpers shared by every algorithm (concatenated first; see src/limiter/redis.rs).
+-- floodgate: helpers shared by every algorithm (concatenated first; see src/limiter/redis/script.rs).
 --
 -- Units. Redis scripts compute in Lua 5.1 numbers, which are doubles: integers are exact only
 -- below 2^53. Nanoseconds since the Unix epoch (~1.7e18) are not, so:

@@ -1,6 +1,6 @@
 -- floodgate: decides every global rule of one request atomically, in one call.
 -- Composed at build time after common.lua, gcra.lua and the algorithm files (one script, one
--- SHA; see src/limiter/redis.rs), and run with EVALSHA.
+-- SHA; see src/limiter/redis/script.rs), and run with EVALSHA.
 --
 -- KEYS[i]   the state key of check i: <key_prefix><rule>:{<16 hex digits of the key digest>}
 -- ARGV[1]   the request's lease id (16 hex digits): names its log entries and its concurrency

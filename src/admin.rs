@@ -3,6 +3,7 @@
 //! It listens on `server.admin_listen` (loopback by default). When `admin_token` is set every
 //! endpoint but `/healthz` needs `Authorization: Bearer <token>`, compared in constant time.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,10 +12,12 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use subtle::ConstantTimeEq;
 
+use crate::config::Config;
 use crate::describe;
 use crate::gateway::{Gateway, ReloadStatus};
 use crate::metrics::metrics;
 use crate::response::{Problem, PROBLEM_JSON};
+use crate::top::{top, By, TopList, Window};
 
 /// The admin HTTP application.
 pub struct Admin {
@@ -34,6 +37,12 @@ impl ServeHttp for Admin {
                 "text/plain; charset=utf-8",
                 b"ok\n".to_vec(),
             );
+        }
+        if path == "/" && method == http::Method::GET {
+            // The page holds no data: it asks for the token itself and sends it with every
+            // call it makes, so a browser (which cannot add a Bearer header to a navigation)
+            // can load it.
+            return dashboard();
         }
         let cfg = self.gateway.config.load();
         if let Some(token) = &cfg.server.admin_token {
@@ -90,6 +99,8 @@ impl ServeHttp for Admin {
                     cfg.rules.iter().map(|r| describe::rule_json(r)).collect();
                 json(StatusCode::OK, &serde_json::json!({ "rules": rules }))
             }
+            ("GET", "/top") => top_clients(&cfg, &query),
+            ("GET", "/stats") => json(StatusCode::OK, &stats(&self.gateway, &cfg)),
             ("GET", "/diagram") => text(
                 StatusCode::OK,
                 "text/vnd.mermaid; charset=utf-8",
@@ -125,6 +136,231 @@ impl ServeHttp for Admin {
             }
         }
     }
+}
+
+/// The dashboard page (`src/dashboard/index.html`): one file, no external request.
+fn dashboard() -> Response<Vec<u8>> {
+    let mut resp = text(
+        StatusCode::OK,
+        "text/html; charset=utf-8",
+        include_str!("dashboard/index.html").as_bytes().to_vec(),
+    );
+    // Nothing but the page itself and the admin API: no script or style from elsewhere.
+    resp.headers_mut().insert(
+        http::header::CONTENT_SECURITY_POLICY,
+        http::HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
+        ),
+    );
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+/// A 400 problem+json naming what is wrong with the query.
+fn bad_request(detail: String) -> Response<Vec<u8>> {
+    let p = Problem::bad_request(detail);
+    text(StatusCode::BAD_REQUEST, PROBLEM_JSON, p.to_body().to_vec())
+}
+
+/// `GET /top?rule=NAME&window=1m|1h&by=rejected|admitted&limit=N`.
+fn top_clients(cfg: &Config, query: &str) -> Response<Vec<u8>> {
+    let (mut rule, mut window, mut by, mut limit) = (None, Window::Minute, By::Rejected, 10);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "rule" => rule = Some(v),
+            "window" => match Window::NAMES.iter().find(|(n, _)| *n == v) {
+                Some((_, w)) => window = *w,
+                None => return bad_request(format!("window must be 1m or 1h, not \"{v}\"")),
+            },
+            "by" => match By::NAMES.iter().find(|(n, _)| *n == v) {
+                Some((_, b)) => by = *b,
+                None => {
+                    return bad_request(format!("by must be rejected or admitted, not \"{v}\""))
+                }
+            },
+            "limit" => match v.parse::<usize>() {
+                Ok(n) if (1..=crate::top::COUNTERS).contains(&n) => limit = n,
+                _ => {
+                    return bad_request(format!(
+                        "limit must be a whole number from 1 to {}, not \"{v}\"",
+                        crate::top::COUNTERS
+                    ))
+                }
+            },
+            other => {
+                return bad_request(format!(
+                    "unknown parameter \"{other}\" (expected rule, window, by, limit)"
+                ))
+            }
+        }
+    }
+    let Some(rule) = rule else {
+        return bad_request("rule is required: /top?rule=NAME".into());
+    };
+    let not_found = |detail: String| {
+        let p = Problem::new("urn:floodgate:problem:no-such-rule", "Not Found", 404, detail);
+        text(StatusCode::NOT_FOUND, PROBLEM_JSON, p.to_body().to_vec())
+    };
+    if !cfg.rules.iter().any(|r| *r.name == *rule) {
+        return not_found(format!("no rule named \"{rule}\" in the config in force"));
+    }
+    if !cfg.server.top_clients {
+        return not_found("top clients are off ([server] top_clients = false)".into());
+    }
+    let t = top();
+    let now = t.now();
+    let list = match t.rule(&rule) {
+        Some(state) => state.lock().top(now, window, by, limit),
+        None => TopList {
+            total: 0,
+            bound: 0,
+            clients: Vec::new(),
+        },
+    };
+    let clients: Vec<serde_json::Value> = list
+        .clients
+        .iter()
+        .map(|c| {
+            let key: serde_json::Map<String, serde_json::Value> = c
+                .client
+                .parts
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into()))
+                .collect();
+            serde_json::json!({
+                "key": key,
+                "count": c.count,
+                "error": c.error,
+                "admitted": c.admitted,
+                "rejected": c.rejected,
+            })
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "rule": rule,
+            "window": window.as_str(),
+            "by": by.as_str(),
+            "total": list.total,
+            "counters": crate::top::COUNTERS,
+            "bound": list.bound,
+            "clients": clients,
+        }),
+    )
+}
+
+/// `GET /stats`: what the dashboard shows, in one call.
+fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
+    let t = top();
+    let now = t.now();
+    let m = metrics();
+    let st = gateway.reload_status();
+    let rules: Vec<serde_json::Value> = cfg
+        .rules
+        .iter()
+        .map(|r| {
+            let mut v = describe::rule_json(r);
+            let c = &r.counters;
+            v["counters"] = serde_json::json!({
+                "allowed": c.allowed.get(),
+                "rejected": c.rejected.get(),
+                "shadow_rejected": c.shadow_rejected.get(),
+                "skipped": c.skipped.get(),
+                "fail_open": c.fail_open.get(),
+                "fail_closed": c.fail_closed.get(),
+                "fail_local": c.fail_local.get(),
+            });
+            if cfg.server.top_clients {
+                let (admitted, rejected) = t
+                    .rule(&r.name)
+                    .map(|s| s.lock().series(now))
+                    .unwrap_or_else(|| {
+                        let zeros = vec![0; crate::top::SERIES_SECONDS];
+                        (zeros.clone(), zeros)
+                    });
+                v["series"] = serde_json::json!({
+                    "end_unix": now,
+                    "step_seconds": 1,
+                    "admitted": admitted,
+                    "rejected": rejected,
+                });
+            }
+            v
+        })
+        .collect();
+    let shared = gateway.limiter.shared();
+    let breaker = shared.map(|_| match m.circuit_state.get() {
+        1 => "open",
+        2 => "half-open",
+        _ => "closed",
+    });
+    let h = prometheus::core::Metric::metric(&m.decision_seconds);
+    let buckets: Vec<serde_json::Value> = h
+        .get_histogram()
+        .get_bucket()
+        .iter()
+        .map(|b| serde_json::json!([b.upper_bound(), b.cumulative_count()]))
+        .collect();
+    let upstreams: Vec<serde_json::Value> = cfg
+        .upstreams
+        .iter()
+        .map(|u| {
+            let targets: Vec<String> = u.targets.iter().map(|t| t.to_string()).collect();
+            serde_json::json!({ "name": &*u.name, "targets": targets })
+        })
+        .collect();
+    serde_json::json!({
+        "now_unix": now,
+        "top_clients": cfg.server.top_clients,
+        "config": {
+            "path": cfg.path.display().to_string(),
+            "reload": reload_json(&st),
+        },
+        "store": {
+            "backend": cfg.store.backend.as_str(),
+            "up": shared.is_none_or(|s| s.is_up()),
+            "breaker": breaker,
+            "decisions": h.get_histogram().get_sample_count(),
+            "decision_seconds_buckets": buckets,
+            "decided_requests": t.decided.load(Ordering::Relaxed),
+            "store_requests": t.store_requests.load(Ordering::Relaxed),
+        },
+        "upstreams": upstreams,
+        "rules": rules,
+    })
+}
+
+/// `%XX` and `+` of a query value decoded (invalid escapes are kept as written).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn reload_json(st: &ReloadStatus) -> serde_json::Value {

@@ -258,14 +258,7 @@ impl GuardedStream {
 }
 
 /// The answer to a client whose request head did not arrive in time.
-static REQUEST_TIMEOUT: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let body = r#"{"type":"urn:floodgate:problem:request-timeout","title":"Request Timeout","status":408,"detail":"the request head did not arrive within the server's header_timeout"}"#;
-    format!(
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-});
+static REQUEST_TIMEOUT: LazyLock<Vec<u8>> = LazyLock::new(crate::response::request_timeout_bytes);
 
 impl AsyncRead for GuardedStream {
     fn poll_read(

@@ -51,6 +51,7 @@ impl Gateway {
         limiter.set_max_waiting(config.max_waiting.clone());
         let path = config.path.clone();
         let config = Arc::new(config);
+        register_rule_series(&config);
         metrics().reloads.with_label_values(&["success"]).inc_by(0);
         metrics().reloads.with_label_values(&["failure"]).inc_by(0);
         metrics().last_reload.set(unix_now() as f64);
@@ -98,6 +99,9 @@ impl Gateway {
                     tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
                 }
                 self.limiter.set_max_waiting(new.max_waiting.clone());
+                register_rule_series(&new);
+                // Top clients are kept by rule name: a removed rule's go with it.
+                crate::top::top().retain_rules(&new);
                 self.config.store(Arc::new(new));
                 metrics().reloads.with_label_values(&["success"]).inc();
                 metrics().last_reload.set(unix_now() as f64);
@@ -153,8 +157,74 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     out
 }
 
+/// Registers the metric series of `config`'s rules as it is put in force. Validation leaves the
+/// registry alone (see [`crate::metrics::RuleCounters`]), so a file that is only checked, or a
+/// reload that fails, exports nothing.
+fn register_rule_series(config: &Config) {
+    for rule in &config.rules {
+        rule.counters.register();
+    }
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// A config whose one rule is named `rule`, followed by `tail`.
+    fn config_text(rule: &str, tail: &str) -> String {
+        format!(
+            "[[upstreams]]\nname = \"orders\"\ntargets = [\"127.0.0.1:9000\"]\n\n\
+             [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n\n\
+             [[rules]]\nname = \"{rule}\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n{tail}"
+        )
+    }
+
+    fn exported(rule: &str) -> bool {
+        String::from_utf8(metrics().render())
+            .unwrap()
+            .contains(&format!("rule=\"{rule}\""))
+    }
+
+    #[test]
+    fn validating_registers_no_series_and_installing_does() {
+        let path = Path::new("/tmp/gateway-metrics-test/gateway.toml");
+        // Metrics are process-wide: names no other test uses.
+        let checked = "only-checked-rule-5e1c";
+        let failed = "in-a-failed-file-rule-5e1c";
+        let installed = "installed-rule-5e1c";
+
+        let cfg = Config::from_str(path, &config_text(checked, "")).expect("valid config");
+        drop(cfg);
+        // The rule before the bad one is fully built before validation fails.
+        let bad = "\n[[rules]]\nname = \"broken\"\nkey = [\"ip\"]\nalgorithm = \"no_such_algorithm\"\nlimit = 1\nwindow = \"1s\"\n";
+        assert!(Config::from_str(path, &config_text(failed, bad)).is_err());
+        let cfg = Config::from_str(path, &config_text(installed, "")).expect("valid config");
+        for rule in [checked, failed, installed] {
+            assert!(!exported(rule), "{rule} exported before install");
+        }
+
+        let gateway = Gateway::new(cfg);
+        assert!(exported(installed));
+        let text = String::from_utf8(metrics().render()).unwrap();
+        for series in [
+            format!(
+                "floodgate_ratelimit_decisions_total{{result=\"allowed\",rule=\"{installed}\"}} 0"
+            ),
+            format!(
+                "floodgate_failure_mode_decisions_total{{mode=\"open\",rule=\"{installed}\"}} 0"
+            ),
+        ] {
+            assert!(text.contains(&series), "{series} missing from:\n{text}");
+        }
+        gateway.config.load().rules[0].counters.allowed.inc();
+        assert_eq!(gateway.config.load().rules[0].counters.allowed.get(), 1);
+        assert!(!exported(checked) && !exported(failed));
+    }
 }

@@ -3,7 +3,9 @@
 //! The request path and module layout are described in the README; each module owns one
 //! concern and the proxy glues them together.
 
+pub mod access_log;
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod client;
 pub mod config;
@@ -13,6 +15,7 @@ pub mod gateway;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;
+pub mod names;
 pub mod normalize;
 pub mod proxy;
 pub mod response;
@@ -20,3 +23,4 @@ pub mod rules;
 pub mod server;
 pub mod shutdown;
 pub mod text;
+pub mod top;

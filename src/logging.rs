@@ -21,7 +21,8 @@ use crate::connection::HEAD_TIMEOUT_MESSAGE;
 pub fn init(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Access lines reach stderr through the access log's buffer (crate::access_log).
+    let fmt = tracing_subscriber::fmt::layer().with_writer(crate::access_log::LogWriter);
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Json => registry

@@ -1,8 +1,9 @@
-//! The Pingora `ProxyHttp` implementation: glues routing, identity, the limiter and the
-//! responses together. It holds no policy itself.
+//! The Pingora `ProxyHttp` implementation: the I/O around [`crate::admission::admit`], which
+//! decides what each request gets. It holds no policy itself.
 //!
 //! Phases, in the order Pingora calls them:
-//! `request_filter` (route, identity, rules; may answer 401/404/429 itself) →
+//! `early_request_filter` (the head is in: off the head deadline, pipelining on) →
+//! `request_filter` (admission; writes its 400/401/404/429/503 answer) →
 //! `upstream_peer` (round robin, next target on retry) → `upstream_request_filter` (forwarding
 //! headers, key stripped) → `response_filter` (RateLimit headers, request id) → `logging`
 //! (access log; concurrency slots released when the context drops).
@@ -18,14 +19,14 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
-use crate::auth::{presented_key, Identity};
-use crate::client::{client_ip, request_id};
+use crate::admission::{self, Next};
+use crate::auth::Identity;
+use crate::client::request_id;
 use crate::config::{AuthMode, Config, Upstream};
 use crate::gateway::Gateway;
-use crate::limiter::engine::{Leases, Verdict};
+use crate::limiter::engine::Leases;
 use crate::metrics::metrics;
-use crate::response::{send_problem, whole_seconds_at_least_one, Problem, RateLimitHeaders};
-use crate::rules::RequestView;
+use crate::response::{Answer, Problem, RateLimitHeaders};
 
 /// The proxy service.
 pub struct Proxy {
@@ -103,162 +104,38 @@ impl ProxyHttp for Proxy {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let cfg = self.gateway.config.load_full();
         ctx.config = Some(cfg.clone());
-        let req = session.req_header();
-        ctx.request_id = request_id(&req.headers);
+        ctx.request_id = request_id(&session.req_header().headers);
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical());
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
         ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let req = session.req_header();
-        ctx.client_ip = client_ip(peer, &req.headers, &cfg.server.trusted_proxies);
-
-        // One spelling per resource: routes, rules and the upstream all see the normalized host
-        // and path, so a re-spelled request is charged as what it is.
-        let host = match request_host(req) {
-            Ok(h) => h,
-            Err(detail) => {
-                let problem = with_id(Problem::bad_request(detail), ctx);
-                session.set_keepalive(None);
-                self.answer(session, ctx, &problem, None).await?;
-                return Ok(true);
-            }
-        };
-        let path = match crate::normalize::path(req.uri.path(), cfg.server.escaped_slashes) {
-            Ok(p) => p.into_owned(),
-            Err(e) => {
-                let problem = with_id(Problem::bad_request(e.to_string()), ctx);
-                session.set_keepalive(None);
-                self.answer(session, ctx, &problem, None).await?;
-                return Ok(true);
-            }
-        };
-        // The upstream gets the normalized path. An HTTP/1.1 absolute-form target goes upstream
-        // in origin form, its authority as the Host; HTTP/2 keeps its `:authority`.
-        let absolute = absolute_form_authority(req);
-        if path != req.uri.path() || absolute.is_some() {
-            ctx.forward_target = Some(forward_target(&req.uri, &path, absolute.is_some()));
-        }
-        if req.headers.get(http::header::HOST).is_none() {
-            ctx.forward_host = absolute.map(str::to_string);
-        }
-        let Some(route_idx) = cfg
-            .routes
-            .iter()
-            .position(|r| r.matches(host.as_deref(), &req.method, &path))
-        else {
-            let problem = with_id(Problem::not_found(&path), ctx);
-            self.answer(session, ctx, &problem, None).await?;
-            return Ok(true);
-        };
-        ctx.route = Some(route_idx);
-        let route = &cfg.routes[route_idx];
-
-        if route.auth != AuthMode::None {
-            let presented = presented_key(&req.headers, &cfg.auth.header);
-            match presented.map(|k| cfg.auth.keys.lookup(k)) {
-                Some(Some(identity)) => ctx.identity = Some(identity),
-                Some(None) => {
-                    let problem = with_id(Problem::unauthorized(false), ctx);
-                    self.answer(session, ctx, &problem, Some(CHALLENGE_INVALID))
-                        .await?;
-                    return Ok(true);
-                }
-                None if route.auth == AuthMode::Required => {
-                    let problem = with_id(Problem::unauthorized(true), ctx);
-                    self.answer(session, ctx, &problem, Some(CHALLENGE_MISSING))
-                        .await?;
-                    return Ok(true);
-                }
-                None => {}
-            }
-        }
-
-        if cfg.rules.is_empty() {
-            return Ok(false);
-        }
-        let req = session.req_header();
-        let view = RequestView {
-            route: &route.name,
+        let request = admission::Request {
             method: &req.method,
-            path: &path,
-            query: req.uri.query(),
-            host: host.as_deref(),
+            uri: &req.uri,
+            raw_target: req.raw_path(),
             headers: &req.headers,
-            ip: ctx.client_ip,
-            identity: ctx.identity.as_deref(),
+            peer,
+            request_id: &ctx.request_id,
         };
-        let mut applying = Vec::new();
-        let mut checks = Vec::new();
-        for rule in &cfg.rules {
-            if rule.matches(&view) {
-                if let Some(check) = rule.check_for(&view) {
-                    applying.push(rule.clone());
-                    checks.push(check);
-                }
-            }
-        }
-        if checks.is_empty() {
-            return Ok(false);
-        }
-        let started = Instant::now();
-        let outcome = self
-            .gateway
-            .limiter
-            .decide(&applying, checks, &cfg.store)
-            .await;
-        metrics()
-            .decision_seconds
-            .observe(started.elapsed().as_secs_f64());
-        for name in &outcome.shadow_rejected {
-            tracing::info!(rule = %name, request_id = %ctx.request_id, "shadow rule would have rejected the request");
-        }
-        let headers = RateLimitHeaders::build(
-            outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
-            cfg.server.legacy_headers,
-        );
-        ctx.leases = Some(outcome.leases);
-        match outcome.verdict {
-            Verdict::Allow { delay } => {
-                ctx.headers = Some(headers);
+        let admitted = admission::admit(&cfg, &self.gateway.limiter, &request).await;
+        ctx.client_ip = admitted.client_ip;
+        ctx.route = admitted.route;
+        ctx.identity = admitted.identity;
+        ctx.forward_target = admitted.target;
+        ctx.forward_host = admitted.host;
+        ctx.leases = admitted.leases;
+        match admitted.next {
+            Next::Forward { delay, ratelimit } => {
+                ctx.headers = ratelimit;
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
                 Ok(false)
             }
-            Verdict::Reject {
-                status,
-                retry_after,
-                rules,
-            } => {
-                let names = rules.join(", ");
-                let title = if status == 429 {
-                    "Too Many Requests"
-                } else {
-                    "Request Rejected"
-                };
-                let problem = Problem::new(
-                    "urn:floodgate:problem:rate-limited",
-                    title,
-                    status,
-                    format!("rate limit exceeded for rule(s) {names}"),
-                );
-                self.refuse(session, ctx, problem, &rules, retry_after, Some(&headers))
-                    .await?;
-                Ok(true)
-            }
-            Verdict::Unavailable { retry_after, rules } => {
-                let problem = Problem::new(
-                    "urn:floodgate:problem:limiter-unavailable",
-                    "Service Unavailable",
-                    503,
-                    format!(
-                        "the rate-limit store is unavailable and rule(s) {} refuse requests until it is back",
-                        rules.join(", ")
-                    ),
-                );
-                self.refuse(session, ctx, problem, &rules, retry_after, None)
-                    .await?;
+            Next::Answer(answer) => {
+                self.send(session, ctx, &answer).await?;
                 Ok(true)
             }
         }
@@ -413,30 +290,18 @@ impl ProxyHttp for Proxy {
             },
         };
         if code > 0 {
-            let name = ctx
-                .upstream()
-                .map(|u| u.name.to_string())
-                .unwrap_or_default();
-            let problem = match code {
-                502 | 504 => Problem::upstream(code, &name),
-                400 => Problem::new(
-                    "urn:floodgate:problem:bad-request",
-                    "Bad Request",
-                    400,
-                    "the request could not be read",
-                ),
-                _ => Problem::new(
-                    "urn:floodgate:problem:internal",
-                    "Internal Server Error",
-                    500,
-                    "the gateway failed",
-                ),
+            let name = ctx.upstream().map(|u| &*u.name).unwrap_or_default();
+            let mut problem = match code {
+                502 | 504 => Problem::upstream(code, name),
+                400 => Problem::bad_request("the request could not be read"),
+                _ => Problem::internal(),
             };
-            let problem = with_id(problem, ctx);
+            problem.request_id = Some(ctx.request_id.clone());
+            let mut answer = problem.answer();
             // Pingora will not reuse this connection: say so, or a keep-alive client may send
             // its next request into a socket that is being closed.
-            session.set_keepalive(None);
-            if let Err(err) = self.answer(session, ctx, &problem, None).await {
+            answer.close = true;
+            if let Err(err) = self.send(session, ctx, &answer).await {
                 tracing::debug!(error = %err, "could not send the error response");
             }
         }
@@ -467,68 +332,43 @@ impl ProxyHttp for Proxy {
         if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
             return;
         }
-        tracing::info!(
-            target: "access",
-            method = %req.method,
-            path = %req.uri.path(),
+        crate::access_log::record(crate::access_log::AccessLine {
+            method: req.method.clone(),
+            path: req.uri.path().to_owned(),
             status,
-            route,
-            upstream = ctx.upstream().map(|u| &*u.name).unwrap_or("-"),
-            key_id = ctx.identity.as_ref().map(|i| i.id.as_str()).unwrap_or("-"),
-            client_ip = %ctx.client_ip,
-            rejected_by = ctx.rejected_by.as_deref().unwrap_or("-"),
-            request_id = %ctx.request_id,
-            latency_ms = ctx.start.elapsed().as_secs_f64() * 1000.0,
-            error = e.map(|e| e.etype().as_str()).unwrap_or("-"),
-        );
+            route: route.to_owned(),
+            upstream: ctx.upstream().map(|u| u.name.clone()),
+            key_id: ctx.identity.as_ref().map(|i| i.id.clone()),
+            client_ip: ctx.client_ip,
+            rejected_by: ctx.rejected_by.clone(),
+            request_id: ctx.request_id.clone(),
+            latency_ms: ctx.start.elapsed().as_secs_f64() * 1000.0,
+            error: e.map(|e| e.etype().as_str()).unwrap_or("-"),
+        });
     }
 }
 
 impl Proxy {
-    /// Answers a request the rules refused (429, a rule's status, or 503): `Retry-After` in
-    /// whole seconds, the rules named in the body and the access log, and the RateLimit
-    /// headers when the rules produced some.
-    async fn refuse(
+    /// Writes an answer floodgate makes itself (a problem+json document with its headers).
+    async fn send(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
-        mut problem: Problem,
-        rules: &[Arc<str>],
-        retry_after: std::time::Duration,
-        headers: Option<&RateLimitHeaders>,
+        answer: &Answer,
     ) -> Result<()> {
-        let secs = whole_seconds_at_least_one(retry_after);
-        ctx.rejected_by = Some(rules.join(","));
-        problem.violated_rules = rules.iter().map(|r| r.to_string()).collect();
-        problem.retry_after = Some(secs);
-        let problem = with_id(problem, ctx);
-        send_problem(session, &problem, |resp| {
-            resp.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
-            resp.insert_header("x-request-id", &ctx.request_id)?;
-            match headers {
-                Some(h) => h.apply(resp),
-                None => Ok(()),
-            }
-        })
-        .await
-    }
-
-    /// Sends a problem+json answer with the request id (and a WWW-Authenticate for 401s).
-    async fn answer(
-        &self,
-        session: &mut Session,
-        ctx: &RequestCtx,
-        problem: &Problem,
-        challenge: Option<&'static str>,
-    ) -> Result<()> {
-        send_problem(session, problem, |resp| {
-            resp.insert_header("x-request-id", &ctx.request_id)?;
-            if let Some(c) = challenge {
-                resp.insert_header(http::header::WWW_AUTHENTICATE, c)?;
-            }
-            Ok(())
-        })
-        .await
+        if answer.rejected_by.is_some() {
+            ctx.rejected_by.clone_from(&answer.rejected_by);
+        }
+        if answer.close {
+            session.set_keepalive(None);
+        }
+        let body = answer.problem.to_body();
+        let header = answer.header(&ctx.request_id, body.len())?;
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
+        session.write_response_body(Some(body), true).await?;
+        Ok(())
     }
 }
 
@@ -544,70 +384,4 @@ fn itoa_status(status: u16) -> [u8; 3] {
 
 fn status_str(buf: &mut [u8; 3]) -> &str {
     std::str::from_utf8(buf).unwrap_or("000")
-}
-
-fn with_id(mut p: Problem, ctx: &RequestCtx) -> Problem {
-    p.request_id = Some(ctx.request_id.clone());
-    p
-}
-
-const CHALLENGE_MISSING: &str = "Bearer realm=\"floodgate\"";
-const CHALLENGE_INVALID: &str = "Bearer realm=\"floodgate\", error=\"invalid_token\"";
-
-/// `uri` with `path` (normalized, so always a valid path) in place of its own, the query
-/// kept; in origin form when `origin_form`.
-fn forward_target(uri: &http::Uri, path: &str, origin_form: bool) -> http::Uri {
-    let path_and_query = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
-    };
-    let mut parts = uri.clone().into_parts();
-    if origin_form {
-        parts.scheme = None;
-        parts.authority = None;
-    }
-    parts.path_and_query = path_and_query.parse().ok();
-    // The parts came from a valid URI and the path from the normalizer; should they ever not
-    // fit together, the client's own target goes upstream.
-    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
-}
-
-/// The request's host, normalized (`crate::normalize::host`): the target's authority when it
-/// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
-/// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
-fn request_host(req: &RequestHeader) -> std::result::Result<Option<String>, String> {
-    let raw = match req.uri.authority() {
-        Some(a) => a.as_str(),
-        // Pingora has checked that a Host header, if any, equals this authority.
-        None => match absolute_form_authority(req) {
-            Some(a) => a,
-            None => {
-                let mut hosts = req.headers.get_all(http::header::HOST).iter();
-                let Some(first) = hosts.next() else {
-                    return Ok(None);
-                };
-                if hosts.next().is_some() {
-                    return Err("the request has more than one Host header".into());
-                }
-                first
-                    .to_str()
-                    .map_err(|_| "the Host header is not a host name".to_string())?
-            }
-        },
-    };
-    crate::normalize::host(raw)
-        .map(|h| Some(h.into_owned()))
-        .map_err(|e| e.to_string())
-}
-
-/// The authority of an HTTP/1.1 absolute-form target (`GET http://host/x HTTP/1.1`): Pingora
-/// keeps only the path in the URI and the whole target in the raw bytes.
-fn absolute_form_authority(req: &RequestHeader) -> Option<&str> {
-    let raw = std::str::from_utf8(req.raw_path()).ok()?;
-    let (scheme, rest) = raw.split_once("://")?;
-    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
-        return None;
-    }
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    Some(&rest[..end])
 }

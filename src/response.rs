@@ -1,13 +1,17 @@
-//! What floodgate itself answers: problem+json bodies (RFC 9457) for 401/404/429/502/503/504,
-//! and the RateLimit header fields of draft-ietf-httpapi-ratelimit-headers.
+//! Every answer floodgate makes itself, built in one place: problem+json bodies (RFC 9457)
+//! for 400/401/404/408/429/500/502/503/504, and the RateLimit header fields of
+//! draft-ietf-httpapi-ratelimit-headers.
+//!
+//! Bodies are written by hand rather than through `serde_json` (a 429 under attack is the
+//! gateway's hottest answer): static text is appended as it is, and only the values that come
+//! from the request (a path, a detail) go through [`push_json_str`]. Rule names and request ids
+//! need no escaping: validation and [`crate::client::request_id`] keep them to plain ASCII.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
-use pingora::proxy::Session;
-use serde::Serialize;
 
 use crate::limiter::Decision;
 use crate::rules::Rule;
@@ -16,11 +20,15 @@ use crate::text::push_u64;
 /// The content type of every error floodgate answers.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// `WWW-Authenticate` when no key was presented.
+pub const CHALLENGE_MISSING: &str = "Bearer realm=\"floodgate\"";
+/// `WWW-Authenticate` when the key presented is not valid.
+pub const CHALLENGE_INVALID: &str = "Bearer realm=\"floodgate\", error=\"invalid_token\"";
+
 /// An RFC 9457 problem document, with floodgate's extension members.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     /// A URI naming the kind of problem.
-    #[serde(rename = "type")]
     pub kind: &'static str,
     /// Short summary of the kind.
     pub title: &'static str,
@@ -29,14 +37,13 @@ pub struct Problem {
     /// What happened to this request.
     pub detail: String,
     /// The request's id (as in `X-Request-Id`), to quote to support.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
     /// Rate-limit rules that rejected the request.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub violated_rules: Vec<String>,
     /// Seconds to wait before retrying (also in `Retry-After`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+    /// `WWW-Authenticate` to send with it (a 401), not part of the body.
+    pub challenge: Option<&'static str>,
 }
 
 impl Problem {
@@ -55,17 +62,16 @@ impl Problem {
             request_id: None,
             violated_rules: Vec::new(),
             retry_after: None,
+            challenge: None,
         }
     }
 
     /// 404: no route matches.
     pub fn not_found(path: &str) -> Self {
-        Problem::new(
-            "urn:floodgate:problem:no-route",
-            "Not Found",
-            404,
-            format!("no route matches {path}"),
-        )
+        let mut detail = String::with_capacity(path.len() + 20);
+        detail.push_str("no route matches ");
+        detail.push_str(path);
+        Problem::new("urn:floodgate:problem:no-route", "Not Found", 404, detail)
     }
 
     /// 401: missing or unknown API key.
@@ -75,15 +81,21 @@ impl Problem {
         } else {
             "the API key is not valid"
         };
-        Problem::new(
+        let mut p = Problem::new(
             "urn:floodgate:problem:unauthorized",
             "Unauthorized",
             401,
             detail,
-        )
+        );
+        p.challenge = Some(if missing {
+            CHALLENGE_MISSING
+        } else {
+            CHALLENGE_INVALID
+        });
+        p
     }
 
-    /// 400: a request the gateway will not route (a malformed host or path).
+    /// 400: a request the gateway will not route (a malformed host or path), or could not read.
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Problem::new(
             "urn:floodgate:problem:bad-request",
@@ -91,6 +103,49 @@ impl Problem {
             400,
             detail,
         )
+    }
+
+    /// 408: the request head did not arrive within `header_timeout`.
+    pub fn request_timeout() -> Self {
+        Problem::new(
+            "urn:floodgate:problem:request-timeout",
+            "Request Timeout",
+            408,
+            "the request head did not arrive within the server's header_timeout",
+        )
+    }
+
+    /// 429 (or a rule's own status): rate-limit rules rejected the request.
+    pub fn rate_limited(status: u16, rules: &[std::sync::Arc<str>], retry_after: u64) -> Self {
+        let title = if status == 429 {
+            "Too Many Requests"
+        } else {
+            "Request Rejected"
+        };
+        let mut detail = String::with_capacity(48);
+        detail.push_str("rate limit exceeded for rule(s) ");
+        push_joined(&mut detail, rules);
+        let mut p = Problem::new("urn:floodgate:problem:rate-limited", title, status, detail);
+        p.violated_rules = rules.iter().map(|r| r.to_string()).collect();
+        p.retry_after = Some(retry_after);
+        p
+    }
+
+    /// 503: the store failed and `on_store_error = "closed"` rules refuse.
+    pub fn limiter_unavailable(rules: &[std::sync::Arc<str>], retry_after: u64) -> Self {
+        let mut detail = String::with_capacity(96);
+        detail.push_str("the rate-limit store is unavailable and rule(s) ");
+        push_joined(&mut detail, rules);
+        detail.push_str(" refuse requests until it is back");
+        let mut p = Problem::new(
+            "urn:floodgate:problem:limiter-unavailable",
+            "Service Unavailable",
+            503,
+            detail,
+        );
+        p.violated_rules = rules.iter().map(|r| r.to_string()).collect();
+        p.retry_after = Some(retry_after);
+        p
     }
 
     /// 502/504: the upstream failed.
@@ -109,13 +164,156 @@ impl Problem {
         Problem::new("urn:floodgate:problem:upstream", title, status, detail)
     }
 
+    /// 500: the gateway itself failed.
+    pub fn internal() -> Self {
+        Problem::new(
+            "urn:floodgate:problem:internal",
+            "Internal Server Error",
+            500,
+            "the gateway failed",
+        )
+    }
+
     /// The JSON body.
     pub fn to_body(&self) -> Bytes {
-        // Serializing plain strings and numbers cannot fail; fall back to a minimal body anyway.
-        serde_json::to_vec(self)
-            .map(Bytes::from)
-            .unwrap_or_else(|_| Bytes::from_static(b"{}"))
+        let mut out = String::with_capacity(160 + self.detail.len());
+        out.push_str("{\"type\":\"");
+        out.push_str(self.kind);
+        out.push_str("\",\"title\":\"");
+        out.push_str(self.title);
+        out.push_str("\",\"status\":");
+        push_u64(&mut out, u64::from(self.status));
+        out.push_str(",\"detail\":");
+        push_json_str(&mut out, &self.detail);
+        if let Some(id) = &self.request_id {
+            out.push_str(",\"request_id\":");
+            push_json_str(&mut out, id);
+        }
+        if !self.violated_rules.is_empty() {
+            out.push_str(",\"violated_rules\":[");
+            for (i, r) in self.violated_rules.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_json_str(&mut out, r);
+            }
+            out.push(']');
+        }
+        if let Some(secs) = self.retry_after {
+            out.push_str(",\"retry_after\":");
+            push_u64(&mut out, secs);
+        }
+        out.push('}');
+        Bytes::from(out)
     }
+
+    /// The whole answer: this problem with the headers its status calls for.
+    pub fn answer(self) -> Answer {
+        Answer {
+            status: self.status,
+            retry_after: self.retry_after,
+            challenge: self.challenge,
+            ratelimit: None,
+            rejected_by: (!self.violated_rules.is_empty()).then(|| self.violated_rules.join(",")),
+            close: self.status == 400,
+            problem: self,
+        }
+    }
+}
+
+/// A complete answer floodgate makes itself, ready for the proxy to write.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The status.
+    pub status: u16,
+    /// The body's problem document.
+    pub problem: Problem,
+    /// `Retry-After` seconds.
+    pub retry_after: Option<u64>,
+    /// `WWW-Authenticate` (401).
+    pub challenge: Option<&'static str>,
+    /// RateLimit header fields of the rules that applied.
+    pub ratelimit: Option<RateLimitHeaders>,
+    /// The rules that refused the request, for the access log.
+    pub rejected_by: Option<String>,
+    /// Close the connection after this answer (the request could not be trusted to frame
+    /// the next one).
+    pub close: bool,
+}
+
+impl Answer {
+    /// The response header, Content-Length set for `body_len` bytes of body.
+    pub fn header(&self, request_id: &str, body_len: usize) -> Result<ResponseHeader> {
+        let mut resp = ResponseHeader::build(self.status, Some(7))?;
+        let mut len = String::with_capacity(8);
+        push_u64(&mut len, body_len as u64);
+        resp.insert_header(http::header::CONTENT_TYPE, PROBLEM_JSON)?;
+        resp.insert_header(http::header::CONTENT_LENGTH, len)?;
+        resp.insert_header(http::header::CACHE_CONTROL, "no-store")?;
+        resp.insert_header("x-request-id", request_id)?;
+        if let Some(secs) = self.retry_after {
+            let mut v = String::with_capacity(8);
+            push_u64(&mut v, secs);
+            resp.insert_header(http::header::RETRY_AFTER, v)?;
+        }
+        if let Some(c) = self.challenge {
+            resp.insert_header(http::header::WWW_AUTHENTICATE, c)?;
+        }
+        if let Some(h) = &self.ratelimit {
+            h.apply(&mut resp)?;
+        }
+        Ok(resp)
+    }
+}
+
+/// The raw HTTP/1.1 bytes of the 408 answer, written below the HTTP layer (see
+/// `crate::connection`) when a request head never completes.
+pub fn request_timeout_bytes() -> Vec<u8> {
+    let body = Problem::request_timeout().to_body();
+    let mut out = String::with_capacity(200 + body.len());
+    out.push_str("HTTP/1.1 408 Request Timeout\r\ncontent-type: ");
+    out.push_str(PROBLEM_JSON);
+    out.push_str("\r\ncontent-length: ");
+    push_u64(&mut out, body.len() as u64);
+    out.push_str("\r\ncache-control: no-store\r\nconnection: close\r\n\r\n");
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+fn push_joined(out: &mut String, names: &[std::sync::Arc<str>]) {
+    for (i, n) in names.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(n);
+    }
+}
+
+/// Appends `s` as a JSON string (quotes, backslashes and control characters escaped).
+pub fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(s);
+    } else {
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 => {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    out.push_str("\\u00");
+                    out.push(char::from(HEX[(c as usize) >> 4]));
+                    out.push(char::from(HEX[(c as usize) & 0xf]));
+                }
+                c => out.push(c),
+            }
+        }
+    }
+    out.push('"');
 }
 
 /// Whole seconds for a client: rounded up, at least 1 (Retry-After must never say 0 when the
@@ -246,27 +444,10 @@ impl RateLimitHeaders {
     }
 }
 
-/// Writes a complete problem+json response. `respond_error` cannot carry headers, so the
-/// header is built here with its Content-Length, then header and body are written.
-pub async fn send_problem(
-    session: &mut Session,
-    problem: &Problem,
-    extra: impl FnOnce(&mut ResponseHeader) -> Result<()>,
-) -> Result<()> {
-    let body = problem.to_body();
-    let mut resp = ResponseHeader::build(problem.status, Some(6))?;
-    resp.insert_header(http::header::CONTENT_TYPE, PROBLEM_JSON)?;
-    resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    resp.insert_header(http::header::CACHE_CONTROL, "no-store")?;
-    extra(&mut resp)?;
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn seconds_round_up() {
@@ -276,15 +457,80 @@ mod tests {
         assert_eq!(ceil_secs(Duration::ZERO), 0);
     }
 
+    fn json(p: &Problem) -> serde_json::Value {
+        serde_json::from_slice(&p.to_body()).expect("valid JSON")
+    }
+
     #[test]
     fn problem_is_rfc9457_json() {
-        let mut p = Problem::new("urn:x", "Too Many Requests", 429, "slow down");
-        p.violated_rules.push("login".into());
-        p.retry_after = Some(3);
-        let v: serde_json::Value = serde_json::from_slice(&p.to_body()).unwrap();
-        assert_eq!(v["type"], "urn:x");
+        let rules: Vec<Arc<str>> = vec!["login".into(), "burst".into()];
+        let mut p = Problem::rate_limited(429, &rules, 3);
+        p.request_id = Some("abc-1".into());
+        let v = json(&p);
+        assert_eq!(v["type"], "urn:floodgate:problem:rate-limited");
+        assert_eq!(v["title"], "Too Many Requests");
         assert_eq!(v["status"], 429);
-        assert_eq!(v["violated_rules"][0], "login");
-        assert!(v.get("request_id").is_none());
+        assert_eq!(v["detail"], "rate limit exceeded for rule(s) login, burst");
+        assert_eq!(v["violated_rules"][1], "burst");
+        assert_eq!(v["retry_after"], 3);
+        assert_eq!(v["request_id"], "abc-1");
+        assert_eq!(
+            json(&Problem::rate_limited(403, &rules, 1))["title"],
+            "Request Rejected"
+        );
+        let v = json(&Problem::unauthorized(true));
+        assert!(v.get("request_id").is_none() && v.get("violated_rules").is_none());
+    }
+
+    #[test]
+    fn every_answer_has_its_status_and_headers() {
+        let rules: Vec<Arc<str>> = vec!["r".into()];
+        let cases = [
+            (Problem::bad_request("x"), 400, true),
+            (Problem::unauthorized(true), 401, false),
+            (Problem::not_found("/x"), 404, false),
+            (Problem::request_timeout(), 408, false),
+            (Problem::rate_limited(429, &rules, 2), 429, false),
+            (Problem::internal(), 500, false),
+            (Problem::upstream(502, "orders"), 502, false),
+            (Problem::limiter_unavailable(&rules, 1), 503, false),
+            (Problem::upstream(504, "orders"), 504, false),
+        ];
+        for (p, status, close) in cases {
+            assert_eq!(json(&p)["status"], status);
+            let a = p.answer();
+            assert_eq!(a.status, status);
+            assert_eq!(a.close, close, "{status}");
+            let h = a.header("id-1", 10).unwrap();
+            assert_eq!(h.status.as_u16(), status);
+            assert_eq!(h.headers["content-type"], PROBLEM_JSON);
+            assert_eq!(h.headers["content-length"], "10");
+            assert_eq!(h.headers["x-request-id"], "id-1");
+            assert_eq!(
+                h.headers.contains_key("retry-after"),
+                matches!(status, 429 | 503)
+            );
+            assert_eq!(h.headers.contains_key("www-authenticate"), status == 401);
+        }
+        assert_eq!(
+            Problem::unauthorized(false).answer().challenge,
+            Some(CHALLENGE_INVALID)
+        );
+    }
+
+    #[test]
+    fn request_paths_are_escaped() {
+        let v = json(&Problem::not_found("/a\"b\\c\u{1}d\u{e9}"));
+        assert_eq!(v["detail"], "no route matches /a\"b\\c\u{1}d\u{e9}");
+    }
+
+    #[test]
+    fn the_408_is_a_whole_http_answer() {
+        let raw = String::from_utf8(request_timeout_bytes()).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 408 Request Timeout\r\n"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["status"], 408);
     }
 }

@@ -145,12 +145,13 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// Every scope with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, Scope)] =
+        &[("local", Scope::Local), ("global", Scope::Global)];
+
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Local => "local",
-            Scope::Global => "global",
-        }
+        crate::names::name_of(Self::NAMES, self)
     }
 }
 
@@ -166,13 +167,16 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
+    /// Every failure mode with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, FailureMode)] = &[
+        ("open", FailureMode::Open),
+        ("closed", FailureMode::Closed),
+        ("local", FailureMode::Local),
+    ];
+
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        match self {
-            FailureMode::Open => "open",
-            FailureMode::Closed => "closed",
-            FailureMode::Local => "local",
-        }
+        crate::names::name_of(Self::NAMES, self)
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use floodgate::config::duration::parse_duration;
 use floodgate::config::Config;
-use floodgate::limiter::resp::{self, Reply};
+use floodgate::limiter::redis::resp::{self, Reply};
 use floodgate::limiter::{Algorithm, Decision, Limit};
 use floodgate::metrics::RuleCounters;
 use floodgate::normalize::{self, EscapedSlashes};

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::config::{Backend, Store};
 use floodgate::limiter::algorithm::{self, State};
-use floodgate::limiter::breaker::BreakerState;
-use floodgate::limiter::redis::{Options, RedisStore, StoreError};
+use floodgate::limiter::redis::breaker::BreakerState;
+use floodgate::limiter::redis::{Options, RedisStore};
+use floodgate::limiter::store::{SharedStore, StoreError};
 use floodgate::limiter::{Algorithm, Check, Decision, Limit};
 
 /// A timeout that only a broken store reaches: functional tests must not flake under load.

@@ -6,7 +6,9 @@ wrk (one thread). The systems compared:
 
   upstream        wrk -> nginx upstream (the floor)
   nginx-limit     nginx proxy with limit_req, everything allowed -> upstream (the peer)
-  fg-none         floodgate, no rules (the bare-Pingora ceiling)
+  pingora-bare    a bare Pingora proxy (benches/load/bare_proxy.rs: a ProxyHttp that only picks
+                  the peer; same Pingora, allocator and thread settings as floodgate)
+  fg-none         floodgate, no rules (against pingora-bare: the cost of floodgate's own work)
   fg-local        floodgate, one local token-bucket rule, everything allowed
   fg-global1      floodgate, one global token-bucket rule on Redis
   fg-global3      floodgate, three global token-bucket rules on Redis
@@ -23,9 +25,9 @@ and the report gives medians over rounds at each system's best count: its maximu
   * memory: 1,000,000 distinct keys through a gateway whose rule is keyed on a header, and the
     growth of its resident set.
 
-Gateways get `threads = 1` and nginx `worker_processes 1`; servers are pinned to CPU 0, wrk and
-redis-server (a stand-in for the Redis host of a deployment) to CPU 1 when there are two CPUs or
-more (--redis-cpus 0 to put Redis with the servers, --no-pin to let the scheduler choose). Every process
+Gateways and the bare proxy get `threads = 1` and nginx `worker_processes 1`; servers are pinned
+to CPU 0, wrk and redis-server (a stand-in for the Redis host of a deployment) to CPU 1 when there
+are two CPUs or more (--redis-cpus 0 to put Redis with the servers, --no-pin to let the scheduler choose). Every process
 started is stopped at the end, also on Ctrl-C or an error. Results: OUT/results.md (the tables
 of docs/benchmarks.md) and OUT/results.json (every run).
 """
@@ -187,7 +189,7 @@ class System:
     title: str
     port: int
     pid: int = 0  # the process whose RSS is reported (nginx: the master, plus its workers)
-    kind: str = "floodgate"  # floodgate | nginx
+    kind: str = "floodgate"  # floodgate | nginx | pingora
     redis: bool = False
     expect: int = 200  # status of (nearly) every response
     baseline: str | None = None  # the system its ratios are taken against
@@ -226,6 +228,9 @@ class Bench:
         self.floodgate = str(Path(args.floodgate).resolve())
         # The target dir may be shared with other builds: remember which binary was measured.
         self.floodgate_mtime = os.path.getmtime(self.floodgate)
+        self.bare_proxy = str(Path(args.bare_proxy).resolve())
+        self.bare_proxy_mtime = (os.path.getmtime(self.bare_proxy)
+                                 if os.path.isfile(self.bare_proxy) else None)
         self.access_log_key = True
         self.redis_port = 0
         self.redis_pid = 0
@@ -255,8 +260,9 @@ class Bench:
                 p.wait()
         for name, p in reversed(self.procs):
             if p.poll() is None:
-                # floodgate: SIGINT = exit now; nginx and redis: SIGTERM = fast shutdown.
-                sig = signal.SIGINT if name.startswith("fg-") else signal.SIGTERM
+                # floodgate and the bare Pingora proxy: SIGINT = exit now; nginx and redis:
+                # SIGTERM = fast shutdown.
+                sig = signal.SIGINT if name.startswith(("fg-", "pingora-")) else signal.SIGTERM
                 try:
                     p.send_signal(sig)
                 except ProcessLookupError:
@@ -554,13 +560,19 @@ auth = "none"
         p = self.start_nginx("nginx-429", conf, port)
         self.add(System("nginx-429", "nginx `limit_req`, every request over its limit (429)", port, p.pid, "nginx", expect=429))
 
+        # The bare Pingora proxy: what floodgate without rules is compared with.
+        if not a.only or "pingora-bare" in a.only:
+            self.start_bare_proxy(up_port)
+
         def rule(name, key, scope, algorithm="token_bucket", limit=1_000_000_000, window='"1s"', extra=""):
             w = f"window = {window}\n" if window else ""
             return (f'\n[[rules]]\nname = "{name}"\nmatch = {{}}\nkey = {json.dumps(key)}\n'
                     f'algorithm = "{algorithm}"\nlimit = {limit}\n{w}scope = "{scope}"\n{extra}')
 
         fg = [
-            ("fg-none", "floodgate, no rules (bare Pingora)", "", "", 200, "upstream"),
+            ("fg-none", "floodgate, no rules", "", "", 200,
+             "pingora-bare" if self.systems.get("pingora-bare") and not self.systems["pingora-bare"].skipped
+             else "upstream"),
             ("fg-local", "floodgate, 1 local token-bucket rule", rule("local", ["ip"], "local"), "", 200, "fg-none"),
             ("fg-429", "floodgate, every request over its limit (429)",
              rule("tiny", ["ip"], "local", limit=1, window='"1h"'), "", 429, "nginx-429"),
@@ -584,7 +596,7 @@ auth = "none"
             self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
                             baseline=base, admin=admin))
 
-        order = ["upstream", "nginx-limit", "fg-none", "fg-local", "fg-global1", "fg-global3",
+        order = ["upstream", "nginx-limit", "pingora-bare", "fg-none", "fg-local", "fg-global1", "fg-global3",
                  "nginx-429", "fg-429", "fg-concurrency"]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:
@@ -593,9 +605,28 @@ auth = "none"
     def add(self, s: System) -> None:
         self.systems[s.name] = s
 
+    def start_bare_proxy(self, upstream: int) -> None:
+        """benches/load/bare_proxy.rs on the servers' CPU with one thread, as the gateways; left
+        out of the table (with the reason) when it has not been built."""
+        name = "pingora-bare"
+        title = "bare Pingora proxy, `upstream_peer` only"
+        if self.bare_proxy_mtime is None:
+            why = f"{os.path.relpath(self.bare_proxy, ROOT)} not found (cargo build --release --bin bare-proxy)"
+            self.add(System(name, title, 0, kind="pingora", baseline="upstream", skipped=why))
+            self.notes.append(f"{name} was not measured: {why}.")
+            log(f"{name}: left out: {why}")
+            return
+        port = free_port()
+        p = self.spawn(name, [self.bare_proxy, "--listen", f"127.0.0.1:{port}",
+                              "--upstream", f"127.0.0.1:{upstream}", "--threads", "1"])
+        self.wait_http(name, p, port)
+        self.add(System(name, title, port, p.pid, "pingora", baseline="upstream"))
+
     def probe(self) -> None:
         """Each system answers what it is meant to answer, or is left out with the reason."""
         for s in self.systems.values():
+            if s.skipped:
+                continue
             statuses = []
             for _ in range(3):
                 st, headers, body = http_get(s.port)
@@ -678,7 +709,7 @@ auth = "none"
                 break
         self.half_target = target
         self.half_conns = conns
-        names = [n for n in ("upstream", "nginx-limit", "fg-none", "fg-local", "fg-global1", "fg-global3",
+        names = [n for n in ("upstream", "nginx-limit", "pingora-bare", "fg-none", "fg-local", "fg-global1", "fg-global3",
                              "fg-concurrency") if n in self.systems and not self.systems[n].skipped]
         for rnd in range(a.rounds):
             for n in names:
@@ -772,12 +803,15 @@ auth = "none"
         rev = version(["git", "-C", str(ROOT), "describe", "--always", "--dirty"])
         built = dt.datetime.fromtimestamp(self.floodgate_mtime).strftime("%Y-%m-%d %H:%M")
         rev = f"{os.path.relpath(self.floodgate, ROOT)} built {built}, tree at {rev}"
+        bare = (f"{os.path.relpath(self.bare_proxy, ROOT)} built "
+                f"{dt.datetime.fromtimestamp(self.bare_proxy_mtime).strftime('%Y-%m-%d %H:%M')}"
+                if self.bare_proxy_mtime is not None else "not built")
         return {
             "cpus": self.ncpu, "cpu_model": cpu.get("model name", "?"),
             "memory": mem.get("MemTotal", "?"), "kernel": platform.release(),
             "loadavg_start": self.load_start, "loadavg_end": open("/proc/loadavg").read().split()[:3],
             "wrk": version([self.wrk, "-v"]).split(" [")[0], "nginx": version([self.nginx, "-v"]),
-            "redis": version([self.redis_server, "--version"]), "floodgate": rev,
+            "redis": version([self.redis_server, "--version"]), "floodgate": rev, "bare_proxy": bare,
         }
 
     def summary(self, s: System, runs: list) -> dict:
@@ -806,7 +840,7 @@ auth = "none"
         w = lines.append
         w(f"Measured {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {m['cpus']} × {m['cpu_model']}, "
           f"{m['memory']} RAM, Linux {m['kernel']}; load average {' '.join(m['loadavg_start'])} at the start, "
-          f"{' '.join(m['loadavg_end'])} at the end. floodgate: {m['floodgate']}; {m['wrk']}; {m['nginx']}; {m['redis']}.")
+          f"{' '.join(m['loadavg_end'])} at the end. floodgate: {m['floodgate']}; bare proxy: {m['bare_proxy']}; {m['wrk']}; {m['nginx']}; {m['redis']}.")
         w("")
         if a.floodgate_env:
             w(f"Gateways ran with {', '.join('`' + e + '`' for e in a.floodgate_env)}.")
@@ -814,13 +848,13 @@ auth = "none"
         w(f"`wrk -t1 -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
           f"{a.rounds} rounds alternating between the systems, medians over rounds; each system's row is its best "
           f"connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
-          "floodgate `threads = 1`, nginx `worker_processes 1`.")
+          "floodgate `threads = 1`, bare proxy `--threads 1`, nginx `worker_processes 1`.")
         w("")
         w("### Maximum load")
         w("")
         w("| # | system | -c | req/s | ratio | vs | p50 | p99 | Redis cmds/req | RSS | CPU/req |")
         w("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
-        numbers = {"upstream": "1", "nginx-limit": "2", "fg-none": "3", "fg-local": "4", "fg-global1": "5",
+        numbers = {"upstream": "1", "nginx-limit": "2", "pingora-bare": "3a", "fg-none": "3", "fg-local": "4", "fg-global1": "5",
                    "fg-global3": "6", "nginx-429": "7", "fg-429": "7", "fg-concurrency": "8"}
         for n, s in self.systems.items():
             r = S[n]
@@ -865,10 +899,16 @@ auth = "none"
         if "nginx-limit" in S and S["nginx-limit"]:
             w("")
             nl = S["nginx-limit"]["rps"]
-            parts = [f"`{n}` {pct(S[n]['rps'], nl)}" for n in ("fg-none", "fg-local", "fg-global1", "fg-global3", "fg-concurrency")
+            parts = [f"`{n}` {pct(S[n]['rps'], nl)}" for n in ("pingora-bare", "fg-none", "fg-local", "fg-global1", "fg-global3", "fg-concurrency")
                      if S.get(n)]
             if parts:
                 w("Against nginx `limit_req` (req/s ratio): " + ", ".join(parts) + ".")
+        own = self.own_work(S)
+        if own:
+            w("")
+            w(f"floodgate no rules / bare Pingora: {own['rps_ratio']:.2f}× the requests per second; CPU per "
+              f"request {own['fg_none_cpu_us']:.1f} µs against {own['pingora_bare_cpu_us']:.1f} µs "
+              f"({own['extra_cpu_us']:+.1f} µs: floodgate's own work per proxied request).")
         if H and any(H.values()):
             w("")
             w("### p99 at half of the maximum load")
@@ -928,6 +968,13 @@ auth = "none"
             return "**met**" if ok else "**missed**"
 
         none = S.get("fg-none")
+        own = self.own_work(S)
+        if own:
+            r = own["rps_ratio"]
+            out.append(f"`fg-none` throughput ≥ 0.9× `pingora-bare` (floodgate no rules / bare Pingora): "
+                       f"{r:.2f}× — {verdict(r >= 0.9)}")
+        else:
+            out.append("`fg-none` throughput ≥ 0.9× `pingora-bare`: not measured")
         for n, need in (("fg-global1", 0.9), ("fg-global3", 0.85)):
             if none and S.get(n):
                 ratio = S[n]["rps"] / none["rps"]
@@ -954,6 +1001,19 @@ auth = "none"
             out.append(f"aim beyond: `fg-global1` ≥ nginx `limit_req`: {ratio:.2f}× — {verdict(ratio >= 1)}")
         return out
 
+    def own_work(self, S) -> dict | None:
+        """floodgate without rules against the bare Pingora proxy (req/s ratio, CPU per request),
+        or None when either was not measured."""
+        fg, bare = S.get("fg-none"), S.get("pingora-bare")
+        if not fg or not bare:
+            return None
+        return {
+            "rps_ratio": fg["rps"] / bare["rps"] if bare["rps"] else None,
+            "fg_none_rps": fg["rps"], "pingora_bare_rps": bare["rps"],
+            "fg_none_cpu_us": fg["cpu_us_per_req"], "pingora_bare_cpu_us": bare["cpu_us_per_req"],
+            "extra_cpu_us": fg["cpu_us_per_req"] - bare["cpu_us_per_req"],
+        }
+
     def check_binary(self) -> None:
         try:
             changed = os.path.getmtime(self.floodgate) != self.floodgate_mtime
@@ -963,6 +1023,14 @@ auth = "none"
             self.notes.append(f"{os.path.relpath(self.floodgate, ROOT)} was rebuilt or removed during the run "
                               "(another build in a shared target dir): gateways started afterwards ran "
                               "another binary.")
+        if self.bare_proxy_mtime is not None:
+            try:
+                bare_changed = os.path.getmtime(self.bare_proxy) != self.bare_proxy_mtime
+            except OSError:
+                bare_changed = True
+            if bare_changed and not any("bare proxy" in n for n in self.notes):
+                self.notes.append(f"{os.path.relpath(self.bare_proxy, ROOT)} was rebuilt or removed during the "
+                                  "run (the bare proxy measured was started before).")
 
     def run(self) -> int:
         a = self.args
@@ -978,6 +1046,7 @@ auth = "none"
             self.memory()
         self.check_binary()
         report = self.report()
+        own = self.own_work({n: self.summary(s, self.best_runs(s)) for n, s in self.systems.items()})
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.md").write_text(report)
@@ -986,6 +1055,8 @@ auth = "none"
             "systems": {n: {"title": s.title, "skipped": s.skipped, "runs": s.runs, "half_runs": s.half_runs}
                         for n, s in self.systems.items()},
             "memory": getattr(self, "mem", None),
+            # The issue-13 comparison: floodgate without rules over the bare Pingora proxy.
+            "ratios": {"fg-none / pingora-bare": own},
         }
         (out / "results.json").write_text(json.dumps(data, indent=1))
         print()
@@ -998,6 +1069,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--floodgate", default=str(ROOT / "target" / "release" / "floodgate"),
                    help="the floodgate binary (target/release/floodgate)")
+    p.add_argument("--bare-proxy", default=str(ROOT / "target" / "release" / "bare-proxy"),
+                   help="the bare Pingora proxy binary (target/release/bare-proxy; "
+                        "cargo build --release --bin bare-proxy); left out if missing")
     p.add_argument("--out", default=str(ROOT / "target" / "bench"),
                    help="where results.md and results.json go (target/bench)")
     p.add_argument("--duration", type=float, default=10, help="seconds per measured run (10)")

@@ -73,6 +73,8 @@ pub struct Server {
     pub log_format: LogFormat,
     /// Write one access-log line per request.
     pub access_log: bool,
+    /// Track the top clients per rule (admitted and rejected) for `GET /top` and the dashboard.
+    pub top_clients: bool,
     /// TLS listeners.
     pub tls: Option<Tls>,
     /// Connection limits and deadlines (slow and idle clients).
@@ -105,6 +107,17 @@ pub enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// Every format with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, LogFormat)] =
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)];
+
+    /// The name used in gateway.toml.
+    pub fn as_str(self) -> &'static str {
+        crate::names::name_of(Self::NAMES, self)
+    }
+}
+
 /// `[server.tls]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tls {
@@ -128,13 +141,16 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Every backend with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, Backend)] = &[
+        ("memory", Backend::Memory),
+        ("redis", Backend::Redis),
+        ("redis-cluster", Backend::RedisCluster),
+    ];
+
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Memory => "memory",
-            Backend::Redis => "redis",
-            Backend::RedisCluster => "redis-cluster",
-        }
+        crate::names::name_of(Self::NAMES, self)
     }
 }
 
@@ -195,13 +211,16 @@ pub enum AuthMode {
 }
 
 impl AuthMode {
+    /// Every mode with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, AuthMode)] = &[
+        ("required", AuthMode::Required),
+        ("optional", AuthMode::Optional),
+        ("none", AuthMode::None),
+    ];
+
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        match self {
-            AuthMode::Required => "required",
-            AuthMode::Optional => "optional",
-            AuthMode::None => "none",
-        }
+        crate::names::name_of(Self::NAMES, self)
     }
 }
 

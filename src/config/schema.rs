@@ -39,6 +39,7 @@ pub struct RawServer {
     #[serde(default)]
     pub legacy_headers: bool,
     pub access_log: Option<bool>,
+    pub top_clients: Option<bool>,
     pub log_format: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,
     pub header_timeout: Option<Spanned<String>>,

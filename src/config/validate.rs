@@ -222,11 +222,7 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         None => None,
     };
     let log_format = match &raw.log_format {
-        Some(f) => src.one_of(
-            f,
-            "log_format",
-            &[("text", LogFormat::Text), ("json", LogFormat::Json)],
-        )?,
+        Some(f) => src.one_of(f, "log_format", LogFormat::NAMES)?,
         None => LogFormat::Text,
     };
     let tls = match &raw.tls {
@@ -267,6 +263,7 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         legacy_headers: raw.legacy_headers,
         log_format,
         access_log: raw.access_log.unwrap_or(true),
+        top_clients: raw.top_clients.unwrap_or(true),
         tls,
     })
 }
@@ -326,15 +323,7 @@ fn existing_file(
 
 fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     let backend = match &raw.backend {
-        Some(b) => src.one_of(
-            b,
-            "store.backend",
-            &[
-                ("memory", Backend::Memory),
-                ("redis", Backend::Redis),
-                ("redis-cluster", Backend::RedisCluster),
-            ],
-        )?,
+        Some(b) => src.one_of(b, "store.backend", Backend::NAMES)?,
         None => Backend::Memory,
     };
     let check_url = |u: &Spanned<String>| -> Result<String, ConfigError> {
@@ -627,15 +616,7 @@ fn routes(
                 )
             })?;
         let auth = match &r.auth {
-            Some(a) => src.one_of(
-                a,
-                "route auth",
-                &[
-                    ("required", AuthMode::Required),
-                    ("optional", AuthMode::Optional),
-                    ("none", AuthMode::None),
-                ],
-            )?,
+            Some(a) => src.one_of(a, "route auth", AuthMode::NAMES)?,
             None => AuthMode::Required,
         };
         let m = &r.matcher;
@@ -696,18 +677,7 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
         if !seen.insert(name.clone()) {
             return Err(src.err(r.name.span(), format!("rule \"{name}\" is defined twice")));
         }
-        let algorithm = src.one_of(
-            &r.algorithm,
-            "algorithm",
-            &[
-                ("fixed_window", Algorithm::FixedWindow),
-                ("sliding_window_log", Algorithm::SlidingWindowLog),
-                ("sliding_window_counter", Algorithm::SlidingWindowCounter),
-                ("token_bucket", Algorithm::TokenBucket),
-                ("leaky_bucket", Algorithm::LeakyBucket),
-                ("concurrency", Algorithm::Concurrency),
-            ],
-        )?;
+        let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
         let limit = src.positive(&r.limit, "limit")?;
         let window = match (&r.window, algorithm) {
             (Some(w), Algorithm::Concurrency) => {
@@ -752,11 +722,9 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             None => limit,
         };
         let mode = match &r.mode {
-            Some(m) if algorithm == Algorithm::LeakyBucket => src.one_of(
-                m,
-                "mode",
-                &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)],
-            )?,
+            Some(m) if algorithm == Algorithm::LeakyBucket => {
+                src.one_of(m, "mode", LeakyMode::NAMES)?
+            }
             Some(m) => {
                 return Err(src.err(
                     m.span(),
@@ -811,23 +779,11 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             ));
         }
         let scope = match &r.scope {
-            Some(s) => src.one_of(
-                s,
-                "scope",
-                &[("local", Scope::Local), ("global", Scope::Global)],
-            )?,
+            Some(s) => src.one_of(s, "scope", Scope::NAMES)?,
             None => Scope::Global,
         };
         let on_store_error = match &r.on_store_error {
-            Some(s) => src.one_of(
-                s,
-                "on_store_error",
-                &[
-                    ("open", FailureMode::Open),
-                    ("closed", FailureMode::Closed),
-                    ("local", FailureMode::Local),
-                ],
-            )?,
+            Some(s) => src.one_of(s, "on_store_error", FailureMode::NAMES)?,
             None => FailureMode::Open,
         };
         let cost = match &r.cost {

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::memory::MemoryStore;
-use super::redis::{RedisStore, StoreError};
+use super::redis::RedisStore;
+use super::store::{SharedStore, StoreError};
 use super::{Algorithm, Check, Decision, LeakyMode};
 use crate::config::{Backend, Store};
 use crate::rules::{FailureMode, Rule, Scope};
@@ -83,7 +84,7 @@ pub struct Limiter {
     /// `on_store_error = "local"` decisions while the shared store fails.
     fallback: Arc<MemoryStore>,
     /// The shared store (Redis), when configured.
-    shared: Option<Arc<RedisStore>>,
+    shared: Option<Arc<dyn SharedStore>>,
     /// Requests being held by shaping rules: per rule name, when each one's wait ends.
     waiting: Waiting,
 }
@@ -154,7 +155,7 @@ impl Limiter {
     /// A limiter for `store`: in-process stores bounded to `max_keys`, and the Redis store when
     /// the backend is Redis (it connects in the background).
     pub fn new(store: &Store) -> Self {
-        let shared = match store.backend {
+        let shared: Option<Arc<dyn SharedStore>> = match store.backend {
             Backend::Memory => None,
             Backend::Redis | Backend::RedisCluster => match RedisStore::new(store) {
                 Ok(s) => Some(s),
@@ -166,9 +167,16 @@ impl Limiter {
                 }
             },
         };
+        Limiter::with_shared(store.max_keys, shared)
+    }
+
+    /// A limiter over `shared` (global rules are decided there; `None`: every rule is decided
+    /// in process), its in-process stores bounded to `max_keys`. [`Limiter::new`] passes the
+    /// Redis store; tests pass a store of their own.
+    pub fn with_shared(max_keys: usize, shared: Option<Arc<dyn SharedStore>>) -> Self {
         Limiter {
-            local: Arc::new(MemoryStore::new(store.max_keys)),
-            fallback: Arc::new(MemoryStore::new(store.max_keys)),
+            local: Arc::new(MemoryStore::new(max_keys)),
+            fallback: Arc::new(MemoryStore::new(max_keys)),
             shared,
             waiting: Waiting::default(),
         }
@@ -186,7 +194,7 @@ impl Limiter {
     }
 
     /// The shared store, if any.
-    pub fn shared(&self) -> Option<&Arc<RedisStore>> {
+    pub fn shared(&self) -> Option<&Arc<dyn SharedStore>> {
         self.shared.as_ref()
     }
 
@@ -197,17 +205,17 @@ impl Limiter {
         }
     }
 
-    /// Decides `checks`, one per applying rule (same order as `rules`), under `store` (the
-    /// config in force: its timeout and instance count apply).
-    pub async fn decide(&self, rules: &[Arc<Rule>], checks: Vec<Check>, store: &Store) -> Outcome {
-        let mut enforcing_rules = Vec::with_capacity(rules.len());
-        let mut enforcing = Vec::with_capacity(checks.len());
+    /// Decides a request's applying rules, each with its check, in file order, under `store`
+    /// (the config in force: its timeout and instance count apply).
+    pub async fn decide(&self, applying: Vec<(Arc<Rule>, Check)>, store: &Store) -> Outcome {
+        let mut enforcing_rules = Vec::with_capacity(applying.len());
+        let mut enforcing = Vec::with_capacity(applying.len());
         let mut shadow = Vec::new();
-        for (rule, check) in rules.iter().zip(checks) {
+        for (rule, check) in applying {
             if rule.shadow {
-                shadow.push((rule.clone(), check));
+                shadow.push((rule, check));
             } else {
-                enforcing_rules.push(rule.clone());
+                enforcing_rules.push(rule);
                 enforcing.push(check);
             }
         }
@@ -466,7 +474,6 @@ impl Limiter {
     }
 }
 
-/// Puts `ds` (decisions for the checks at `idx`) into their places.
 /// The concurrency checks among `checks`: the slots an admitted request holds until it ends.
 fn concurrency_checks<'a>(checks: impl IntoIterator<Item = &'a Check>) -> Vec<Check> {
     checks
@@ -476,6 +483,7 @@ fn concurrency_checks<'a>(checks: impl IntoIterator<Item = &'a Check>) -> Vec<Ch
         .collect()
 }
 
+/// Puts `ds` (decisions for the checks at `idx`) into their places.
 fn place(out: &mut [Option<Decision>], idx: &[usize], ds: Vec<Decision>) {
     for (&i, d) in idx.iter().zip(ds) {
         out[i] = Some(d);
@@ -525,7 +533,7 @@ pub struct Leases {
     local: Vec<Check>,
     fallback_store: Option<Arc<MemoryStore>>,
     fallback: Vec<Check>,
-    shared_store: Option<(Arc<RedisStore>, u64)>,
+    shared_store: Option<(Arc<dyn SharedStore>, u64)>,
     shared: Vec<Check>,
 }
 
@@ -596,3 +604,6 @@ impl pingora::services::background::BackgroundService for Sweeper {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

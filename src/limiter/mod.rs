@@ -2,15 +2,15 @@
 //!
 //! Every algorithm is a pure state transition (`algorithm`): given the stored state of one key,
 //! the rule's [`Limit`], the time and a cost, it answers a [`Decision`] and an O(1) update to
-//! apply if the request is admitted. Stores (`memory`, `redis`) only keep state and make a request's
-//! checks atomic: every rule is charged, or none is.
+//! apply if the request is admitted. Stores (`memory`, and behind the [`store::SharedStore`]
+//! trait `redis`) only keep state and make a request's checks atomic: every rule is charged,
+//! or none is. The `engine` combines a request's rules over them.
 
 pub mod algorithm;
-pub mod breaker;
 pub mod engine;
 pub mod memory;
 pub mod redis;
-pub mod resp;
+pub mod store;
 
 use std::time::Duration;
 
@@ -42,16 +42,19 @@ impl Algorithm {
         Algorithm::Concurrency,
     ];
 
+    /// Every algorithm with its name in gateway.toml, metrics and the admin API.
+    pub const NAMES: &'static [(&'static str, Algorithm)] = &[
+        ("fixed_window", Algorithm::FixedWindow),
+        ("sliding_window_log", Algorithm::SlidingWindowLog),
+        ("sliding_window_counter", Algorithm::SlidingWindowCounter),
+        ("token_bucket", Algorithm::TokenBucket),
+        ("leaky_bucket", Algorithm::LeakyBucket),
+        ("concurrency", Algorithm::Concurrency),
+    ];
+
     /// The name used in gateway.toml, metrics and the admin API.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindowLog => "sliding_window_log",
-            Algorithm::SlidingWindowCounter => "sliding_window_counter",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::LeakyBucket => "leaky_bucket",
-            Algorithm::Concurrency => "concurrency",
-        }
+        crate::names::name_of(Self::NAMES, self)
     }
 }
 
@@ -62,6 +65,17 @@ pub enum LeakyMode {
     Police,
     /// Hold the request until its turn, up to `max_delay` and `burst` waiting, then reject.
     Shape,
+}
+
+impl LeakyMode {
+    /// Every mode with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, LeakyMode)] =
+        &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)];
+
+    /// The name used in gateway.toml.
+    pub fn as_str(self) -> &'static str {
+        crate::names::name_of(Self::NAMES, self)
+    }
 }
 
 /// The numbers of one rule that its algorithm needs, validated by `config`.

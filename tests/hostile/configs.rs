@@ -98,11 +98,7 @@ on_store_error = "local"
     let open = rule("unbuilt-open");
     for _ in 0..3 {
         let out = limiter
-            .decide(
-                std::slice::from_ref(&open),
-                vec![check(&open)],
-                &config.store,
-            )
+            .decide(vec![(open.clone(), check(&open))], &config.store)
             .await;
         assert!(
             matches!(out.verdict, Verdict::Allow { .. }),
@@ -115,11 +111,7 @@ on_store_error = "local"
     // closed: 503, never a silent admission.
     let closed = rule("unbuilt-closed");
     let out = limiter
-        .decide(
-            std::slice::from_ref(&closed),
-            vec![check(&closed)],
-            &config.store,
-        )
+        .decide(vec![(closed.clone(), check(&closed))], &config.store)
         .await;
     assert!(
         matches!(out.verdict, Verdict::Unavailable { .. }),
@@ -133,11 +125,7 @@ on_store_error = "local"
     let mut admitted = 0;
     for _ in 0..4 {
         let out = limiter
-            .decide(
-                std::slice::from_ref(&local),
-                vec![check(&local)],
-                &config.store,
-            )
+            .decide(vec![(local.clone(), check(&local))], &config.store)
             .await;
         if matches!(out.verdict, Verdict::Allow { .. }) {
             admitted += 1;

@@ -11,7 +11,7 @@
 //! That is one system call for many requests and a few allocations per call.
 //!
 //! What it does not do, on purpose: reconnect (a broken connection fails every call at once,
-//! and the store builds a new one, see `super::redis`), TLS or Unix sockets (those URLs use
+//! and the store builds a new one, see `super::conn`), TLS or Unix sockets (those URLs use
 //! redis-rs's connection), RESP3, pub/sub. Replies are RESP2.
 //!
 //! Input from the network never panics: a malformed reply breaks the connection with an error.

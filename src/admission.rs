@@ -1,0 +1,278 @@
+//! The decision a request gets, as one function of (config, request parts, limiter) that needs
+//! no Pingora session: route, identity, rules, and either "forward, with these changes" or
+//! "answer with this problem". `crate::proxy` only does the I/O around it.
+//!
+//! In order: the host and path are normalized (`crate::normalize`; malformed ones are 400), the
+//! first matching route is picked (none: 404), the API key is checked as the route asks (401),
+//! every matching rule is charged in one limiter call, and the verdict becomes a forward (with
+//! the RateLimit fields and any shaping delay) or a 429/503 answer.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, Method, Uri};
+
+use crate::auth::{presented_key, Identity};
+use crate::client::client_ip;
+use crate::config::{AuthMode, Config};
+use crate::limiter::engine::{Leases, Limiter, Verdict};
+use crate::metrics::metrics;
+use crate::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
+use crate::rules::RequestView;
+
+/// What admission reads of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The target as parsed (for HTTP/1.1 absolute-form, Pingora keeps only its path here).
+    pub uri: &'a Uri,
+    /// The target's bytes as the client sent them.
+    pub raw_target: &'a [u8],
+    /// The request headers.
+    pub headers: &'a HeaderMap,
+    /// The peer address of the connection.
+    pub peer: IpAddr,
+    /// The request id (quoted in every answer's body).
+    pub request_id: &'a str,
+}
+
+/// What to do with a request, and what the proxy needs to know to do it.
+#[derive(Debug)]
+pub struct Admission {
+    /// The client (the peer, or from a trusted `X-Forwarded-For`).
+    pub client_ip: IpAddr,
+    /// The index of the matched route in `Config::routes`.
+    pub route: Option<usize>,
+    /// The caller, when a valid key was presented.
+    pub identity: Option<Arc<Identity>>,
+    /// The target to forward, when it differs from the client's (normalized path, origin form).
+    pub target: Option<Uri>,
+    /// The `Host` to forward when the client sent an absolute-form target without one.
+    pub host: Option<String>,
+    /// Concurrency slots held for the exchange: dropping them releases them.
+    pub leases: Option<Leases>,
+    /// Forward or answer.
+    pub next: Next,
+}
+
+/// The verdict.
+#[derive(Debug)]
+pub enum Next {
+    /// Forward upstream after `delay` (shaping), adding `ratelimit` to the response.
+    Forward {
+        /// How long to hold the request first.
+        delay: Duration,
+        /// The RateLimit fields of the rules that applied.
+        ratelimit: Option<RateLimitHeaders>,
+    },
+    /// Answer the client without forwarding.
+    Answer(Box<Answer>),
+}
+
+impl Admission {
+    fn answer(client_ip: IpAddr, route: Option<usize>, mut problem: Problem, id: &str) -> Self {
+        problem.request_id = Some(id.to_string());
+        Admission {
+            client_ip,
+            route,
+            identity: None,
+            target: None,
+            host: None,
+            leases: None,
+            next: Next::Answer(Box::new(problem.answer())),
+        }
+    }
+}
+
+/// Decides what happens to `req` under `cfg`, charging `limiter`.
+pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admission {
+    let ip = client_ip(req.peer, req.headers, &cfg.server.trusted_proxies);
+    let id = req.request_id;
+
+    // One spelling per resource: routes, rules and the upstream all see the normalized host
+    // and path, so a re-spelled request is charged as what it is.
+    let host = match request_host(req) {
+        Ok(h) => h,
+        Err(detail) => return Admission::answer(ip, None, Problem::bad_request(detail), id),
+    };
+    let path = match crate::normalize::path(req.uri.path(), cfg.server.escaped_slashes) {
+        Ok(p) => p,
+        Err(e) => return Admission::answer(ip, None, Problem::bad_request(e.to_string()), id),
+    };
+    let Some(route_idx) = cfg
+        .routes
+        .iter()
+        .position(|r| r.matches(host.as_deref(), req.method, &path))
+    else {
+        return Admission::answer(ip, None, Problem::not_found(&path), id);
+    };
+    let route = &cfg.routes[route_idx];
+
+    let mut identity = None;
+    if route.auth != AuthMode::None {
+        match presented_key(req.headers, &cfg.auth.header).map(|k| cfg.auth.keys.lookup(k)) {
+            Some(Some(found)) => identity = Some(found),
+            Some(None) => {
+                let p = Problem::unauthorized(false);
+                return Admission::answer(ip, Some(route_idx), p, id);
+            }
+            None if route.auth == AuthMode::Required => {
+                let p = Problem::unauthorized(true);
+                return Admission::answer(ip, Some(route_idx), p, id);
+            }
+            None => {}
+        }
+    }
+
+    // The upstream gets the normalized path. An HTTP/1.1 absolute-form target goes upstream in
+    // origin form, its authority as the Host; HTTP/2 keeps its `:authority`.
+    let absolute = absolute_form_authority(req.raw_target);
+    let target = (path != req.uri.path() || absolute.is_some())
+        .then(|| forward_target(req.uri, &path, absolute.is_some()));
+    let forward_host = if req.headers.contains_key(http::header::HOST) {
+        None
+    } else {
+        absolute.map(str::to_string)
+    };
+    let mut admission = Admission {
+        client_ip: ip,
+        route: Some(route_idx),
+        identity,
+        target,
+        host: forward_host,
+        leases: None,
+        next: Next::Forward {
+            delay: Duration::ZERO,
+            ratelimit: None,
+        },
+    };
+    if cfg.rules.is_empty() {
+        return admission;
+    }
+
+    let view = RequestView {
+        route: &route.name,
+        method: req.method,
+        path: &path,
+        query: req.uri.query(),
+        host: host.as_deref(),
+        headers: req.headers,
+        ip,
+        identity: admission.identity.as_deref(),
+    };
+    let mut applying = Vec::new();
+    for rule in &cfg.rules {
+        if rule.matches(&view) {
+            if let Some(check) = rule.check_for(&view) {
+                applying.push((rule.clone(), check));
+            }
+        }
+    }
+    if applying.is_empty() {
+        return admission;
+    }
+    let started = Instant::now();
+    let outcome = limiter.decide(applying, &cfg.store).await;
+    metrics()
+        .decision_seconds
+        .observe(started.elapsed().as_secs_f64());
+    // Who is being limited, for `GET /top` and the dashboard (bounded memory, no allocation
+    // for a client already tracked).
+    crate::top::record(cfg, &view, &outcome);
+    for name in &outcome.shadow_rejected {
+        tracing::info!(rule = %name, request_id = %id, "shadow rule would have rejected the request");
+    }
+    let ratelimit = RateLimitHeaders::build(
+        outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
+        cfg.server.legacy_headers,
+    );
+    admission.leases = Some(outcome.leases);
+    admission.next = match outcome.verdict {
+        Verdict::Allow { delay } => Next::Forward {
+            delay,
+            ratelimit: Some(ratelimit),
+        },
+        Verdict::Reject {
+            status,
+            retry_after,
+            rules,
+        } => {
+            let secs = whole_seconds_at_least_one(retry_after);
+            let mut problem = Problem::rate_limited(status, &rules, secs);
+            problem.request_id = Some(id.to_string());
+            let mut answer = problem.answer();
+            answer.ratelimit = Some(ratelimit);
+            Next::Answer(Box::new(answer))
+        }
+        Verdict::Unavailable { retry_after, rules } => {
+            let secs = whole_seconds_at_least_one(retry_after);
+            let mut problem = Problem::limiter_unavailable(&rules, secs);
+            problem.request_id = Some(id.to_string());
+            Next::Answer(Box::new(problem.answer()))
+        }
+    };
+    admission
+}
+
+/// The request's host, normalized (`crate::normalize::host`): the target's authority when it
+/// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
+/// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
+fn request_host(req: &Request<'_>) -> Result<Option<String>, String> {
+    let raw = match req.uri.authority() {
+        Some(a) => a.as_str(),
+        // Pingora has checked that a Host header, if any, equals this authority.
+        None => match absolute_form_authority(req.raw_target) {
+            Some(a) => a,
+            None => {
+                let mut hosts = req.headers.get_all(http::header::HOST).iter();
+                let Some(first) = hosts.next() else {
+                    return Ok(None);
+                };
+                if hosts.next().is_some() {
+                    return Err("the request has more than one Host header".into());
+                }
+                first
+                    .to_str()
+                    .map_err(|_| "the Host header is not a host name".to_string())?
+            }
+        },
+    };
+    crate::normalize::host(raw)
+        .map(|h| Some(h.into_owned()))
+        .map_err(|e| e.to_string())
+}
+
+/// The authority of an HTTP/1.1 absolute-form target (`GET http://host/x HTTP/1.1`): Pingora
+/// keeps only the path in the URI and the whole target in the raw bytes.
+fn absolute_form_authority(raw_target: &[u8]) -> Option<&str> {
+    let raw = std::str::from_utf8(raw_target).ok()?;
+    let (scheme, rest) = raw.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// `uri` with `path` (normalized, so always a valid path) in place of its own, the query
+/// kept; in origin form when `origin_form`.
+fn forward_target(uri: &Uri, path: &str, origin_form: bool) -> Uri {
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    if origin_form {
+        parts.scheme = None;
+        parts.authority = None;
+    }
+    parts.path_and_query = path_and_query.parse().ok();
+    // The parts came from a valid URI and the path from the normalizer; should they ever not
+    // fit together, the client's own target goes upstream.
+    Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,301 @@
+//! Connection lifecycle: what the store connects with (built from `store.url(s)`, and built the
+//! same way by validation), the live connection every request shares, and the background task
+//! that (re)connects with backoff.
+//!
+//! A `redis://` server is reached over floodgate's own pipelined connection ([`super::resp`]),
+//! which does not reconnect: when it breaks, the store starts this task again. The redis-rs
+//! connections (`rediss://` and Unix sockets; clusters, which also follow MOVED/ASK and
+//! rediscover slots) reconnect by themselves.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::{
+    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult,
+    ServerErrorKind, Value,
+};
+
+use super::probe::check_policy;
+use super::resp::RespConn;
+use super::script::Lua;
+use super::Inner;
+use crate::config::Backend;
+
+/// Budget of one connection attempt (TCP, TLS, AUTH), separate from the decision timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Backoff between background connection attempts while Redis cannot be reached.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
+
+/// Where to connect.
+#[derive(Clone)]
+pub(super) enum Target {
+    Single(Box<redis::Client>),
+    Cluster(Box<ClusterClient>),
+    /// The URL(s) could not be turned into a client: why (never the URL itself).
+    Broken(Arc<str>),
+}
+
+/// A Redis URL (or set of cluster seeds) the store cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct UrlError {
+    /// Which URL is at fault (0-based, in `store.urls`), or `None` when it is the set of URLs
+    /// (cluster seeds that disagree) or the backend.
+    pub index: Option<usize>,
+    /// What is wrong, without the URL (which may hold a password).
+    pub message: String,
+}
+
+/// What the store connects with, built from `store.url(s)`. Validation builds one too and
+/// throws it away, so that `floodgate check` accepts exactly the URLs the store can use: the
+/// same parser (redis-rs `IntoConnectionInfo`) and the same client construction.
+pub struct RedisClient {
+    pub(super) target: Target,
+    pub(super) endpoint: String,
+}
+
+impl RedisClient {
+    /// Parses `urls` for `backend` as the store does, building the redis-rs client (no
+    /// connection is made).
+    pub fn build(backend: Backend, urls: &[String]) -> Result<RedisClient, UrlError> {
+        let at = |index: Option<usize>, message: String| UrlError { index, message };
+        let mut endpoints = Vec::with_capacity(urls.len());
+        for (i, url) in urls.iter().enumerate() {
+            let info = url.as_str().into_connection_info().map_err(|e| {
+                at(
+                    Some(i),
+                    format!(
+                        "store URL #{} is not a Redis URL the store can use ({}); write redis://[user:password@]host[:port][/db] or rediss://...",
+                        i + 1,
+                        redis_reason(&e)
+                    ),
+                )
+            })?;
+            if info.redis_settings().db() < 0 {
+                return Err(at(
+                    Some(i),
+                    format!(
+                        "store URL #{}: the database number must not be negative",
+                        i + 1
+                    ),
+                ));
+            }
+            endpoints.push(info.addr().to_string());
+        }
+        let target = match backend {
+            Backend::Redis => {
+                let [url] = urls else {
+                    return Err(at(
+                        None,
+                        "store.backend = \"redis\" needs exactly one URL".into(),
+                    ));
+                };
+                let client = redis::Client::open(url.as_str()).map_err(|e| {
+                    at(
+                        Some(0),
+                        format!("store.url is not a valid Redis URL ({})", redis_reason(&e)),
+                    )
+                })?;
+                Target::Single(Box::new(client))
+            }
+            Backend::RedisCluster => {
+                if urls.is_empty() {
+                    return Err(at(
+                        None,
+                        "store.backend = \"redis-cluster\" needs seed URLs".into(),
+                    ));
+                }
+                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .build()
+                    .map_err(|e| {
+                        at(
+                            None,
+                            format!(
+                                "store.urls cannot form a cluster client ({})",
+                                redis_reason(&e)
+                            ),
+                        )
+                    })?;
+                Target::Cluster(Box::new(client))
+            }
+            Backend::Memory => {
+                return Err(at(
+                    None,
+                    "store.backend = \"memory\" has no Redis store".into(),
+                ))
+            }
+        };
+        Ok(RedisClient {
+            target,
+            endpoint: endpoints.join(","),
+        })
+    }
+}
+
+/// redis-rs's reason for refusing a URL or a client: its fixed description (and detail, such
+/// as an unknown `protocol`), which never repeat the URL.
+fn redis_reason(e: &redis::RedisError) -> String {
+    e.to_string().replace(" - InvalidClientConfig", "")
+}
+
+/// A live connection, a cheap handle shared by every request. `Lean` (a `redis://` server) is
+/// floodgate's own pipelined connection ([`super::resp`]): when it breaks, the store builds a
+/// new one. The redis-rs ones (`rediss://` and Unix sockets; clusters, which also follow
+/// MOVED/ASK and rediscover slots) reconnect by themselves.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Lean(RespConn),
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Runs `cmd` on this connection.
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Lean(c) => match c.query(cmd).await {
+                Ok(Ok(value)) => Ok(T::from_redis_value(value)?),
+                Ok(Err(message)) => Err(server_error(message)),
+                Err(e) => Err((ErrorKind::Io, "Redis connection", e.to_string()).into()),
+            },
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs `cmd`, an `EVALSHA` of `script` (see [`Lua::evalsha`]); when Redis no longer
+    /// knows the script (`SCRIPT FLUSH`, a restart, a failover to a fresh node) loads it and
+    /// runs `cmd` once more.
+    pub(super) async fn eval<T: FromRedisValue>(&self, script: &Lua, cmd: &Cmd) -> RedisResult<T> {
+        match self.query(cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.query::<String>(&script.load()).await?;
+                self.query(cmd).await
+            }
+            reply => reply,
+        }
+    }
+
+    /// Whether this connection can no longer answer and a new one must be built (only ours:
+    /// redis-rs's connections reconnect by themselves).
+    pub(super) fn is_broken(&self) -> bool {
+        matches!(self, Conn::Lean(c) if c.is_broken())
+    }
+
+    /// Sends `cmd` to the server, or to every master of a cluster.
+    pub(super) async fn everywhere(&self, cmd: redis::Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Lean(_) => self.query(&cmd).await,
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => {
+                c.clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                    )
+                    .await
+            }
+        }
+    }
+}
+
+/// An error Redis answered, as redis-rs would classify it (`NOSCRIPT` must be recognised).
+fn server_error(message: String) -> redis::RedisError {
+    let kind = if message.starts_with("NOSCRIPT") {
+        ErrorKind::Server(ServerErrorKind::NoScript)
+    } else {
+        ErrorKind::Extension
+    };
+    (kind, "Redis answered an error", message).into()
+}
+
+/// Connects (with backoff, for as long as it takes and the store exists), publishes the
+/// connection, then reads `maxmemory-policy`.
+pub(super) async fn connect_loop(store: Weak<Inner>) {
+    let mut delay = RECONNECT_MIN;
+    let mut attempts: u64 = 0;
+    loop {
+        // Hold the store only while using it, so that dropping it ends this task.
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        let target = inner.target.clone();
+        let endpoint = inner.endpoint.clone();
+        drop(inner);
+        let attempt = tokio::time::timeout(4 * CONNECT_TIMEOUT, connect(&target)).await;
+        let error = match attempt {
+            Ok(Ok(conn)) => {
+                let Some(inner) = store.upgrade() else {
+                    return;
+                };
+                inner.conn.send_replace(Some(conn.clone()));
+                inner.connecting.store(false, Ordering::Release);
+                tracing::info!(redis = %endpoint, "connected to Redis");
+                check_policy(store, conn).await;
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "connection attempt timed out".to_string(),
+        };
+        // One line at first, then one every ~30 attempts: a long outage must not flood logs.
+        if attempts.is_multiple_of(30) {
+            tracing::warn!(redis = %endpoint, error = %error, attempts = attempts + 1, "cannot connect to Redis; retrying in the background (global rules apply on_store_error)");
+        }
+        attempts += 1;
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// One connection attempt to `target`, unbounded (the caller bounds it).
+async fn connect(target: &Target) -> RedisResult<Conn> {
+    match target {
+        Target::Single(client) => {
+            let info = client.get_connection_info();
+            if let ConnectionAddr::Tcp(host, port) = info.addr() {
+                let settings = info.redis_settings();
+                return RespConn::connect(
+                    host,
+                    *port,
+                    settings.username(),
+                    settings.password(),
+                    settings.db(),
+                    CONNECT_TIMEOUT,
+                )
+                .await
+                .map(Conn::Lean)
+                .map_err(|e| (ErrorKind::Io, "cannot connect to Redis", e.to_string()).into());
+            }
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                // Decisions have their own deadline (store.timeout); a response timeout here
+                // would only fire after the caller stopped waiting.
+                .set_response_timeout(None)
+                // Reconnect quickly after Redis returns: few retries, short delays; the next
+                // command starts another round if these fail.
+                .set_number_of_retries(2)
+                .set_min_delay(Duration::from_millis(100))
+                .set_max_delay(Duration::from_secs(1))
+                // Every request of the process queues on this connection.
+                .set_pipeline_buffer_size(4096);
+            ConnectionManager::new_with_config((**client).clone(), config)
+                .await
+                .map(Conn::Single)
+        }
+        Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+        Target::Broken(why) => Err((
+            ErrorKind::InvalidClientConfig,
+            "the Redis store could not be built",
+            why.to_string(),
+        )
+            .into()),
+    }
+}

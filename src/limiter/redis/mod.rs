@@ -1,0 +1,560 @@
+//! The shared store: Redis (standalone or Cluster), deciding all global rules of a request in
+//! one atomic Lua call. [`RedisStore`] implements [`SharedStore`], the only face the engine
+//! sees.
+//!
+//! Split by concern: [`script`] (the scripts and the Rust↔Lua wire contract), `conn` (what to
+//! connect with, the live connection and the reconnect loop), [`resp`] (floodgate's own
+//! pipelined connection to a `redis://` server), `cluster` (hash-slot grouping), [`breaker`]
+//! (the circuit breaker) and `probe` (the `maxmemory-policy` eviction probe).
+//!
+//! # Scripts
+//! `lua/` holds one file per algorithm, each defining one local function that mirrors its
+//! counterpart in [`super::algorithm`] decision for decision (same rounding, same
+//! `remaining`, `reset`, `retry_after` and `delay`), helpers (`common.lua`, `gcra.lua`), and
+//! `decide.lua`, which decides every check of a request against the stored state and charges
+//! all of them only if all admit. They are concatenated at compile time into ONE script
+//! ([`script::DECIDE_LUA`], one SHA) and run with `EVALSHA`; `release.lua` gives concurrency
+//! slots back. A `NOSCRIPT` answer (after `SCRIPT FLUSH` or a Redis restart) is met with
+//! `SCRIPT LOAD` (to every node, in a cluster) and the same `EVALSHA` again, so no caller ever
+//! sees it. Time comes from Redis `TIME` inside the script, never from a gateway
+//! clock, so gateways whose clocks disagree still share exact limits.
+//!
+//! # Units
+//! Lua numbers are doubles, exact below 2^53. Instants are therefore kept in **microseconds**
+//! since the epoch (the resolution of `TIME`), durations in nanoseconds as differences only;
+//! see `lua/common.lua`. Windows are whole microseconds (config windows are whole
+//! milliseconds; a finer window is rounded up to the next microsecond). Numbers passed to the
+//! scripts are capped at 2^53 - 1, which only absurd rules reach.
+//!
+//! # Redis keys
+//! `<key_prefix><rule>:{<16 hex digits of Check::key>}`. The key digest is the hash tag, so in
+//! a cluster the checks of rules keyed on the same parts share a slot and are decided in one
+//! call; network input never reaches a Redis key verbatim (it is hashed) and Redis keys have
+//! bounded length. Every Redis key carries a TTL that ends when its state stops mattering
+//! (window end, bucket refilled, last log entry or lease expired), and the sliding log's
+//! sorted set never holds more entries than the rule's limit.
+//!
+//! # Round trips
+//! Standalone: one `EVALSHA` per request whatever the number of rules, on one pipelined
+//! connection shared by every request (rebuilt in the background when it breaks). Cluster:
+//! one `EVALSHA` per hash slot among the request's keys, issued concurrently; each call is
+//! atomic, but a request whose keys span slots is not atomic across them (see
+//! [`SharedStore::decide`]).
+//!
+//! # Failures
+//! [`RedisStore::new`] never blocks and never fails because Redis is down: it connects in the
+//! background and keeps retrying. A decision gives up after its `timeout`
+//! ([`StoreError::Timeout`]); after [`breaker::FAILURE_THRESHOLD`] consecutive failures the
+//! circuit breaker fails calls fast for [`breaker::COOL_DOWN`], then probes (see
+//! [`breaker`]). On connect (and on recovery after failures) the store reads Redis'
+//! `maxmemory-policy` and warns loudly when it lets Redis evict floodgate's keys.
+
+pub mod breaker;
+mod cluster;
+mod conn;
+mod probe;
+pub mod resp;
+pub mod script;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::store::{SharedStore, StoreError, StoreStatus};
+use super::{Check, Decision};
+use crate::config::Store;
+use crate::metrics::metrics;
+use crate::text::push_hex16;
+use breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
+use conn::{connect_loop, Conn, Target};
+pub use conn::{RedisClient, UrlError, CONNECT_TIMEOUT};
+use script::{
+    hex16, holds_slot, sat, unpack_reply, Params, DECIDE, MAX_EXACT, RELEASE, REPLY_BYTES,
+};
+
+/// How long a global concurrency slot is held at most when its request never releases it (the
+/// gateway died mid-request, or the release could not reach Redis). Longer than any sane
+/// request, so that a live request never loses its slot; short enough that a crashed
+/// gateway's slots come back within minutes. A request held longer than this (a very long
+/// download) stops counting after it.
+pub const LEASE_TTL: Duration = Duration::from_secs(300);
+
+/// Budget of a release: it runs off the request path, and a release that is lost holds a slot
+/// until its lease expires, so it may wait longer than a decision.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Tunables that tests shorten; [`RedisStore::new`] uses the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// How long an unreleased concurrency slot counts ([`LEASE_TTL`]).
+    pub lease_ttl: Duration,
+    /// Consecutive failures that open the breaker ([`FAILURE_THRESHOLD`]).
+    pub failure_threshold: u32,
+    /// How long the breaker stays open before probing ([`COOL_DOWN`]).
+    pub cool_down: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lease_ttl: LEASE_TTL,
+            failure_threshold: FAILURE_THRESHOLD,
+            cool_down: COOL_DOWN,
+        }
+    }
+}
+
+/// A Redis-backed store. Cheap to share: every request uses the same connection(s).
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+/// The store's state, shared with its background tasks (which hold it weakly, so that
+/// dropping the store ends them).
+struct Inner {
+    target: Target,
+    /// `host:port` of the URL(s): what logs show (never the URL, which may hold a password).
+    endpoint: String,
+    key_prefix: String,
+    options: Options,
+    /// The connection once established; `None` until then. Requests wait for it within their
+    /// timeout, so the first requests after start do not fail while it is being set up.
+    conn: watch::Sender<Option<Conn>>,
+    /// The background connection task was spawned.
+    started: AtomicBool,
+    /// A (re)connection task is running.
+    connecting: AtomicBool,
+    breaker: Breaker,
+    /// The last call succeeded (false after a failure, until the next success).
+    up: AtomicBool,
+    /// The last `maxmemory-policy` read (the most dangerous one, in a cluster).
+    policy: Mutex<Option<String>>,
+}
+
+impl RedisStore {
+    /// Builds the store without waiting for Redis: it connects in the background, so the
+    /// gateway starts (and applies each rule's `on_store_error`) while Redis is down.
+    ///
+    /// Fails only on a configuration that can never work: no URL, or a URL that does not
+    /// parse (the error never repeats the URL, which may hold a password).
+    ///
+    /// Connecting needs a Tokio runtime: it starts here when called inside one, otherwise on
+    /// [`RedisStore::start`] or the first [`SharedStore::decide`].
+    pub fn new(store: &Store) -> Result<Arc<RedisStore>, StoreError> {
+        RedisStore::with_options(store, Options::default())
+    }
+
+    /// [`RedisStore::new`] with other [`Options`] (tests shorten the lease TTL and the
+    /// breaker's cool-down).
+    pub fn with_options(store: &Store, options: Options) -> Result<Arc<RedisStore>, StoreError> {
+        let client = RedisClient::build(store.backend, &store.urls)
+            .map_err(|e| StoreError::Redis(e.to_string()))?;
+        Ok(RedisStore::from_parts(
+            store,
+            options,
+            client.target,
+            client.endpoint,
+        ))
+    }
+
+    /// A store that could not be built (its URL(s) cannot be used): it stays down for the
+    /// life of the process. Every call fails at once with `why`, so each global rule's
+    /// `on_store_error` applies, `/readyz` and `floodgate_store_up` say the store is down, and
+    /// no global rule silently turns into a per-instance limit at the full limit.
+    pub fn broken(store: &Store, why: StoreError) -> Arc<RedisStore> {
+        metrics().store_up.set(0);
+        RedisStore::from_parts(
+            store,
+            Options::default(),
+            Target::Broken(why.to_string().into()),
+            "(unusable Redis URL)".to_string(),
+        )
+    }
+
+    fn from_parts(
+        store: &Store,
+        options: Options,
+        target: Target,
+        endpoint: String,
+    ) -> Arc<RedisStore> {
+        let broken = matches!(target, Target::Broken(_));
+        let (conn, _) = watch::channel(None);
+        let store = Arc::new(RedisStore {
+            inner: Arc::new(Inner {
+                target,
+                endpoint,
+                key_prefix: store.key_prefix.clone(),
+                breaker: Breaker::new(options.failure_threshold, options.cool_down),
+                options,
+                conn,
+                started: AtomicBool::new(false),
+                connecting: AtomicBool::new(false),
+                up: AtomicBool::new(!broken),
+                policy: Mutex::new(None),
+            }),
+        });
+        store.start();
+        store
+    }
+
+    /// Starts connecting in the background on the current Tokio runtime, if not already
+    /// started; a no-op outside a runtime. Call it once the runtime that serves requests runs
+    /// (e.g. from a background service, after Pingora daemonized: a thread or task started
+    /// before `fork` would not survive it) so that the connection is ready before the first
+    /// request. [`SharedStore::decide`] calls it too.
+    pub fn start(&self) {
+        if self.inner.started.load(Ordering::Acquire)
+            || matches!(self.inner.target, Target::Broken(_))
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.inner.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.inner.connecting.store(true, Ordering::Release);
+        runtime.spawn(connect_loop(Arc::downgrade(&self.inner)));
+    }
+
+    /// Whether the store is usable right now: connected, the last call succeeded, and the
+    /// circuit breaker is closed (for readiness checks).
+    pub fn is_up(&self) -> bool {
+        self.inner.conn.borrow().is_some()
+            && self.inner.up.load(Ordering::Acquire)
+            && self.inner.breaker.state() == BreakerState::Closed
+    }
+
+    /// Whether a connection has been established (it may be failing now).
+    pub fn is_connected(&self) -> bool {
+        self.inner.conn.borrow().is_some()
+    }
+
+    /// The circuit breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// Redis' `maxmemory-policy` as last read (in a cluster, the most dangerous among the
+    /// masters); `None` until read, or when Redis forbids `CONFIG` (managed services).
+    pub fn maxmemory_policy(&self) -> Option<String> {
+        self.inner.policy.lock().clone()
+    }
+
+    /// Whether the last read `maxmemory-policy` lets Redis evict floodgate's keys
+    /// (`allkeys-*`, and `volatile-*` too since every floodgate key has a TTL). An evicted
+    /// counter is a reset limit.
+    pub fn evicting_policy(&self) -> bool {
+        self.maxmemory_policy().is_some_and(|p| probe::evicts(&p))
+    }
+
+    /// `host:port` of the configured URL(s), comma-separated: safe to log or show (no
+    /// password).
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    /// The Redis key holding `check`'s state:
+    /// `<key_prefix><rule>:{<16 hex digits of the key digest>}`.
+    pub fn key(&self, check: &Check) -> String {
+        self.inner.key(check)
+    }
+
+    /// Test hook: [`SharedStore::decide`] as if Redis' clock read `now_us` (microseconds since
+    /// the Unix epoch), so that tests compare the scripts with the Rust reference at chosen
+    /// instants. Keys then keep an hour of extra TTL, since Redis expires them in real time.
+    /// The gateway never calls this.
+    #[doc(hidden)]
+    pub async fn decide_at(
+        &self,
+        checks: &[Check],
+        lease: u64,
+        timeout: Duration,
+        now_us: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.decide_inner(checks, lease, timeout, Some(now_us))
+            .await
+    }
+
+    async fn decide_inner(
+        &self,
+        checks: &[Check],
+        lease: u64,
+        timeout: Duration,
+        now_us: Option<u64>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.start();
+        let inner = &self.inner;
+        if let Target::Broken(why) = &inner.target {
+            // Never built: down for good, and every decision says so.
+            metrics().store_errors.with_label_values(&["error"]).inc();
+            metrics().store_up.set(0);
+            return Err(StoreError::Redis(why.to_string()));
+        }
+        let Some(ticket) = inner.breaker.try_call() else {
+            metrics()
+                .store_errors
+                .with_label_values(&["circuit_open"])
+                .inc();
+            return Err(StoreError::CircuitOpen);
+        };
+        let outcome = tokio::time::timeout(timeout, inner.run(checks, lease, now_us)).await;
+        let (error, kind) = match outcome {
+            Ok(Ok((decisions, partial))) => {
+                ticket.success();
+                inner.mark_up();
+                if partial {
+                    // Cluster: another slot rejected; slots this request took elsewhere go back.
+                    inner.spawn_release(checks, lease);
+                }
+                return Ok(decisions);
+            }
+            Ok(Err(e)) => (e, "error"),
+            Err(_) => (StoreError::Timeout, "timeout"),
+        };
+        metrics().store_errors.with_label_values(&[kind]).inc();
+        metrics().store_up.set(0);
+        inner.up.store(false, Ordering::Release);
+        let opened = ticket.failure();
+        if inner.conn.borrow().as_ref().is_some_and(Conn::is_broken) {
+            // Our own connection does not reconnect by itself: build the next one now (the
+            // failing calls meanwhile count towards the breaker).
+            inner.spawn_connect();
+        } else if opened && matches!(error, StoreError::Timeout) {
+            // A connection that stopped answering (a black-holed peer) never fails by itself:
+            // build a fresh one in the background while the breaker holds calls off.
+            inner.spawn_connect();
+        }
+        // The call may have taken slots before it failed or after we stopped waiting.
+        inner.spawn_release(checks, lease);
+        Err(error)
+    }
+}
+
+/// The engine's face of the store.
+#[async_trait]
+impl SharedStore for RedisStore {
+    /// Decides `checks` atomically (all charged or none) in one round trip (per cluster slot),
+    /// giving up after `timeout`. `lease` identifies this request's concurrency slots (and
+    /// names its sliding-log entries), so it must be unique per request (a random `u64`); pass
+    /// the same value to [`SharedStore::release`].
+    ///
+    /// Cluster: checks whose keys hash to different slots are decided by concurrent calls,
+    /// each atomic. When one call rejects and another admitted, the admitted one stays charged
+    /// (its concurrency slots are given back at once); rules keyed on the same parts share a
+    /// slot and never see this.
+    ///
+    /// On a timeout or error, concurrency slots the call may still have taken are released in
+    /// the background (they would expire with their lease anyway).
+    async fn decide(
+        &self,
+        checks: &[Check],
+        lease: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.decide_inner(checks, lease, timeout, None).await
+    }
+
+    /// Releases the concurrency slots that `lease` took for `checks` (other checks are
+    /// ignored). Best effort, bounded by [`RELEASE_TIMEOUT`]: a slot that cannot be released
+    /// expires with its lease ([`LEASE_TTL`]).
+    async fn release(&self, checks: &[Check], lease: u64) {
+        self.inner.release(checks, lease).await;
+    }
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            up: self.is_up(),
+            connected: self.is_connected(),
+            endpoint: self.endpoint().to_string(),
+            evicting: self.evicting_policy(),
+        }
+    }
+
+    fn is_up(&self) -> bool {
+        RedisStore::is_up(self)
+    }
+}
+
+impl Inner {
+    fn key(&self, check: &Check) -> String {
+        let mut key = String::with_capacity(self.key_prefix.len() + check.rule.len() + 19);
+        key.push_str(&self.key_prefix);
+        key.push_str(&check.rule);
+        key.push_str(":{");
+        push_hex16(&mut key, check.key);
+        key.push('}');
+        key
+    }
+
+    /// Indexes of `keys` grouped by what one script call may touch (see [`cluster::groups`]).
+    fn groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        cluster::groups(matches!(self.target, Target::Cluster(_)), keys)
+    }
+
+    /// The connection, waiting for the first one to be established (the caller bounds the
+    /// wait with its timeout).
+    async fn connection(&self) -> Result<Conn, StoreError> {
+        if let Some(conn) = self.conn.borrow().clone() {
+            return Ok(conn);
+        }
+        let mut rx = self.conn.subscribe();
+        let conn = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| StoreError::Redis("store closed".into()))?
+            .clone();
+        conn.ok_or_else(|| StoreError::Redis("not connected".into()))
+    }
+
+    /// Runs the decide script: the decisions, and whether a cluster request was admitted in
+    /// some slots but rejected in others.
+    async fn run(
+        &self,
+        checks: &[Check],
+        lease: u64,
+        now_us: Option<u64>,
+    ) -> Result<(Vec<Decision>, bool), StoreError> {
+        let conn = self.connection().await?;
+        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
+        let params: Vec<Params> = checks.iter().map(Params::of).collect();
+        let lease = hex16(lease);
+        let lease_ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
+        let now = now_us
+            .map(|n| n.min(MAX_EXACT).to_string())
+            .unwrap_or_default();
+        let groups = self.groups(&keys);
+        let call = |group: &[usize]| {
+            let mut cmd = DECIDE.evalsha(group.len());
+            for &i in group {
+                cmd.arg(keys[i].as_str());
+            }
+            cmd.arg(lease.as_str()).arg(lease_ttl_us).arg(now.as_str());
+            for &i in group {
+                cmd.arg(&params[i].packed()[..]);
+            }
+            let conn = conn.clone();
+            async move { conn.eval::<Vec<u8>>(&DECIDE, &cmd).await }
+        };
+        let replies = match groups.as_slice() {
+            [group] => vec![call(group).await],
+            _ => futures::future::join_all(groups.iter().map(|g| call(g))).await,
+        };
+        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+        let mut some_rejected = false;
+        let mut some_admitted = false;
+        for (group, reply) in groups.iter().zip(replies) {
+            let reply = reply.map_err(|e| StoreError::Redis(e.to_string()))?;
+            if reply.len() != group.len() * REPLY_BYTES {
+                return Err(StoreError::Redis(format!(
+                    "decide script answered {} bytes for {} checks",
+                    reply.len(),
+                    group.len()
+                )));
+            }
+            let mut all = true;
+            for (&i, packed) in group.iter().zip(reply.chunks_exact(REPLY_BYTES)) {
+                let d = params[i].decision(&unpack_reply(packed));
+                all &= d.allowed;
+                decisions[i] = Some(d);
+            }
+            some_admitted |= all;
+            some_rejected |= !all;
+        }
+        let decisions = decisions.into_iter().flatten().collect();
+        Ok((decisions, some_admitted && some_rejected))
+    }
+
+    fn mark_up(self: &Arc<Self>) {
+        metrics().store_up.set(1);
+        if !self.up.swap(true, Ordering::AcqRel) {
+            // Back after failures: possibly a restarted Redis with another configuration.
+            if let Some(conn) = self.conn.borrow().clone() {
+                tokio::spawn(probe::check_policy(Arc::downgrade(self), conn));
+            }
+        }
+    }
+
+    /// Starts a fresh connection in the background unless one is being made.
+    fn spawn_connect(self: &Arc<Self>) {
+        if self.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(connect_loop(Arc::downgrade(self)));
+    }
+
+    /// Releases `checks`' concurrency slots of `lease` in the background, if any.
+    fn spawn_release(self: &Arc<Self>, checks: &[Check], lease: u64) {
+        let held: Vec<Check> = checks.iter().filter(|c| holds_slot(c)).cloned().collect();
+        if held.is_empty() {
+            return;
+        }
+        let inner = self.clone();
+        tokio::spawn(async move { inner.release(&held, lease).await });
+    }
+
+    async fn release(&self, checks: &[Check], lease: u64) {
+        let held: Vec<&Check> = checks.iter().filter(|c| holds_slot(c)).collect();
+        if held.is_empty() {
+            return;
+        }
+        // Not connected yet: nothing can have been acquired through this store.
+        let Some(conn) = self.conn.borrow().clone() else {
+            return;
+        };
+        let keys: Vec<String> = held.iter().map(|c| self.key(c)).collect();
+        let lease = hex16(lease);
+        let calls = self.groups(&keys).into_iter().map(|group| {
+            let mut cmd = RELEASE.evalsha(group.len());
+            for &i in &group {
+                cmd.arg(keys[i].as_str());
+            }
+            cmd.arg(lease.as_str());
+            for &i in &group {
+                cmd.arg(held[i].cost);
+            }
+            let conn = conn.clone();
+            async move { conn.eval::<i64>(&RELEASE, &cmd).await }
+        });
+        match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
+            Ok(results) => {
+                for r in results {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "concurrency release failed; the lease will expire");
+                    }
+                }
+            }
+            Err(_) => {
+                tracing::debug!("concurrency release timed out; the lease will expire");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Backend;
+
+    #[test]
+    fn urls_with_passwords_never_show_in_errors() {
+        let store = Store {
+            backend: Backend::Redis,
+            urls: vec!["http://user:s3cret@host:1".into()],
+            timeout: Duration::from_millis(20),
+            key_prefix: "p:".into(),
+            instances: 1,
+            max_keys: 10,
+        };
+        let err = RedisStore::new(&store).err().expect("not a Redis URL");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+}

@@ -1,0 +1,397 @@
+//! The scripts the store runs and the wire contract between Rust and Lua: which number names
+//! which algorithm, how a check is packed into one argument, and how a reply is unpacked.
+//! `lua/decide.lua` documents the same contract from its side; the tests below read the Lua
+//! source so that the two sides cannot drift apart.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Cmd, Script};
+
+use super::super::algorithm::MAX_SLIDING_LOG_LIMIT;
+use super::super::{Algorithm, Check, Decision, LeakyMode};
+use crate::text::push_hex16;
+
+/// The multi-rule decision script: helpers, every algorithm, then `decide.lua`, as one script
+/// (one SHA). See `lua/decide.lua` for its arguments and reply.
+pub const DECIDE_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    "\n",
+    include_str!("../../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../../lua/sliding_window_log.lua"),
+    "\n",
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    "\n",
+    include_str!("../../../lua/token_bucket.lua"),
+    "\n",
+    include_str!("../../../lua/leaky_bucket.lua"),
+    "\n",
+    include_str!("../../../lua/concurrency.lua"),
+    "\n",
+    include_str!("../../../lua/decide.lua"),
+);
+
+/// The concurrency release script (`lua/release.lua`).
+pub const RELEASE_LUA: &str = include_str!("../../../lua/release.lua");
+
+pub(super) static DECIDE: LazyLock<Lua> = LazyLock::new(|| Lua::new(DECIDE_LUA));
+pub(super) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
+
+/// A script as the store runs it: its SHA, computed once, for `EVALSHA`, and its source for
+/// `SCRIPT LOAD` when Redis does not know it.
+pub(super) struct Lua {
+    source: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            source,
+            sha: Script::new(source).get_hash().to_string(),
+        }
+    }
+
+    /// `EVALSHA <sha> <keys>`, to which the caller appends the keys, then the arguments.
+    /// Written straight into one command buffer: redis-rs' `ScriptInvocation` first copies
+    /// every key and argument into a vector of its own, a dozen allocations per request.
+    pub(super) fn evalsha(&self, keys: usize) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys);
+        cmd
+    }
+
+    /// `SCRIPT LOAD <source>` (redis-rs' cluster routing sends it to every node).
+    pub(super) fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.source);
+        cmd
+    }
+}
+
+/// Lua numbers are doubles: integers are exact below 2^53.
+pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// Numbers per check in the decide script's reply.
+pub(super) const REPLY_FIELDS: usize = 5;
+
+/// Bytes per check in the decide script's reply: the numbers are little-endian doubles.
+pub(super) const REPLY_BYTES: usize = REPLY_FIELDS * 8;
+
+/// Numbers per check in the decide script's arguments, after the algorithm's code.
+const PACKED_NUMBERS: usize = 6;
+
+/// Bytes of one packed check: the algorithm's code, then the numbers as little-endian doubles.
+pub(super) const PACKED_BYTES: usize = 1 + PACKED_NUMBERS * 8;
+
+/// The algorithm's number in `decide.lua`'s `algorithms` table (1-based, as Lua indexes).
+pub(super) fn code(algorithm: Algorithm, mode: LeakyMode) -> u8 {
+    match (algorithm, mode) {
+        (Algorithm::FixedWindow, _) => 1,
+        (Algorithm::SlidingWindowLog, _) => 2,
+        (Algorithm::SlidingWindowCounter, _) => 3,
+        (Algorithm::TokenBucket, _) => 4,
+        (Algorithm::LeakyBucket, LeakyMode::Police) => 5,
+        (Algorithm::LeakyBucket, LeakyMode::Shape) => 6,
+        (Algorithm::Concurrency, _) => 7,
+    }
+}
+
+/// The numbers one check passes to the decide script (see `lua/decide.lua`).
+pub(super) struct Params {
+    /// The algorithm's number in `decide.lua`'s table.
+    code: u8,
+    cost: u64,
+    limit: u64,
+    window_us: u64,
+    burst: u64,
+    interval_ns: u64,
+    cap_ns: u64,
+    /// `Decision::limit`: the quota shown to clients (burst for the buckets).
+    quota: u64,
+}
+
+impl Params {
+    /// The script's numbers for `check`.
+    pub(super) fn of(check: &Check) -> Params {
+        let l = &check.limit;
+        // Exactly as the reference computes them (algorithm::window_ns / interval_ns).
+        let window_ns = sat(l.window.as_nanos()).max(1);
+        let interval_ns = window_ns.div_ceil(l.limit.max(1)).max(1);
+        let bucket = sat(u128::from(l.burst) * u128::from(interval_ns));
+        let (limit, cap_ns, quota) = match (l.algorithm, l.mode) {
+            (Algorithm::FixedWindow, _) => (l.limit, 0, l.limit),
+            (Algorithm::SlidingWindowLog, _) => {
+                let q = l.limit.min(MAX_SLIDING_LOG_LIMIT);
+                (q, 0, q)
+            }
+            (Algorithm::SlidingWindowCounter, _) => (l.limit, 0, l.limit),
+            (Algorithm::TokenBucket, _) => (l.limit, bucket, l.burst),
+            (Algorithm::LeakyBucket, LeakyMode::Police) => (l.limit, bucket, l.burst),
+            (Algorithm::LeakyBucket, LeakyMode::Shape) => {
+                let longest = sat(l.max_delay.as_nanos()).min(bucket);
+                (l.limit, longest, l.burst)
+            }
+            (Algorithm::Concurrency, _) => (l.limit, 0, l.limit),
+        };
+        Params {
+            code: code(l.algorithm, l.mode),
+            cost: check.cost.min(MAX_EXACT),
+            limit: limit.min(MAX_EXACT),
+            window_us: window_ns.div_ceil(1000).clamp(1, MAX_EXACT),
+            burst: l.burst.min(MAX_EXACT),
+            interval_ns: interval_ns.min(MAX_EXACT),
+            cap_ns: cap_ns.min(MAX_EXACT),
+            quota,
+        }
+    }
+
+    /// The check as `decide.lua` reads it: the algorithm's number, then cost, limit, window,
+    /// burst, interval and cap as little-endian doubles (exact: all are capped below 2^53).
+    pub(super) fn packed(&self) -> [u8; PACKED_BYTES] {
+        let mut out = [0; PACKED_BYTES];
+        out[0] = self.code;
+        let numbers: [u64; PACKED_NUMBERS] = [
+            self.cost,
+            self.limit,
+            self.window_us,
+            self.burst,
+            self.interval_ns,
+            self.cap_ns,
+        ];
+        for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
+            slot.copy_from_slice(&(n as f64).to_le_bytes());
+        }
+        out
+    }
+
+    /// The decision from the script's five numbers for this check.
+    pub(super) fn decision(&self, reply: &[u64; REPLY_FIELDS]) -> Decision {
+        let n = |i: usize| reply[i];
+        let allowed = n(0) == 1;
+        Decision {
+            allowed,
+            limit: self.quota,
+            remaining: if allowed { n(1) } else { 0 },
+            reset: Duration::from_nanos(n(2)),
+            // Never 0 when rejected: a client told to retry at once would be rejected again.
+            retry_after: if allowed {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(n(3).max(1))
+            },
+            delay: if allowed {
+                Duration::from_nanos(n(4))
+            } else {
+                Duration::ZERO
+            },
+        }
+    }
+}
+
+/// One check's numbers from the decide script's reply: little-endian doubles holding
+/// non-negative integers below 2^53 (anything else reads as 0).
+pub(super) fn unpack_reply(packed: &[u8]) -> [u64; REPLY_FIELDS] {
+    let mut numbers = [0; REPLY_FIELDS];
+    for (n, bytes) in numbers.iter_mut().zip(packed.chunks_exact(8)) {
+        let mut b = [0; 8];
+        b.copy_from_slice(bytes);
+        let f = f64::from_le_bytes(b);
+        if f.is_finite() && f > 0.0 {
+            // Saturating, and exact for the integers the script sends.
+            *n = f as u64;
+        }
+    }
+    numbers
+}
+
+/// A lease id as the scripts name it: 16 hex digits.
+pub(super) fn hex16(lease: u64) -> String {
+    let mut s = String::with_capacity(16);
+    push_hex16(&mut s, lease);
+    s
+}
+
+/// Whether `check` takes a concurrency slot that `release.lua` must give back.
+pub(super) fn holds_slot(check: &Check) -> bool {
+    check.limit.algorithm == Algorithm::Concurrency && check.cost > 0
+}
+
+/// `v` as a `u64`, saturating.
+pub(super) fn sat(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Limit;
+
+    fn check(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Check {
+        Check {
+            rule: "r".into(),
+            key: 0xabc,
+            limit: Limit {
+                algorithm,
+                limit,
+                window,
+                burst,
+                mode: LeakyMode::Shape,
+                max_delay: Duration::from_millis(250),
+            },
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn params_match_the_reference_rounding() {
+        let p = Params::of(&check(Algorithm::TokenBucket, 3, Duration::from_secs(1), 5));
+        assert_eq!(p.interval_ns, 333_333_334);
+        assert_eq!(p.cap_ns, 5 * 333_333_334);
+        assert_eq!(p.window_us, 1_000_000);
+        assert_eq!(p.quota, 5);
+        let p = Params::of(&check(
+            Algorithm::LeakyBucket,
+            10,
+            Duration::from_secs(1),
+            20,
+        ));
+        assert_eq!(p.code, 6, "leaky shape");
+        assert_eq!(
+            p.cap_ns, 250_000_000,
+            "longest wait = min(max_delay, burst * interval)"
+        );
+        let p = Params::of(&check(
+            Algorithm::SlidingWindowLog,
+            u64::MAX,
+            Duration::from_secs(1),
+            1,
+        ));
+        assert_eq!(p.limit, MAX_SLIDING_LOG_LIMIT);
+        assert_eq!(p.quota, MAX_SLIDING_LOG_LIMIT);
+        let p = Params::of(&check(Algorithm::FixedWindow, u64::MAX, Duration::MAX, 1));
+        assert_eq!(p.limit, MAX_EXACT);
+        assert_eq!(p.window_us, MAX_EXACT);
+    }
+
+    #[test]
+    fn rejected_decisions_never_say_retry_now() {
+        let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
+        let d = p.decision(&[0, 5, 10, 0, 7]);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.retry_after, Duration::from_nanos(1));
+        assert_eq!(d.delay, Duration::ZERO);
+    }
+
+    #[test]
+    fn replies_unpack_exactly_and_garbage_reads_as_zero() {
+        let packed: Vec<u8> = [1.0, 9_007_199_254_740_991.0, -3.0, f64::NAN, 1e300]
+            .iter()
+            .flat_map(|f: &f64| f.to_le_bytes())
+            .collect();
+        assert_eq!(
+            unpack_reply(&packed),
+            [1, 9_007_199_254_740_991, 0, 0, u64::MAX]
+        );
+        // A short reply never panics: the missing numbers read as 0.
+        assert_eq!(unpack_reply(&packed[..12]), [1, 0, 0, 0, 0]);
+    }
+
+    /// The text between `open` and the next `close` after it in `source`.
+    fn between<'a>(source: &'a str, open: &str, close: &str) -> &'a str {
+        let start = source
+            .find(open)
+            .unwrap_or_else(|| panic!("decide.lua no longer holds {open:?}"))
+            + open.len();
+        let len = source[start..]
+            .find(close)
+            .unwrap_or_else(|| panic!("decide.lua: {open:?} is not closed by {close:?}"));
+        &source[start..start + len]
+    }
+
+    /// The Lua function that mirrors each algorithm (and leaky bucket mode).
+    fn lua_name(algorithm: Algorithm, mode: LeakyMode) -> String {
+        match (algorithm, mode) {
+            (Algorithm::LeakyBucket, LeakyMode::Police) => "leaky_bucket_police".into(),
+            (Algorithm::LeakyBucket, LeakyMode::Shape) => "leaky_bucket_shape".into(),
+            (a, _) => a.as_str().into(),
+        }
+    }
+
+    /// Every algorithm code Rust sends names, in `decide.lua`'s table, the Lua function that
+    /// mirrors that algorithm, and that function exists in the composed script; the table
+    /// holds no code Rust does not send.
+    #[test]
+    fn algorithm_codes_match_the_lua_table() {
+        let decide = include_str!("../../../lua/decide.lua");
+        let table: Vec<&str> = between(decide, "local algorithms = {", "}")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let mut sent = Vec::new();
+        for algorithm in Algorithm::ALL {
+            for mode in [LeakyMode::Police, LeakyMode::Shape] {
+                let code = code(algorithm, mode);
+                let name = lua_name(algorithm, mode);
+                let at = usize::from(code)
+                    .checked_sub(1)
+                    .expect("Lua tables are 1-based");
+                assert_eq!(
+                    table.get(at).copied(),
+                    Some(name.as_str()),
+                    "code {code} is {name} in Rust but {:?} in decide.lua",
+                    table.get(at)
+                );
+                assert!(
+                    DECIDE_LUA.contains(&format!("function {name}(")),
+                    "no Lua function {name} in the composed script"
+                );
+                sent.push(code);
+            }
+        }
+        sent.sort_unstable();
+        sent.dedup();
+        assert_eq!(
+            sent.len(),
+            table.len(),
+            "decide.lua's table has codes Rust never sends"
+        );
+    }
+
+    /// The packed check is the size and layout `decide.lua` unpacks, and the reply holds as
+    /// many numbers per check as the script appends.
+    #[test]
+    fn packed_sizes_match_the_lua_source() {
+        let decide = include_str!("../../../lua/decide.lua");
+        let format = between(decide, "struct.unpack('", "'");
+        let (endian, fields) = format.split_at(1);
+        assert_eq!(endian, "<", "little-endian, as Params::packed writes");
+        let (code, numbers) = fields.split_at(1);
+        assert_eq!(code, "B", "one byte of algorithm code first");
+        assert!(
+            numbers.chars().all(|c| c == 'd'),
+            "{format}: numbers are doubles"
+        );
+        assert_eq!(numbers.len(), PACKED_NUMBERS);
+        assert!(
+            decide.contains(&format!("#packed ~= {PACKED_BYTES}")),
+            "decide.lua checks another packed size than {PACKED_BYTES}"
+        );
+        let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
+        assert_eq!(p.packed().len(), PACKED_BYTES);
+
+        let per_check = between(decide, "local allowed, remaining", "\nend\n");
+        assert_eq!(
+            per_check.matches("out[#out + 1] = ").count() - 1,
+            REPLY_FIELDS,
+            "numbers appended per check (allowed is appended in two branches)"
+        );
+        assert!(decide.contains("struct.pack('<' .. string.rep('d', #out)"));
+        assert_eq!(REPLY_BYTES, REPLY_FIELDS * 8);
+    }
+}

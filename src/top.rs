@@ -1,0 +1,651 @@
+//! Who is being limited right now: per rule, the clients with the most rejected and the most
+//! admitted requests over the last minute and the last hour, in bounded memory whatever the
+//! number of distinct clients.
+//!
+//! Per-client Prometheus series would explode its cardinality, so the counting happens here,
+//! with the Space-Saving heavy-hitters sketch (Metwally, Agrawal, El Abbadi, 2005): a sketch
+//! holds at most [`COUNTERS`] (k) counters; a client not held replaces the smallest counter and
+//! inherits its count as its possible over-count. Over a stream of N requests every client with
+//! more than N/k of them is held, and every held count is at least the true count and at most
+//! N/k above it.
+//!
+//! Windows slide by buckets: "1m" merges six 10-second buckets (the last 50 to 60 seconds),
+//! "1h" twelve 5-minute buckets (the last 55 to 60 minutes). Merging keeps the guarantee for
+//! the window's total N (see [`RuleTop::top`]). Each rule also keeps its admitted and rejected
+//! counts per second for the last [`SERIES_SECONDS`] seconds, for the dashboard's charts.
+//!
+//! The request path calls [`record`] once per request after the limiter decided (a few
+//! hundred nanoseconds: one hash of the key's values, then per applying rule one uncontended
+//! lock and two counter updates; nothing is allocated for a client that is already held).
+//! State is keyed by rule name, so it survives reloads like the counters do.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::{Backend, Config};
+use crate::limiter::engine::{Outcome, Verdict};
+use crate::rules::{query_param, KeyPart, RequestView, Rule, Scope, MAX_KEY_VALUE};
+
+/// Counters per sketch (k of Space-Saving). 64 is plenty to name who is being limited, and it
+/// keeps the eviction scan (a linear pass over 64 counts) short.
+pub const COUNTERS: usize = 64;
+
+/// Seconds of per-second history each rule keeps for the dashboard's charts.
+pub const SERIES_SECONDS: usize = 300;
+
+/// Longest value shown for a key part taken from the request (header, query, path), in bytes:
+/// request data is shown, but a client cannot make the admin page carry its whole header.
+pub const MAX_SHOWN_VALUE: usize = 64;
+
+/// The streaming heavy-hitters sketch (Space-Saving) over client hashes, each held client with
+/// a label of type `L`.
+///
+/// Guarantee, for N = [`SpaceSaving::total`] and k = its capacity: every key whose true count
+/// is more than N/k is held; a held key's count is at least its true count, and at most
+/// `error` (≤ N/k) above it. It never holds more than k counters.
+#[derive(Debug, Clone)]
+pub struct SpaceSaving<L> {
+    capacity: usize,
+    hashes: Vec<u64>,
+    counts: Vec<u64>,
+    errors: Vec<u64>,
+    labels: Vec<L>,
+    index: hashbrown::HashMap<u64, u32, Mix>,
+    total: u64,
+}
+
+/// A hasher for keys that are already hashes: one multiply spreads their bits for the table.
+#[derive(Debug, Clone, Copy, Default)]
+struct Mix;
+
+impl BuildHasher for Mix {
+    type Hasher = MixHasher;
+    fn build_hasher(&self) -> MixHasher {
+        MixHasher(0)
+    }
+}
+
+/// See [`Mix`].
+#[derive(Debug, Default)]
+struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) ^ u64::from(*b) ^ (self.0 >> 56);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl<L: Clone> SpaceSaving<L> {
+    /// An empty sketch of `capacity` counters (at least one). Allocates nothing until used.
+    pub fn new(capacity: usize) -> Self {
+        SpaceSaving {
+            capacity: capacity.max(1),
+            hashes: Vec::new(),
+            counts: Vec::new(),
+            errors: Vec::new(),
+            labels: Vec::new(),
+            index: hashbrown::HashMap::with_hasher(Mix),
+            total: 0,
+        }
+    }
+
+    /// Counts `weight` for `hash`; `label` is called only when the key is not held yet.
+    pub fn offer(&mut self, hash: u64, weight: u64, label: impl FnOnce() -> L) {
+        self.total += weight;
+        if let Some(&i) = self.index.get(&hash) {
+            self.counts[i as usize] += weight;
+            return;
+        }
+        if self.counts.len() < self.capacity {
+            self.index.insert(hash, self.counts.len() as u32);
+            self.hashes.push(hash);
+            self.counts.push(weight);
+            self.errors.push(0);
+            self.labels.push(label());
+            return;
+        }
+        // Full: the newcomer takes the smallest counter and its count, which bounds how much
+        // of the newcomer's count may be someone else's.
+        let mut min = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            if c < self.counts[min] {
+                min = i;
+            }
+        }
+        self.index.remove(&self.hashes[min]);
+        self.index.insert(hash, min as u32);
+        self.hashes[min] = hash;
+        self.errors[min] = self.counts[min];
+        self.counts[min] += weight;
+        self.labels[min] = label();
+    }
+
+    /// `(count, error)` of `hash` if held: its true count is in `count - error ..= count`.
+    pub fn get(&self, hash: u64) -> Option<(u64, u64)> {
+        let i = *self.index.get(&hash)? as usize;
+        Some((self.counts[i], self.errors[i]))
+    }
+
+    /// An upper bound of the true count of any key that is not held: the smallest count when
+    /// full, else 0 (a sketch that never evicted has seen every key it did not hold 0 times).
+    pub fn floor(&self) -> u64 {
+        if self.counts.len() < self.capacity {
+            0
+        } else {
+            self.counts.iter().copied().min().unwrap_or(0)
+        }
+    }
+
+    /// Total weight offered (N).
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Counters held now (never more than the capacity).
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// k.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Every held key: `(hash, count, error, label)`.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u64, u64, &L)> + '_ {
+        (0..self.counts.len()).map(|i| {
+            (
+                self.hashes[i],
+                self.counts[i],
+                self.errors[i],
+                &self.labels[i],
+            )
+        })
+    }
+
+    /// Forgets everything, keeping the allocations for the next bucket.
+    pub fn clear(&mut self) {
+        self.hashes.clear();
+        self.counts.clear();
+        self.errors.clear();
+        self.labels.clear();
+        self.index.clear();
+        self.total = 0;
+    }
+}
+
+/// The readable key parts of one client under one rule, as `(part, value)`: `("ip",
+/// "10.0.0.7")`, `("api_key", "acme-prod")` (the key id, never the secret). Values of
+/// `header:` and `query:` parts that carry credentials are shown as a digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    /// The parts in the rule's key order.
+    pub parts: Vec<(String, String)>,
+}
+
+/// Which window of [`RuleTop::top`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// The last minute (50 to 60 s: six 10-second buckets).
+    Minute,
+    /// The last hour (55 to 60 min: twelve 5-minute buckets).
+    Hour,
+}
+
+impl Window {
+    /// Every window with its query name.
+    pub const NAMES: &'static [(&'static str, Window)] =
+        &[("1m", Window::Minute), ("1h", Window::Hour)];
+
+    /// Its query name.
+    pub fn as_str(self) -> &'static str {
+        crate::names::name_of(Self::NAMES, self)
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Window::Minute => 0,
+            Window::Hour => 1,
+        }
+    }
+}
+
+/// `(bucket seconds, buckets)` of each window, by [`Window::index`].
+const WINDOWS: [(u64, usize); 2] = [(10, 6), (300, 12)];
+
+/// What [`RuleTop::top`] ranks by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// Requests this rule rejected.
+    Rejected,
+    /// Requests admitted while this rule applied.
+    Admitted,
+}
+
+impl By {
+    /// Every ranking with its query name.
+    pub const NAMES: &'static [(&'static str, By)] =
+        &[("rejected", By::Rejected), ("admitted", By::Admitted)];
+
+    /// Its query name.
+    pub fn as_str(self) -> &'static str {
+        crate::names::name_of(Self::NAMES, self)
+    }
+}
+
+/// One bucket of a window: who was admitted and who was rejected in it.
+#[derive(Debug)]
+struct Bucket {
+    /// `now / bucket seconds` when it was last written; a bucket of an older epoch is stale.
+    epoch: u64,
+    admitted: SpaceSaving<Arc<Client>>,
+    rejected: SpaceSaving<Arc<Client>>,
+}
+
+/// One rule's sketches and per-second history. Times are whole seconds on the caller's clock.
+#[derive(Debug)]
+pub struct RuleTop {
+    windows: [Vec<Bucket>; 2],
+    /// Per second, `(second, admitted, rejected)`, at `second % SERIES_SECONDS`.
+    series: Vec<(u64, u64, u64)>,
+}
+
+impl Default for RuleTop {
+    fn default() -> Self {
+        let window = |(_, n): (u64, usize)| {
+            (0..n)
+                .map(|_| Bucket {
+                    epoch: u64::MAX,
+                    admitted: SpaceSaving::new(COUNTERS),
+                    rejected: SpaceSaving::new(COUNTERS),
+                })
+                .collect()
+        };
+        RuleTop {
+            windows: [window(WINDOWS[0]), window(WINDOWS[1])],
+            series: Vec::new(),
+        }
+    }
+}
+
+/// A client in a top list.
+#[derive(Debug, Clone)]
+pub struct Ranked {
+    /// Who.
+    pub client: Arc<Client>,
+    /// The ranked count: at least the true count, at most `error` above it.
+    pub count: u64,
+    /// How much `count` may over-count.
+    pub error: u64,
+    /// Admitted requests counted for it in the window (its admitted sketches' counts).
+    pub admitted: u64,
+    /// Rejected requests counted for it in the window (its rejected sketches' counts).
+    pub rejected: u64,
+}
+
+/// A top list and what bounds its error.
+#[derive(Debug, Clone)]
+pub struct TopList {
+    /// Requests of the ranked kind in the window (N).
+    pub total: u64,
+    /// N / k: every client with more requests than this is listed, and no count is more than
+    /// this above the truth.
+    pub bound: u64,
+    /// The clients, highest count first.
+    pub clients: Vec<Ranked>,
+}
+
+impl RuleTop {
+    /// Counts one request of `client` (identified by `hash`) at second `now`.
+    pub fn record(
+        &mut self,
+        now: u64,
+        hash: u64,
+        admitted: bool,
+        label: &mut dyn FnMut() -> Arc<Client>,
+    ) {
+        for (w, &(len, _)) in WINDOWS.iter().enumerate() {
+            let epoch = now / len;
+            let buckets = &mut self.windows[w];
+            let n = buckets.len() as u64;
+            let b = &mut buckets[(epoch % n) as usize];
+            if b.epoch != epoch {
+                b.epoch = epoch;
+                b.admitted.clear();
+                b.rejected.clear();
+            }
+            let sketch = if admitted {
+                &mut b.admitted
+            } else {
+                &mut b.rejected
+            };
+            sketch.offer(hash, 1, &mut *label);
+        }
+        if self.series.is_empty() {
+            self.series = vec![(u64::MAX, 0, 0); SERIES_SECONDS];
+        }
+        let slot = &mut self.series[(now % SERIES_SECONDS as u64) as usize];
+        if slot.0 != now {
+            *slot = (now, 0, 0);
+        }
+        if admitted {
+            slot.1 += 1;
+        } else {
+            slot.2 += 1;
+        }
+    }
+
+    /// The top `limit` clients by `by` over `window` at second `now`.
+    ///
+    /// Merging buckets keeps Space-Saving's guarantee for the window's total N: a client's
+    /// count is the sum over buckets of its count where held and of the bucket's
+    /// [`SpaceSaving::floor`] where not, so it over-counts by at most Σ floor_j ≤ Σ N_j/k =
+    /// N/k; and a client with more than N/k in the window has more than N_j/k in some bucket
+    /// j, where it is therefore held, so it is a candidate.
+    pub fn top(&self, now: u64, window: Window, by: By, limit: usize) -> TopList {
+        let (len, n) = WINDOWS[window.index()];
+        let epoch = now / len;
+        let live: Vec<&Bucket> = self.windows[window.index()]
+            .iter()
+            .filter(|b| b.epoch <= epoch && epoch - b.epoch < n as u64)
+            .collect();
+        fn ranked(b: &Bucket, by: By) -> &SpaceSaving<Arc<Client>> {
+            match by {
+                By::Rejected => &b.rejected,
+                By::Admitted => &b.admitted,
+            }
+        }
+        let total: u64 = live.iter().map(|b| ranked(b, by).total()).sum();
+        let mut candidates: HashMap<u64, Arc<Client>> = HashMap::new();
+        for b in &live {
+            for (h, _, _, label) in ranked(b, by).entries() {
+                candidates.entry(h).or_insert_with(|| label.clone());
+            }
+        }
+        let mut clients: Vec<Ranked> = candidates
+            .into_iter()
+            .map(|(h, client)| {
+                let (mut upper, mut lower, mut admitted, mut rejected) = (0, 0, 0, 0);
+                for b in &live {
+                    let s = ranked(b, by);
+                    match s.get(h) {
+                        Some((c, e)) => {
+                            upper += c;
+                            lower += c - e;
+                        }
+                        None => upper += s.floor(),
+                    }
+                    admitted += b.admitted.get(h).map_or(0, |(c, _)| c);
+                    rejected += b.rejected.get(h).map_or(0, |(c, _)| c);
+                }
+                match by {
+                    By::Rejected => rejected = upper,
+                    By::Admitted => admitted = upper,
+                }
+                Ranked {
+                    client,
+                    count: upper,
+                    error: upper - lower,
+                    admitted,
+                    rejected,
+                }
+            })
+            .collect();
+        clients.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.client.parts.cmp(&b.client.parts))
+        });
+        clients.truncate(limit);
+        TopList {
+            total,
+            bound: total / COUNTERS as u64,
+            clients,
+        }
+    }
+
+    /// `(admitted, rejected)` per second for the `SERIES_SECONDS` seconds ending at `now`
+    /// (inclusive), oldest first.
+    pub fn series(&self, now: u64) -> (Vec<u64>, Vec<u64>) {
+        let mut admitted = Vec::with_capacity(SERIES_SECONDS);
+        let mut rejected = Vec::with_capacity(SERIES_SECONDS);
+        let start = (now + 1).saturating_sub(SERIES_SECONDS as u64);
+        for s in start..=now {
+            match self.series.get((s % SERIES_SECONDS as u64) as usize) {
+                Some(&(at, a, r)) if at == s => {
+                    admitted.push(a);
+                    rejected.push(r);
+                }
+                _ => {
+                    admitted.push(0);
+                    rejected.push(0);
+                }
+            }
+        }
+        (admitted, rejected)
+    }
+}
+
+/// Every rule's [`RuleTop`], by rule name, and the process-wide request totals.
+pub struct Top {
+    rules: RwLock<HashMap<Arc<str>, Arc<Mutex<RuleTop>>>>,
+    hasher: ahash::RandomState,
+    started: Instant,
+    started_unix: u64,
+    /// Requests that had at least one applying rule decided.
+    pub decided: AtomicU64,
+    /// Of those, the ones whose decision asked the shared store (a global rule on a Redis
+    /// backend): each is one round trip (one per hash slot on a cluster, none when a lease
+    /// covered it), so `store_requests / decided` is at most the Redis calls per request.
+    pub store_requests: AtomicU64,
+}
+
+static TOP: LazyLock<Top> = LazyLock::new(|| Top {
+    rules: RwLock::new(HashMap::new()),
+    hasher: ahash::RandomState::new(),
+    started: Instant::now(),
+    started_unix: SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()),
+    decided: AtomicU64::new(0),
+    store_requests: AtomicU64::new(0),
+});
+
+/// The process-wide top-clients state.
+pub fn top() -> &'static Top {
+    &TOP
+}
+
+impl Top {
+    /// Now, in Unix seconds on a monotonic clock (so windows never run backwards).
+    pub fn now(&self) -> u64 {
+        self.started_unix + self.started.elapsed().as_secs()
+    }
+
+    /// The state of rule `name`, if it has recorded anything.
+    pub fn rule(&self, name: &str) -> Option<Arc<Mutex<RuleTop>>> {
+        self.rules.read().get(name).cloned()
+    }
+
+    fn rule_or_new(&self, name: &Arc<str>) -> Arc<Mutex<RuleTop>> {
+        if let Some(r) = self.rules.read().get(name) {
+            return r.clone();
+        }
+        self.rules.write().entry(name.clone()).or_default().clone()
+    }
+
+    /// Drops the state of rules `config` no longer has (called when a config is put in force:
+    /// a rule kept by name keeps its history).
+    pub fn retain_rules(&self, config: &Config) {
+        self.rules
+            .write()
+            .retain(|name, _| config.rules.iter().any(|r| r.name == *name));
+    }
+
+    /// A hash of `rule`'s key values for this request (the same values its counter key is
+    /// built from), or `None` when a part is absent.
+    fn client_hash(&self, rule: &Rule, view: &RequestView<'_>) -> Option<u64> {
+        let mut h = self.hasher.build_hasher();
+        for part in &rule.key {
+            let mut ip = [0u8; 16];
+            let value: &[u8] = match part {
+                KeyPart::Ip => match view.ip {
+                    IpAddr::V4(v4) => {
+                        ip[..4].copy_from_slice(&v4.octets());
+                        &ip[..4]
+                    }
+                    IpAddr::V6(v6) => {
+                        ip = v6.octets();
+                        &ip
+                    }
+                },
+                KeyPart::ApiKey => view.identity?.id.as_bytes(),
+                KeyPart::User => view.identity?.user.as_bytes(),
+                KeyPart::Plan => view.identity?.plan.as_deref()?.as_bytes(),
+                KeyPart::Route => view.route.as_bytes(),
+                KeyPart::Method => view.method.as_str().as_bytes(),
+                KeyPart::Path => crate::normalize::trim_trailing_slash(view.path).as_bytes(),
+                KeyPart::Header(name) => view.headers.get(name)?.as_bytes(),
+                KeyPart::Query(name) => query_param(view.query?, name)?.as_bytes(),
+            };
+            let value = &value[..value.len().min(MAX_KEY_VALUE)];
+            h.write_usize(value.len());
+            h.write(value);
+        }
+        Some(h.finish())
+    }
+}
+
+/// The readable key parts of `rule` for this request. Credentials never appear: the API key
+/// part is the key id; a `header:` part naming the auth header, `authorization`,
+/// `proxy-authorization` or `cookie`, and a `query:` part whose name says key, token, secret,
+/// password, auth or sig, show `sha256:` and 12 hex digits of the value instead.
+pub fn client_label(cfg: &Config, rule: &Rule, view: &RequestView<'_>) -> Client {
+    let mut parts = Vec::with_capacity(rule.key.len());
+    for part in &rule.key {
+        let value = match part {
+            KeyPart::Ip => view.ip.to_string(),
+            KeyPart::ApiKey => view.identity.map(|i| i.id.clone()).unwrap_or_default(),
+            KeyPart::User => view.identity.map(|i| i.user.clone()).unwrap_or_default(),
+            KeyPart::Plan => view
+                .identity
+                .and_then(|i| i.plan.clone())
+                .unwrap_or_default(),
+            KeyPart::Route => view.route.to_string(),
+            KeyPart::Method => view.method.as_str().to_string(),
+            KeyPart::Path => shown(crate::normalize::trim_trailing_slash(view.path).as_bytes()),
+            KeyPart::Header(name) => {
+                let raw = view.headers.get(name).map_or(&b""[..], |v| v.as_bytes());
+                let secret = *name == cfg.auth.header
+                    || *name == http::header::AUTHORIZATION
+                    || *name == http::header::PROXY_AUTHORIZATION
+                    || *name == http::header::COOKIE;
+                if secret {
+                    digest(raw)
+                } else {
+                    shown(raw)
+                }
+            }
+            KeyPart::Query(name) => {
+                let raw = view
+                    .query
+                    .and_then(|q| query_param(q, name))
+                    .unwrap_or("")
+                    .as_bytes();
+                let lower = name.to_ascii_lowercase();
+                let secret = ["key", "token", "secret", "pass", "auth", "sig"]
+                    .iter()
+                    .any(|w| lower.contains(w));
+                if secret {
+                    digest(raw)
+                } else {
+                    shown(raw)
+                }
+            }
+        };
+        parts.push((part.to_config_string(), value));
+    }
+    Client { parts }
+}
+
+/// Request bytes as text for the admin page: at most [`MAX_SHOWN_VALUE`] bytes, invalid UTF-8
+/// replaced, control characters escaped.
+fn shown(raw: &[u8]) -> String {
+    let cut = &raw[..raw.len().min(MAX_SHOWN_VALUE)];
+    let mut s: String = String::from_utf8_lossy(cut).escape_debug().collect();
+    if raw.len() > MAX_SHOWN_VALUE {
+        s.push('…');
+    }
+    s
+}
+
+/// A short digest standing in for a credential: distinct clients stay distinct, the value is
+/// not shown.
+fn digest(raw: &[u8]) -> String {
+    use sha2::Digest as _;
+    let d = sha2::Sha256::digest(&raw[..raw.len().min(MAX_KEY_VALUE)]);
+    format!("sha256:{}", &hex::encode(d)[..12])
+}
+
+/// Records what each enforcing rule decided for this request: the rules that rejected it
+/// count a rejection, and when the request was admitted every applying rule counts an
+/// admission. Called by admission once the limiter has decided; does nothing when
+/// `[server] top_clients = false`.
+pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
+    if !cfg.server.top_clients || outcome.applied.is_empty() {
+        return;
+    }
+    let t = top();
+    let admitted = match outcome.verdict {
+        Verdict::Allow { .. } => true,
+        Verdict::Reject { .. } => false,
+        // The store failed and a rule is closed: nobody was limited by a rule's count.
+        Verdict::Unavailable { .. } => return,
+    };
+    t.decided.fetch_add(1, Ordering::Relaxed);
+    if cfg.store.backend != Backend::Memory
+        && outcome.applied.iter().any(|a| a.rule.scope == Scope::Global)
+    {
+        t.store_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    let now = t.now();
+    for a in &outcome.applied {
+        if !admitted && a.decision.allowed {
+            // Rejected by another rule: this one neither admitted nor rejected it.
+            continue;
+        }
+        let Some(hash) = t.client_hash(&a.rule, view) else {
+            continue;
+        };
+        let state = t.rule_or_new(&a.rule.name);
+        let mut label: Option<Arc<Client>> = None;
+        let mut make = || {
+            label
+                .get_or_insert_with(|| Arc::new(client_label(cfg, &a.rule, view)))
+                .clone()
+        };
+        state.lock().record(now, hash, admitted, &mut make);
+    }
+}
+
+#[cfg(test)]
+mod tests;
