@@ -10,35 +10,38 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use floodgate::auth::Identity;
+use floodgate::auth::{HeaderText, Identity};
 use floodgate::limiter::{Algorithm, Decision, Limit};
+use floodgate::matching::RequestMatch;
 use floodgate::metrics::RuleCounters;
 use floodgate::response::RateLimitHeaders;
-use floodgate::rules::{FailureMode, KeyPart, RequestView, Rule, RuleMatch, Scope};
+use floodgate::rules::{FailureMode, KeyPart, Policy, RequestView, Rule, RuleMatch, Scope};
 use http::{HeaderMap, HeaderName, Method};
 
 fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm) -> Rule {
     Rule {
-        name: Arc::from(name),
         matcher,
-        key,
-        limit: Limit::police(
-            algorithm,
-            100,
-            if algorithm == Algorithm::Concurrency {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(60)
-            },
-            20,
-        ),
-        scope: Scope::Local,
-        on_store_error: FailureMode::Open,
-        cost: 1,
-        shadow: false,
-        headers: true,
-        status: 429,
-        counters: RuleCounters::for_rule(name),
+        key_parts: key,
+        policy: Arc::new(Policy {
+            name: Arc::from(name),
+            limit: Limit::police(
+                algorithm,
+                100,
+                if algorithm == Algorithm::Concurrency {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(60)
+                },
+                20,
+            ),
+            scope: Scope::Local,
+            on_store_error: FailureMode::Open,
+            cost: 1,
+            shadow: false,
+            headers: true,
+            status: 429,
+            counters: RuleCounters::for_rule(name),
+        }),
     }
 }
 
@@ -59,9 +62,9 @@ impl Request {
         Request {
             headers,
             identity: Identity {
-                id: "acme-prod".into(),
-                user: "acme".into(),
-                plan: Some("pro".into()),
+                id: HeaderText::new("acme-prod").unwrap(),
+                user: HeaderText::new("acme").unwrap(),
+                plan: HeaderText::new("pro"),
             },
         }
     }
@@ -98,16 +101,25 @@ fn fifty_rules() -> Vec<Arc<Rule>> {
                     ..Default::default()
                 },
                 2 => RuleMatch {
-                    path: Some(format!("/login/{i}")),
-                    methods: Some(vec![Method::POST]),
+                    request: RequestMatch {
+                        path: Some(format!("/login/{i}")),
+                        methods: Some(vec![Method::POST]),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 3 => RuleMatch {
-                    path_prefix: Some(format!("/api/v{i}/orders")),
+                    request: RequestMatch {
+                        path_prefix: Some(format!("/api/v{i}/orders")),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 4 => RuleMatch {
-                    host: Some(format!("tenant{i}.example.com")),
+                    request: RequestMatch {
+                        host: Some(format!("tenant{i}.example.com")),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 5 => RuleMatch {
@@ -119,18 +131,27 @@ fn fifty_rules() -> Vec<Arc<Rule>> {
                     ..Default::default()
                 },
                 7 => RuleMatch {
-                    path_prefix: Some("/exports".into()),
-                    methods: Some(vec![Method::GET, Method::POST]),
+                    request: RequestMatch {
+                        path_prefix: Some("/exports".into()),
+                        methods: Some(vec![Method::GET, Method::POST]),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 8 => RuleMatch {
                     route: Some("orders".into()),
-                    methods: Some(vec![Method::DELETE]),
+                    request: RequestMatch {
+                        methods: Some(vec![Method::DELETE]),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 _ => RuleMatch {
-                    host: Some("api.example.com".into()),
-                    path: Some(format!("/orders/{i}")),
+                    request: RequestMatch {
+                        host: Some("api.example.com".into()),
+                        path: Some(format!("/orders/{i}")),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
             };
@@ -258,10 +279,10 @@ fn benches(c: &mut Criterion) {
     let req = Request::new();
     let view = req.view();
 
-    let mut group = c.benchmark_group("key_digest");
+    let mut group = c.benchmark_group("counter_id");
     for (label, rule) in key_rules() {
         group.bench_function(BenchmarkId::from_parameter(label), |b| {
-            b.iter(|| black_box(rule.key_digest(black_box(&view))))
+            b.iter(|| black_box(rule.counter_id(black_box(&view))))
         });
     }
     group.finish();
@@ -288,7 +309,7 @@ fn benches(c: &mut Criterion) {
             group.bench_function(id, |b| {
                 b.iter(|| {
                     black_box(RateLimitHeaders::build(
-                        applied[..n].iter().map(|(r, d)| (r, d)),
+                        applied[..n].iter().map(|(r, d)| (&*r.policy, d)),
                         black_box(legacy),
                     ))
                 })
@@ -304,12 +325,12 @@ fn smoke() {
     let view = req.view();
     let mut passed = 0;
     for (label, rule) in key_rules() {
-        let key = rule.key_digest(&view);
+        let key = rule.counter_id(&view);
         assert!(
             key.is_some(),
             "key {label}: every part is present in the request"
         );
-        assert_eq!(key, rule.key_digest(&view), "key {label} is deterministic");
+        assert_eq!(key, rule.counter_id(&view), "key {label} is deterministic");
         passed += 1;
     }
     let rules = fifty_rules();
@@ -317,7 +338,7 @@ fn smoke() {
     assert_eq!(checks(&rules, &view), 6, "each applying rule can be keyed");
     passed += 2;
     let applied = header_rules();
-    let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (r, d)), true);
+    let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (&*r.policy, d)), true);
     assert_eq!(
         h.policy,
         "\"per-ip-flood\";q=100;w=60, \"orders-per-key\";q=100;w=60, \"exports\";q=100"

@@ -101,6 +101,10 @@ impl ServeHttp for Admin {
             }
             ("GET", "/top") => top_clients(&cfg, &query),
             ("GET", "/stats") => json(StatusCode::OK, &stats(&self.gateway, &cfg)),
+            ("GET", "/upstreams") => json(
+                StatusCode::OK,
+                &crate::upstream::status_json(&cfg.upstreams),
+            ),
             ("GET", "/diagram") => text(
                 StatusCode::OK,
                 "text/vnd.mermaid; charset=utf-8",
@@ -204,7 +208,12 @@ fn top_clients(cfg: &Config, query: &str) -> Response<Vec<u8>> {
         return bad_request("rule is required: /top?rule=NAME".into());
     };
     let not_found = |detail: String| {
-        let p = Problem::new("urn:floodgate:problem:no-such-rule", "Not Found", 404, detail);
+        let p = Problem::new(
+            "urn:floodgate:problem:no-such-rule",
+            "Not Found",
+            404,
+            detail,
+        );
         text(StatusCode::NOT_FOUND, PROBLEM_JSON, p.to_body().to_vec())
     };
     if !cfg.rules.iter().any(|r| *r.name == *rule) {
@@ -308,14 +317,8 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
         .iter()
         .map(|b| serde_json::json!([b.upper_bound(), b.cumulative_count()]))
         .collect();
-    let upstreams: Vec<serde_json::Value> = cfg
-        .upstreams
-        .iter()
-        .map(|u| {
-            let targets: Vec<String> = u.targets.iter().map(|t| t.to_string()).collect();
-            serde_json::json!({ "name": &*u.name, "targets": targets })
-        })
-        .collect();
+    // The same as `GET /upstreams`: targets and their health.
+    let upstreams = crate::upstream::status_json(&cfg.upstreams)["upstreams"].take();
     serde_json::json!({
         "now_unix": now,
         "top_clients": cfg.server.top_clients,

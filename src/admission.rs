@@ -166,7 +166,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     for rule in &cfg.rules {
         if rule.matches(&view) {
             if let Some(check) = rule.check_for(&view) {
-                applying.push((rule.clone(), check));
+                applying.push((rule.policy.clone(), check));
             }
         }
     }

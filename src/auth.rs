@@ -17,11 +17,67 @@ use subtle::ConstantTimeEq;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// The key's public name (logs, metrics, limit keys, `X-Floodgate-Key-Id`).
-    pub id: String,
+    pub id: HeaderText,
     /// The customer (several keys may share one).
-    pub user: String,
+    pub user: HeaderText,
     /// The customer's plan, if any.
-    pub plan: Option<String>,
+    pub plan: Option<HeaderText>,
+}
+
+/// Text that is known to be a valid HTTP header value: checked once when the config is loaded,
+/// so forwarding it (`X-Floodgate-Key-Id`, ...) cannot fail on a request.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeaderText {
+    text: Box<str>,
+    value: http::HeaderValue,
+}
+
+impl HeaderText {
+    /// `text` as a header value, or `None` when a header cannot carry it (CR, LF, NUL and
+    /// other control bytes), as judged by the `http` crate that writes the headers.
+    pub fn new(text: &str) -> Option<HeaderText> {
+        let value = http::HeaderValue::from_str(text).ok()?;
+        Some(HeaderText {
+            text: text.into(),
+            value,
+        })
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The header value (cloning it shares its bytes).
+    pub fn header_value(&self) -> &http::HeaderValue {
+        &self.value
+    }
+}
+
+impl std::ops::Deref for HeaderText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::fmt::Debug for HeaderText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.text, f)
+    }
+}
+
+impl std::fmt::Display for HeaderText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl PartialEq<&str> for HeaderText {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.text == *other
+    }
 }
 
 /// One configured key.
@@ -133,9 +189,9 @@ mod tests {
         KeyStore::new(vec![ApiKey {
             digest: digest_of("test"),
             identity: Arc::new(Identity {
-                id: "acme-prod".into(),
-                user: "acme".into(),
-                plan: Some("pro".into()),
+                id: HeaderText::new("acme-prod").unwrap(),
+                user: HeaderText::new("acme").unwrap(),
+                plan: HeaderText::new("pro"),
             }),
         }])
     }

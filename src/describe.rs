@@ -8,22 +8,7 @@ use crate::rules::Rule;
 
 /// A route's match as one short phrase.
 pub fn route_match(r: &Route) -> String {
-    let mut parts = Vec::new();
-    if let Some(h) = &r.host {
-        parts.push(format!("host={h}"));
-    }
-    if let Some(p) = &r.path {
-        parts.push(format!("path={p}"));
-    }
-    if let Some(p) = &r.path_prefix {
-        parts.push(format!("path_prefix={p}"));
-    }
-    if let Some(m) = &r.methods {
-        parts.push(format!(
-            "methods={}",
-            m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")
-        ));
-    }
+    let parts = r.matcher.describe();
     if parts.is_empty() {
         "any request".to_string()
     } else {
@@ -38,21 +23,7 @@ pub fn rule_match(r: &Rule) -> String {
     if let Some(v) = &m.route {
         parts.push(format!("route={v}"));
     }
-    if let Some(v) = &m.host {
-        parts.push(format!("host={v}"));
-    }
-    if let Some(v) = &m.path {
-        parts.push(format!("path={v}"));
-    }
-    if let Some(v) = &m.path_prefix {
-        parts.push(format!("path_prefix={v}"));
-    }
-    if let Some(v) = &m.methods {
-        parts.push(format!(
-            "methods={}",
-            v.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("|")
-        ));
-    }
+    parts.extend(m.request.describe());
     if let Some(v) = &m.plan {
         parts.push(format!("plan={v}"));
     }
@@ -72,18 +43,24 @@ pub fn rule_match(r: &Rule) -> String {
 /// A rule's limit as one short phrase, e.g. `token_bucket 100/1m burst 20`.
 pub fn rule_limit(r: &Rule) -> String {
     let l = &r.limit;
-    let window = humantime(l.window);
-    match l.algorithm {
-        Algorithm::Concurrency => format!("concurrency {} in flight", l.limit),
-        Algorithm::TokenBucket => format!("token_bucket {}/{window} burst {}", l.limit, l.burst),
-        Algorithm::LeakyBucket => {
-            let mode = match l.mode {
-                LeakyMode::Police => "police".to_string(),
-                LeakyMode::Shape => format!("shape max_delay {}", humantime(l.max_delay)),
-            };
-            format!("leaky_bucket {}/{window} burst {} {mode}", l.limit, l.burst)
+    let window = humantime(l.window());
+    match l.algorithm() {
+        Algorithm::Concurrency => format!("concurrency {} in flight", l.limit()),
+        Algorithm::TokenBucket => {
+            format!("token_bucket {}/{window} burst {}", l.limit(), l.burst())
         }
-        a => format!("{} {}/{window}", a.as_str(), l.limit),
+        Algorithm::LeakyBucket => {
+            let mode = match l.mode() {
+                LeakyMode::Police => "police".to_string(),
+                LeakyMode::Shape => format!("shape max_delay {}", humantime(l.max_delay())),
+            };
+            format!(
+                "leaky_bucket {}/{window} burst {} {mode}",
+                l.limit(),
+                l.burst()
+            )
+        }
+        a => format!("{} {}/{window}", a.as_str(), l.limit()),
     }
 }
 
@@ -111,6 +88,17 @@ pub fn check_report(cfg: &Config) -> String {
         let _ = writeln!(out, "warning: {w}");
     }
     let _ = writeln!(out, "store: {}", cfg.store.backend.as_str());
+    let _ = writeln!(out, "upstreams:");
+    for u in &cfg.upstreams {
+        let targets: Vec<&str> = u.settings.targets.iter().map(|t| &*t.name).collect();
+        let _ = writeln!(
+            out,
+            "  {}: [{}] {}",
+            u.name,
+            targets.join(", "),
+            crate::upstream::summary(&u.settings)
+        );
+    }
     let _ = writeln!(out, "routes (first match wins):");
     for (i, r) in cfg.routes.iter().enumerate() {
         let _ = writeln!(
@@ -128,7 +116,7 @@ pub fn check_report(cfg: &Config) -> String {
         "rules (checked in order; every matching rule applies):"
     );
     for (i, r) in cfg.rules.iter().enumerate() {
-        let keys: Vec<String> = r.key.iter().map(|k| k.to_config_string()).collect();
+        let keys: Vec<String> = r.key_parts.iter().map(|k| k.to_config_string()).collect();
         let _ = writeln!(
             out,
             "  {}. {}: {} | key [{}] | {} | cost {} | scope {} | on_store_error {}{}",
@@ -156,12 +144,13 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         }
     };
     put("route", m.route.clone().map(Into::into));
-    put("host", m.host.clone().map(Into::into));
-    put("path", m.path.clone().map(Into::into));
-    put("path_prefix", m.path_prefix.clone().map(Into::into));
+    put("host", m.request.host.clone().map(Into::into));
+    put("path", m.request.path.clone().map(Into::into));
+    put("path_prefix", m.request.path_prefix.clone().map(Into::into));
     put(
         "methods",
-        m.methods
+        m.request
+            .methods
             .as_ref()
             .map(|v| v.iter().map(|m| m.as_str()).collect::<Vec<_>>().into()),
     );
@@ -176,9 +165,9 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
     let mut v = serde_json::json!({
         "name": &*r.name,
         "match": matcher,
-        "key": r.key.iter().map(|k| k.to_config_string()).collect::<Vec<_>>(),
-        "algorithm": l.algorithm.as_str(),
-        "limit": l.limit,
+        "key": r.key_parts.iter().map(|k| k.to_config_string()).collect::<Vec<_>>(),
+        "algorithm": l.algorithm().as_str(),
+        "limit": l.limit(),
         "scope": r.scope.as_str(),
         "on_store_error": r.on_store_error.as_str(),
         "cost": r.cost,
@@ -186,20 +175,23 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         "headers": r.headers,
         "status": r.status,
     });
-    if l.algorithm != Algorithm::Concurrency {
-        v["window"] = humantime(l.window).into();
+    if l.algorithm() != Algorithm::Concurrency {
+        v["window"] = humantime(l.window()).into();
     }
-    if matches!(l.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
-        v["burst"] = l.burst.into();
+    if matches!(
+        l.algorithm(),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket
+    ) {
+        v["burst"] = l.burst().into();
     }
-    if l.algorithm == Algorithm::LeakyBucket {
-        v["mode"] = match l.mode {
+    if l.algorithm() == Algorithm::LeakyBucket {
+        v["mode"] = match l.mode() {
             LeakyMode::Police => "police",
             LeakyMode::Shape => "shape",
         }
         .into();
-        if l.mode == LeakyMode::Shape {
-            v["max_delay"] = humantime(l.max_delay).into();
+        if l.mode() == LeakyMode::Shape {
+            v["max_delay"] = humantime(l.max_delay()).into();
         }
     }
     v
@@ -211,7 +203,7 @@ pub fn rules_markdown(cfg: &Config) -> String {
         "| # | rule | match | key | algorithm | limit | scope | on store error | shadow |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for (i, r) in cfg.rules.iter().enumerate() {
-        let keys: Vec<String> = r.key.iter().map(|k| k.to_config_string()).collect();
+        let keys: Vec<String> = r.key_parts.iter().map(|k| k.to_config_string()).collect();
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -219,7 +211,7 @@ pub fn rules_markdown(cfg: &Config) -> String {
             md(&r.name),
             md(&rule_match(r)),
             md(&keys.join(", ")),
-            r.limit.algorithm.as_str(),
+            r.limit.algorithm().as_str(),
             md(&rule_limit(r)),
             r.scope.as_str(),
             r.on_store_error.as_str(),
@@ -266,7 +258,7 @@ pub fn diagram(cfg: &Config) -> String {
             shadow,
             mermaid(&rule_limit(r)),
             mermaid(
-                &r.key
+                &r.key_parts
                     .iter()
                     .map(|k| k.to_config_string())
                     .collect::<Vec<_>>()
@@ -286,10 +278,10 @@ pub fn diagram(cfg: &Config) -> String {
     for u in &cfg.upstreams {
         let _ = writeln!(
             out,
-            "        u_{}[\"{}: {} target(s)\"]",
+            "        u_{}[\"{}: {}\"]",
             sanitize(&u.name),
             mermaid(&u.name),
-            u.targets.len()
+            mermaid(&crate::upstream::summary(&u.settings))
         );
     }
     let _ = writeln!(out, "    end");

@@ -6,6 +6,10 @@
 //! - its error line for each connection closed by `header_timeout` ("Fail to proxy ... request
 //!   head not received in time"): a slowloris attack would otherwise write a line per
 //!   connection. Those closes are counted in `floodgate_connection_timeouts_total` instead.
+//!
+//! And one is demoted to debug (so, like Pingora's other debug lines, never shown): its
+//! "failed to acquire reusable stream", logged at ERROR whenever a pooled upstream connection
+//! turns out closed, which is routine and followed by a fresh connection.
 
 use std::fmt::Debug;
 
@@ -32,6 +36,9 @@ pub fn init(format: LogFormat) {
     };
 }
 
+/// Pingora's benign pool message (see the module doc).
+const POOL_MESSAGE: &str = "failed to acquire reusable stream";
+
 fn from_pingora(meta: &Metadata<'_>) -> bool {
     meta.target().starts_with("pingora")
 }
@@ -49,12 +56,14 @@ impl<S> Filter<S> for QuietPingora {
         if !from_pingora(event.metadata()) {
             return true;
         }
-        let mut found = MessageContains {
-            needle: HEAD_TIMEOUT_MESSAGE,
-            found: false,
-        };
-        event.record(&mut found);
-        !found.found
+        [HEAD_TIMEOUT_MESSAGE, POOL_MESSAGE].iter().all(|needle| {
+            let mut found = MessageContains {
+                needle,
+                found: false,
+            };
+            event.record(&mut found);
+            !found.found
+        })
     }
 }
 

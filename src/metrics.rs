@@ -231,6 +231,14 @@ impl Metrics {
         }
     }
 
+    /// Registers a collector owned by another module (`crate::upstream::metrics`) in the
+    /// process registry, so `/metrics` renders it with the rest.
+    pub fn register(&self, c: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(c) {
+            tracing::error!(error = %e, "metric registered twice");
+        }
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();

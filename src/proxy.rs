@@ -8,7 +8,7 @@
 //! headers, key stripped) → `response_filter` (RateLimit headers, request id) → `logging`
 //! (access log; concurrency slots released when the context drops).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +27,7 @@ use crate::gateway::Gateway;
 use crate::limiter::engine::Leases;
 use crate::metrics::metrics;
 use crate::response::{Answer, Problem, RateLimitHeaders};
+use crate::upstream::{HashPart, TargetInfo, TargetState};
 
 /// The proxy service.
 pub struct Proxy {
@@ -52,6 +53,18 @@ pub struct RequestCtx {
     forward_host: Option<String>,
     attempts: usize,
     upstream_start: Option<Instant>,
+    /// The upstream target of the current attempt.
+    target: Option<Arc<TargetInfo>>,
+    /// Targets this request has tried: a retry always goes to another.
+    tried: Vec<SocketAddr>,
+    /// Counts the attempt in its target's in-flight requests (least_requests, /upstreams).
+    target_in_flight: Option<InFlight>,
+    /// When the upstream's total `timeout` runs out.
+    deadline: Option<Instant>,
+    /// Whether the upstream's response header arrived (no retry after that).
+    responded: bool,
+    /// Set when no target was available: the 503's Retry-After.
+    no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     leases: Option<Leases>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
@@ -84,6 +97,12 @@ impl ProxyHttp for Proxy {
             forward_host: None,
             attempts: 0,
             upstream_start: None,
+            target: None,
+            tried: Vec::new(),
+            target_in_flight: None,
+            deadline: None,
+            responded: false,
+            no_healthy: None,
             leases: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
@@ -143,39 +162,135 @@ impl ProxyHttp for Proxy {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         let upstream = ctx
             .upstream()
+            .cloned()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
-        // Each attempt of a request moves to the next target, so a refused target is skipped.
-        let base = if ctx.attempts == 0 {
-            upstream.next.fetch_add(1, Ordering::Relaxed)
+        let settings = &upstream.settings;
+        let now = Instant::now();
+        let deadline = *ctx.deadline.get_or_insert(now + settings.timeout);
+        let budget = deadline.saturating_duration_since(now);
+        if budget.is_zero() {
+            return Err(Error::explain(
+                ErrorType::ReadTimedout,
+                "the upstream's total timeout ran out",
+            ));
+        }
+        let pool = upstream.pool();
+        let key = if settings.balance == crate::upstream::Balance::Consistent {
+            hash_key(ctx, session.req_header(), &settings.hash_key)
         } else {
-            upstream
-                .next
-                .load(Ordering::Relaxed)
-                .wrapping_add(ctx.attempts)
+            Vec::new()
         };
-        let addr = upstream.targets[base % upstream.targets.len()];
-        let mut peer = HttpPeer::new(addr, false, String::new());
-        peer.options.connection_timeout = Some(upstream.connect_timeout);
-        peer.options.read_timeout = Some(upstream.read_timeout);
+        let Some(target) = pool.select(&key, &ctx.tried) else {
+            if ctx.tried.is_empty() {
+                ctx.no_healthy = Some(pool.retry_after());
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(503),
+                    "no healthy upstream target",
+                ));
+            }
+            return Err(Error::explain(
+                ErrorType::ConnectRefused,
+                "no other upstream target to retry on",
+            )
+            .into_up());
+        };
+        ctx.tried.push(target.addr);
+        ctx.responded = false;
+        ctx.target_in_flight = Some(InFlight::enter(&target.state));
+        let peer = crate::upstream::tls::peer(settings, &target, budget, pool.group_key);
+        ctx.target = Some(target);
         Ok(Box::new(peer))
     }
 
     fn fail_to_connect(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         _peer: &HttpPeer,
         ctx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
+        // A TLS handshake error comes without a source: it is the upstream's (502, not 500).
+        e.as_up();
         ctx.attempts += 1;
-        let targets = ctx.upstream().map_or(1, |u| u.targets.len());
-        if ctx.attempts < targets {
+        let Some(upstream) = ctx.upstream().cloned() else {
+            return e;
+        };
+        if let Some(t) = &ctx.target {
+            count_attempt(&upstream.name, t, "error", None);
+            upstream.pool().failed(t);
+            if matches!(
+                e.etype(),
+                ErrorType::TLSHandshakeFailure
+                    | ErrorType::TLSHandshakeTimedout
+                    | ErrorType::InvalidCert
+                    | ErrorType::HandshakeError
+            ) {
+                // The reason is rustls' (unknown issuer, expired, name mismatch); it carries
+                // nothing of the client's request.
+                tracing::warn!(
+                    upstream = %upstream.name,
+                    target = %t.name,
+                    addr = %t.addr,
+                    reason = %e,
+                    "TLS to upstream target failed"
+                );
+            }
+        }
+        let idempotent = session.req_header().method.is_idempotent();
+        if idempotent
+            && ctx.attempts <= upstream.settings.retries
+            && upstream.pool().has_other(&ctx.tried)
+        {
             e.set_retry(true);
+        }
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let replayable = session.req_header().method.is_idempotent()
+            && !session.as_ref().retry_buffer_truncated();
+        let upstream = ctx.upstream().cloned();
+        if !replayable {
+            e.set_retry(false);
+        } else if client_reused {
+            // A pooled connection the upstream had closed: not the target's fault, and the
+            // same target may be tried again (as Pingora does by default).
+            e.retry.decide_reuse(true);
+            ctx.tried.pop();
+            return e;
+        } else if !ctx.responded
+            && matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            )
+            && upstream.as_ref().is_some_and(|u| {
+                ctx.attempts < u.settings.retries && u.pool().has_other(&ctx.tried)
+            })
+        {
+            // Reset before any response byte: safe to replay an idempotent request elsewhere.
+            ctx.attempts += 1;
+            e.set_retry(true);
+        } else {
+            e.set_retry(false);
+        }
+        if let (Some(u), Some(t)) = (&upstream, &ctx.target) {
+            if !ctx.responded {
+                count_attempt(&u.name, t, "error", None);
+            }
+            u.pool().failed(t);
         }
         e
     }
@@ -211,6 +326,12 @@ impl ProxyHttp for Proxy {
         if let Some(host) = &ctx.forward_host {
             upstream_request.insert_header(http::header::HOST, host.as_str())?;
         }
+        if let Some(host) = ctx
+            .upstream()
+            .and_then(|u| u.settings.host_header.as_deref())
+        {
+            upstream_request.insert_header(http::header::HOST, host)?;
+        }
         ctx.upstream_start = Some(Instant::now());
         upstream_request
             .insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
@@ -220,10 +341,11 @@ impl ProxyHttp for Proxy {
             upstream_request.remove_header(h);
         }
         if let Some(id) = &ctx.identity {
-            upstream_request.insert_header("x-floodgate-key-id", &id.id)?;
-            upstream_request.insert_header("x-floodgate-user", &id.user)?;
+            // Checked to be header values when the config was loaded: these cannot fail.
+            upstream_request.insert_header("x-floodgate-key-id", id.id.header_value().clone())?;
+            upstream_request.insert_header("x-floodgate-user", id.user.header_value().clone())?;
             if let Some(plan) = &id.plan {
-                upstream_request.insert_header("x-floodgate-plan", plan)?;
+                upstream_request.insert_header("x-floodgate-plan", plan.header_value().clone())?;
             }
         }
         // Every header that can carry a key goes, whichever one authenticated: a client that
@@ -246,16 +368,48 @@ impl ProxyHttp for Proxy {
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
-        _upstream_response: &mut ResponseHeader,
+        upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.responded = true;
         if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
             metrics()
                 .upstream_seconds
                 .with_label_values(&[&*upstream.name])
                 .observe(start.elapsed().as_secs_f64());
+            if let Some(t) = &ctx.target {
+                let status = upstream_response.status.as_u16();
+                count_attempt(
+                    &upstream.name,
+                    t,
+                    crate::upstream::metrics::class(status),
+                    Some(start.elapsed()),
+                );
+                if status >= 500 {
+                    upstream.pool().failed(t);
+                } else {
+                    upstream.pool().succeeded(t);
+                }
+            }
         }
         Ok(())
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        // The total `timeout` covers the whole body; each read is also capped by read_timeout.
+        if ctx.deadline.is_some_and(|d| Instant::now() > d) {
+            return Err(Error::explain(
+                ErrorType::ReadTimedout,
+                "the upstream's total timeout ran out",
+            ));
+        }
+        Ok(None)
     }
 
     async fn response_filter(
@@ -291,9 +445,10 @@ impl ProxyHttp for Proxy {
         };
         if code > 0 {
             let name = ctx.upstream().map(|u| &*u.name).unwrap_or_default();
-            let mut problem = match code {
-                502 | 504 => Problem::upstream(code, name),
-                400 => Problem::bad_request("the request could not be read"),
+            let mut problem = match (code, ctx.no_healthy) {
+                (503, Some(retry_after)) => Problem::no_healthy_upstream(name, retry_after),
+                (502 | 504, _) => Problem::upstream(code, name),
+                (400, _) => Problem::bad_request("the request could not be read"),
                 _ => Problem::internal(),
             };
             problem.request_id = Some(ctx.request_id.clone());
@@ -338,7 +493,7 @@ impl ProxyHttp for Proxy {
             status,
             route: route.to_owned(),
             upstream: ctx.upstream().map(|u| u.name.clone()),
-            key_id: ctx.identity.as_ref().map(|i| i.id.clone()),
+            key_id: ctx.identity.as_ref().map(|i| i.id.to_string()),
             client_ip: ctx.client_ip,
             rejected_by: ctx.rejected_by.clone(),
             request_id: ctx.request_id.clone(),
@@ -384,4 +539,93 @@ fn itoa_status(status: u16) -> [u8; 3] {
 
 fn status_str(buf: &mut [u8; 3]) -> &str {
     std::str::from_utf8(buf).unwrap_or("000")
+}
+
+/// One attempt counted in its target's in-flight requests until dropped (the next attempt
+/// replaces it; the context's end drops it).
+struct InFlight(Arc<TargetState>);
+
+impl InFlight {
+    fn enter(state: &Arc<TargetState>) -> InFlight {
+        state.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(state.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts one attempt on a target by outcome class, with its time to the response header.
+fn count_attempt(upstream: &str, t: &TargetInfo, class: &str, took: Option<std::time::Duration>) {
+    let m = crate::upstream::metrics::upstream_metrics();
+    m.responses
+        .with_label_values(&[upstream, &*t.label, class])
+        .inc();
+    if let Some(d) = took {
+        m.seconds
+            .with_label_values(&[upstream, &*t.label])
+            .observe(d.as_secs_f64());
+    }
+}
+
+/// The consistent-hashing key of a request: its `hash_key` parts (the client IP when none),
+/// each followed by a separator so that ("ab", "c") and ("a", "bc") differ.
+fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[HashPart]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(64);
+    let ip = [HashPart::Ip];
+    let parts = if parts.is_empty() { &ip[..] } else { parts };
+    for p in parts {
+        match p {
+            HashPart::Ip => match ctx.client_ip {
+                IpAddr::V4(a) => key.extend_from_slice(&a.octets()),
+                IpAddr::V6(a) => key.extend_from_slice(&a.octets()),
+            },
+            HashPart::ApiKey => {
+                if let Some(i) = &ctx.identity {
+                    key.extend_from_slice(i.id.as_bytes());
+                }
+            }
+            HashPart::User => {
+                if let Some(i) = &ctx.identity {
+                    key.extend_from_slice(i.user.as_bytes());
+                }
+            }
+            HashPart::Plan => {
+                if let Some(plan) = ctx.identity.as_ref().and_then(|i| i.plan.as_ref()) {
+                    key.extend_from_slice(plan.as_bytes());
+                }
+            }
+            HashPart::Route => {
+                if let Some(r) = ctx
+                    .config
+                    .as_ref()
+                    .zip(ctx.route)
+                    .and_then(|(c, i)| c.routes.get(i))
+                {
+                    key.extend_from_slice(r.name.as_bytes());
+                }
+            }
+            HashPart::Method => key.extend_from_slice(req.method.as_str().as_bytes()),
+            HashPart::Path => key.extend_from_slice(req.uri.path().as_bytes()),
+            HashPart::Header(h) => {
+                if let Some(v) = req.headers.get(h) {
+                    key.extend_from_slice(v.as_bytes());
+                }
+            }
+            HashPart::Query(name) => {
+                let v = req.uri.query().and_then(|q| {
+                    q.split('&')
+                        .find_map(|kv| kv.strip_prefix(name.as_str())?.strip_prefix('='))
+                });
+                if let Some(v) = v {
+                    key.extend_from_slice(v.as_bytes());
+                }
+            }
+        }
+        key.push(0);
+    }
+    key
 }

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 
+use crate::limiter::policy::Policy;
 use crate::limiter::Decision;
-use crate::rules::Rule;
 use crate::text::push_u64;
 
 /// The content type of every error floodgate answers.
@@ -162,6 +162,19 @@ impl Problem {
             )
         };
         Problem::new("urn:floodgate:problem:upstream", title, status, detail)
+    }
+
+    /// 503: every target of the upstream is down (failed its health checks or was ejected),
+    /// so nothing was sent; `retry_after` is when one may be back.
+    pub fn no_healthy_upstream(upstream: &str, retry_after: u64) -> Self {
+        let mut p = Problem::new(
+            "urn:floodgate:problem:no-healthy-upstream",
+            "Service Unavailable",
+            503,
+            format!("upstream \"{upstream}\" has no healthy target"),
+        );
+        p.retry_after = Some(retry_after.max(1));
+        p
     }
 
     /// 500: the gateway itself failed.
@@ -383,7 +396,7 @@ impl RateLimitHeaders {
     /// Builds the fields. `q` is the rule's limit, `w` its window in seconds (omitted for
     /// concurrency, which has none), `r` what is left, `t` seconds until it is all back.
     pub fn build<'a>(
-        applied: impl Iterator<Item = (&'a Rule, &'a Decision)>,
+        applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
         legacy: bool,
     ) -> Self {
         let mut h = RateLimitHeaders::default();
@@ -398,10 +411,10 @@ impl RateLimitHeaders {
             h.policy.push_str(sep);
             push_sf_string(&mut h.policy, &rule.name);
             h.policy.push_str(";q=");
-            push_sf_integer(&mut h.policy, rule.limit.limit);
-            if !rule.limit.window.is_zero() {
+            push_sf_integer(&mut h.policy, rule.limit.limit());
+            if !rule.limit.window().is_zero() {
                 h.policy.push_str(";w=");
-                push_sf_integer(&mut h.policy, ceil_secs(rule.limit.window).max(1));
+                push_sf_integer(&mut h.policy, ceil_secs(rule.limit.window()).max(1));
             }
             let t = ceil_secs(if d.allowed {
                 d.reset
@@ -415,7 +428,7 @@ impl RateLimitHeaders {
             h.state.push_str(";t=");
             push_sf_integer(&mut h.state, t);
             if legacy {
-                let candidate = (rule.limit.limit, d.remaining, t);
+                let candidate = (rule.limit.limit(), d.remaining, t);
                 let tighter = match tightest {
                     None => true,
                     Some((_, r, _)) => d.remaining < r,

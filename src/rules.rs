@@ -1,4 +1,4 @@
-//! Rate-limit rules: which rules apply to a request, and the counter key each one charges.
+//! Rate-limit rules: which rules apply to a request, and the counter each one charges.
 //!
 //! Rules are checked in file order and every rule whose `match` fits applies. A rule keyed on
 //! something the request does not have (no API key, no such header) does not apply; that is
@@ -11,39 +11,33 @@ use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
 use crate::auth::Identity;
-use crate::config::{host_eq, path_has_prefix};
-use crate::limiter::{Check, Limit};
-use crate::metrics::RuleCounters;
+pub use crate::limiter::policy::{FailureMode, Policy, Scope};
+use crate::limiter::Check;
+use crate::matching::RequestMatch;
 
 /// Longest key value (bytes) taken from the network; the rest is ignored. Values are hashed, so
 /// this bounds hashing work, not storage.
 pub const MAX_KEY_VALUE: usize = 1024;
 
-/// One `[[rules]]`, validated.
+/// One `[[rules]]`, validated: when it applies and what it counts on (this module), and how it
+/// counts and answers (its [`Policy`], the limiter's).
 #[derive(Debug)]
 pub struct Rule {
-    /// Unique name: shown in headers, metrics, logs; counters are keyed by it.
-    pub name: Arc<str>,
     /// When the rule applies.
     pub matcher: RuleMatch,
-    /// The parts of the counter key, in order.
-    pub key: Vec<KeyPart>,
-    /// The algorithm and its numbers.
-    pub limit: Limit,
-    /// Local (per instance) or global (shared store).
-    pub scope: Scope,
-    /// What to do when the store fails.
-    pub on_store_error: FailureMode,
-    /// Units charged per request.
-    pub cost: u64,
-    /// Evaluate and count, never reject.
-    pub shadow: bool,
-    /// Show this rule in the RateLimit headers.
-    pub headers: bool,
-    /// Status of this rule's rejections.
-    pub status: u16,
-    /// Its decision counters (allowed, rejected, skipped, failure modes).
-    pub counters: RuleCounters,
+    /// The key parts whose values name the counter a request charges, in order.
+    pub key_parts: Vec<KeyPart>,
+    /// Name, limit, scope, failure mode and the rest the limiter reads.
+    pub policy: Arc<Policy>,
+}
+
+/// A rule reads as its policy (`rule.name`, `rule.limit`, ...).
+impl std::ops::Deref for Rule {
+    type Target = Policy;
+
+    fn deref(&self) -> &Policy {
+        &self.policy
+    }
 }
 
 /// A rule's `match`. Every field that is set must fit.
@@ -51,21 +45,15 @@ pub struct Rule {
 pub struct RuleMatch {
     /// Route name.
     pub route: Option<String>,
-    /// Exact path.
-    pub path: Option<String>,
-    /// Path prefix (segment-wise).
-    pub path_prefix: Option<String>,
-    /// Methods.
-    pub methods: Option<Vec<Method>>,
-    /// Host (port and case ignored).
-    pub host: Option<String>,
+    /// Host, path, path prefix and methods, matched as routes match them.
+    pub request: RequestMatch,
     /// The caller's plan.
     pub plan: Option<String>,
     /// A header, present (and equal to the value, if given).
     pub header: Option<(HeaderName, Option<String>)>,
 }
 
-/// One part of a counter key.
+/// One key part: a value of the request that, with the others, names its counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyPart {
     /// The client IP.
@@ -135,51 +123,6 @@ impl KeyPart {
     }
 }
 
-/// Where a rule's counters live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// In this process only: never touches the store.
-    Local,
-    /// In the configured store, shared by every instance.
-    Global,
-}
-
-impl Scope {
-    /// Every scope with its gateway.toml name.
-    pub const NAMES: &'static [(&'static str, Scope)] =
-        &[("local", Scope::Local), ("global", Scope::Global)];
-
-    /// The name used in gateway.toml.
-    pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
-    }
-}
-
-/// What a global rule does when the store cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Allow (and count the fail-open decision).
-    Open,
-    /// Refuse with 503.
-    Closed,
-    /// Decide in process with `limit / instances`.
-    Local,
-}
-
-impl FailureMode {
-    /// Every failure mode with its gateway.toml name.
-    pub const NAMES: &'static [(&'static str, FailureMode)] = &[
-        ("open", FailureMode::Open),
-        ("closed", FailureMode::Closed),
-        ("local", FailureMode::Local),
-    ];
-
-    /// The name used in gateway.toml.
-    pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
-    }
-}
-
 /// What rules see of a request.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestView<'a> {
@@ -210,25 +153,8 @@ impl Rule {
                 return false;
             }
         }
-        if let Some(path) = &m.path {
-            if path != req.path {
-                return false;
-            }
-        }
-        if let Some(prefix) = &m.path_prefix {
-            if !path_has_prefix(req.path, prefix) {
-                return false;
-            }
-        }
-        if let Some(methods) = &m.methods {
-            if !methods.contains(req.method) {
-                return false;
-            }
-        }
-        if let Some(host) = &m.host {
-            if !req.host.is_some_and(|h| host_eq(h, host)) {
-                return false;
-            }
+        if !m.request.matches(req.host, req.method, req.path) {
+            return false;
         }
         if let Some(plan) = &m.plan {
             if req.identity.and_then(|i| i.plan.as_deref()) != Some(plan.as_str()) {
@@ -245,13 +171,13 @@ impl Rule {
         true
     }
 
-    /// The counter key for this request, or `None` when a key part is absent (the rule then
-    /// does not apply). The digest covers every part with its kind and length, so values cannot
+    /// The id of the counter this request charges (a digest of its key parts' values), or
+    /// `None` when a key part is absent (the rule then does not apply). The digest covers every part with its kind and length, so values cannot
     /// be shifted from one part into another to reach someone else's counter.
-    pub fn key_digest(&self, req: &RequestView<'_>) -> Option<u64> {
+    pub fn counter_id(&self, req: &RequestView<'_>) -> Option<u64> {
         let mut h = Sha256::new();
         let mut ip_buf = [0u8; 16];
-        for part in &self.key {
+        for part in &self.key_parts {
             let value: &[u8] = match part {
                 KeyPart::Ip => match req.ip {
                     IpAddr::V4(v4) => {
@@ -287,10 +213,10 @@ impl Rule {
     /// The store check for this request, or `None` when the rule cannot be keyed. Counts the
     /// skip.
     pub fn check_for(&self, req: &RequestView<'_>) -> Option<Check> {
-        match self.key_digest(req) {
+        match self.counter_id(req) {
             Some(key) => Some(Check {
                 rule: self.name.clone(),
-                key,
+                counter: key,
                 limit: self.limit.clone(),
                 cost: self.cost,
             }),
@@ -332,17 +258,19 @@ mod tests {
 
     fn rule(key: Vec<KeyPart>, matcher: RuleMatch) -> Rule {
         Rule {
-            name: "r".into(),
             matcher,
-            key,
-            limit: Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
-            scope: Scope::Local,
-            on_store_error: FailureMode::Open,
-            cost: 1,
-            shadow: false,
-            headers: true,
-            status: 429,
-            counters: RuleCounters::for_rule("unit-test-rule"),
+            key_parts: key,
+            policy: Arc::new(Policy {
+                name: "r".into(),
+                limit: Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
+                scope: Scope::Local,
+                on_store_error: FailureMode::Open,
+                cost: 1,
+                shadow: false,
+                headers: true,
+                status: 429,
+                counters: crate::metrics::RuleCounters::for_rule("unit-test-rule"),
+            }),
         }
     }
 
@@ -379,9 +307,9 @@ mod tests {
             vec![KeyPart::Ip, KeyPart::Query("page".into())],
             RuleMatch::default(),
         );
-        let a = r.key_digest(&view(&h, Some("page=1"), None)).unwrap();
-        let b = r.key_digest(&view(&h, Some("page=2"), None)).unwrap();
-        let a2 = r.key_digest(&view(&h, Some("x=9&page=1"), None)).unwrap();
+        let a = r.counter_id(&view(&h, Some("page=1"), None)).unwrap();
+        let b = r.counter_id(&view(&h, Some("page=2"), None)).unwrap();
+        let a2 = r.counter_id(&view(&h, Some("x=9&page=1"), None)).unwrap();
         assert_ne!(a, b);
         assert_eq!(a, a2);
     }
@@ -400,8 +328,8 @@ mod tests {
         ];
         let r = rule(parts, RuleMatch::default());
         assert_ne!(
-            r.key_digest(&view(&h1, None, None)),
-            r.key_digest(&view(&h2, None, None))
+            r.counter_id(&view(&h1, None, None)),
+            r.counter_id(&view(&h2, None, None))
         );
     }
 
@@ -411,8 +339,11 @@ mod tests {
         h.insert("x-tier", "free".parse().unwrap());
         let m = RuleMatch {
             route: Some("orders".into()),
-            path_prefix: Some("/orders".into()),
-            methods: Some(vec![Method::GET]),
+            request: RequestMatch {
+                path_prefix: Some("/orders".into()),
+                methods: Some(vec![Method::GET]),
+                ..Default::default()
+            },
             header: Some((HeaderName::from_static("x-tier"), Some("free".into()))),
             ..Default::default()
         };

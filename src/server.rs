@@ -68,6 +68,9 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     let listen = config.server.listen.clone();
     let admin_listen = config.server.admin_listen;
     let grace_period = config.server.grace_period;
+    // Names are resolved once before serving (bounded), so the first requests find addresses;
+    // after that only the upstream service resolves, in the background.
+    crate::upstream::service::prime(&config, std::time::Duration::from_secs(2));
     let gateway = Arc::new(Gateway::new(config));
 
     let connections = config_connections(&gateway);
@@ -104,6 +107,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     server.add_service(pingora::services::background::background_service(
         "memory store sweeper",
         gateway.limiter.sweeper(),
+    ));
+    server.add_service(background_service(
+        "upstreams",
+        crate::upstream::service::UpstreamService::new(gateway.clone()),
     ));
     server.add_service(pingora::services::background::background_service(
         "config reloader",

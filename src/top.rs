@@ -505,7 +505,7 @@ impl Top {
     /// built from), or `None` when a part is absent.
     fn client_hash(&self, rule: &Rule, view: &RequestView<'_>) -> Option<u64> {
         let mut h = self.hasher.build_hasher();
-        for part in &rule.key {
+        for part in &rule.key_parts {
             let mut ip = [0u8; 16];
             let value: &[u8] = match part {
                 KeyPart::Ip => match view.ip {
@@ -540,15 +540,18 @@ impl Top {
 /// `proxy-authorization` or `cookie`, and a `query:` part whose name says key, token, secret,
 /// password, auth or sig, show `sha256:` and 12 hex digits of the value instead.
 pub fn client_label(cfg: &Config, rule: &Rule, view: &RequestView<'_>) -> Client {
-    let mut parts = Vec::with_capacity(rule.key.len());
-    for part in &rule.key {
+    let mut parts = Vec::with_capacity(rule.key_parts.len());
+    for part in &rule.key_parts {
         let value = match part {
             KeyPart::Ip => view.ip.to_string(),
-            KeyPart::ApiKey => view.identity.map(|i| i.id.clone()).unwrap_or_default(),
-            KeyPart::User => view.identity.map(|i| i.user.clone()).unwrap_or_default(),
+            KeyPart::ApiKey => view.identity.map(|i| i.id.to_string()).unwrap_or_default(),
+            KeyPart::User => view
+                .identity
+                .map(|i| i.user.to_string())
+                .unwrap_or_default(),
             KeyPart::Plan => view
                 .identity
-                .and_then(|i| i.plan.clone())
+                .and_then(|i| i.plan.as_ref().map(|p| p.to_string()))
                 .unwrap_or_default(),
             KeyPart::Route => view.route.to_string(),
             KeyPart::Method => view.method.as_str().to_string(),
@@ -623,7 +626,10 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
     };
     t.decided.fetch_add(1, Ordering::Relaxed);
     if cfg.store.backend != Backend::Memory
-        && outcome.applied.iter().any(|a| a.rule.scope == Scope::Global)
+        && outcome
+            .applied
+            .iter()
+            .any(|a| a.rule.scope == Scope::Global)
     {
         t.store_requests.fetch_add(1, Ordering::Relaxed);
     }
@@ -633,14 +639,18 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
             // Rejected by another rule: this one neither admitted nor rejected it.
             continue;
         }
-        let Some(hash) = t.client_hash(&a.rule, view) else {
+        // The outcome names each rule's policy; its key parts are on the rule itself.
+        let Some(rule) = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule)) else {
+            continue;
+        };
+        let Some(hash) = t.client_hash(rule, view) else {
             continue;
         };
         let state = t.rule_or_new(&a.rule.name);
         let mut label: Option<Arc<Client>> = None;
         let mut make = || {
             label
-                .get_or_insert_with(|| Arc::new(client_label(cfg, &a.rule, view)))
+                .get_or_insert_with(|| Arc::new(client_label(cfg, rule, view)))
                 .clone()
         };
         state.lock().record(now, hash, admitted, &mut make);

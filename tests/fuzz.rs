@@ -18,7 +18,7 @@ use floodgate::limiter::{Algorithm, Decision, Limit};
 use floodgate::metrics::RuleCounters;
 use floodgate::normalize::{self, EscapedSlashes};
 use floodgate::response::{ceil_secs, RateLimitHeaders, SF_INTEGER_MAX};
-use floodgate::rules::{FailureMode, Rule, RuleMatch, Scope};
+use floodgate::rules::{FailureMode, Policy, Scope};
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -872,16 +872,14 @@ fn applied() -> impl Strategy<Value = Applied> {
         )
 }
 
-fn rule_of(a: &Applied) -> Rule {
+fn rule_of(a: &Applied) -> Policy {
     let algorithm = if a.concurrency {
         Algorithm::Concurrency
     } else {
         Algorithm::TokenBucket
     };
-    Rule {
+    Policy {
         name: Arc::from(a.name.as_str()),
-        matcher: RuleMatch::default(),
-        key: Vec::new(),
         limit: Limit::police(algorithm, a.limit, a.window, a.limit),
         scope: Scope::Local,
         on_store_error: FailureMode::Open,
@@ -929,7 +927,7 @@ proptest! {
         applied in prop::collection::vec(applied(), 0..5),
         legacy in any::<bool>(),
     ) {
-        let rules: Vec<Rule> = applied.iter().map(rule_of).collect();
+        let rules: Vec<Policy> = applied.iter().map(rule_of).collect();
         let h = RateLimitHeaders::build(
             rules.iter().zip(applied.iter().map(|a| &a.decision)),
             legacy,

@@ -26,6 +26,7 @@ fn store_config(backend: Backend, urls: Vec<String>) -> Store {
     Store {
         backend,
         urls,
+        redis: None,
         timeout: Duration::from_millis(20),
         key_prefix: PREFIX.into(),
         instances: 1,
@@ -45,7 +46,7 @@ fn standalone_with(server: &RedisServer, options: Options) -> Arc<RedisStore> {
 fn check(rule: &str, key: u64, limit: Limit, cost: u64) -> Check {
     Check {
         rule: rule.into(),
-        key,
+        counter: key,
         limit,
         cost,
     }
@@ -177,9 +178,9 @@ fn step_us(rng: &mut fastrand::Rng, scale: u64) -> u64 {
 /// A cost: mostly 1, sometimes 0, a few units, or around the rule's whole quota (the
 /// never-admitted `cost > limit` case included).
 fn cost(rng: &mut fastrand::Rng, l: &Limit) -> u64 {
-    let quota = match l.algorithm {
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => l.burst,
-        _ => l.limit,
+    let quota = match l.algorithm() {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => l.burst(),
+        _ => l.limit(),
     };
     match rng.u8(0..20) {
         0 => 0,
@@ -219,7 +220,7 @@ async fn scripts_decide_exactly_like_the_reference() {
                 let (lease, checks) = held.swap_remove(rng.usize(0..held.len()));
                 store.release(&checks, lease).await;
                 for c in &checks {
-                    reference.release(&store.key(c), c.cost);
+                    reference.release(&store.redis_key(c), c.cost);
                 }
             }
             let n = match rng.u8(0..10) {
@@ -236,7 +237,7 @@ async fn scripts_decide_exactly_like_the_reference() {
                     checks.push(check(name, key, l.clone(), cost(&mut rng, l)));
                 }
             }
-            let keys: Vec<String> = checks.iter().map(|c| store.key(c)).collect();
+            let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
             let lease = rng.u64(..);
             let got = store
                 .decide_at(&checks, lease, GENEROUS, now_us)
@@ -249,7 +250,7 @@ async fn scripts_decide_exactly_like_the_reference() {
                 "seed {seed} step {step} at {now_us} us: {:?}",
                 checks
                     .iter()
-                    .map(|c| (c.rule.to_string(), c.key, c.cost))
+                    .map(|c| (c.rule.to_string(), c.counter, c.cost))
                     .collect::<Vec<_>>()
             );
             compared += checks.len();
@@ -264,7 +265,7 @@ async fn scripts_decide_exactly_like_the_reference() {
             if got.iter().all(|d| d.allowed) {
                 let slots: Vec<Check> = checks
                     .iter()
-                    .filter(|c| c.limit.algorithm == Algorithm::Concurrency && c.cost > 0)
+                    .filter(|c| c.limit.algorithm() == Algorithm::Concurrency && c.cost > 0)
                     .cloned()
                     .collect();
                 if !slots.is_empty() {
@@ -319,7 +320,7 @@ async fn reloaded_rules_reinterpret_state_like_the_reference() {
             }
             let l = variants[current].clone();
             let c = check("reloaded", seed, l.clone(), cost(&mut rng, &l));
-            let keys = vec![store.key(&c)];
+            let keys = vec![store.redis_key(&c)];
             let checks = vec![c];
             let got = store
                 .decide_at(&checks, rng.u64(..), GENEROUS, now_us)
@@ -377,7 +378,7 @@ async fn a_concurrent_burst_admits_exactly_the_limit() {
             .map(|r| r.expect("decide").remove(0))
             .collect();
         if redis_time_us(&server) / 3_600_000_000 != window_before
-            && matches!(l.algorithm, FixedWindow | SlidingWindowCounter)
+            && matches!(l.algorithm(), FixedWindow | SlidingWindowCounter)
         {
             eprintln!("{rule}: crossed an hour boundary mid-burst; not judged");
             continue;
@@ -385,10 +386,10 @@ async fn a_concurrent_burst_admits_exactly_the_limit() {
         let admitted = decisions.iter().filter(|d| d.allowed).count();
         assert_eq!(admitted, 10, "{rule}: {decisions:?}");
         let key = format!("{PREFIX}{rule}:{{{:016x}}}", 0x5eed);
-        assert_eq!(store.key(&c), key);
+        assert_eq!(store.redis_key(&c), key);
         let pttl: i64 = server.query(&["PTTL", &key]);
         // The counter's state matters until the end of the next window.
-        let bound = match l.algorithm {
+        let bound = match l.algorithm() {
             Concurrency => floodgate::limiter::redis::LEASE_TTL,
             SlidingWindowCounter => hour * 2,
             _ => hour,
@@ -399,7 +400,7 @@ async fn a_concurrent_burst_admits_exactly_the_limit() {
         );
         for d in decisions.iter().filter(|d| !d.allowed) {
             assert_eq!(d.remaining, 0);
-            let ok = match l.algorithm {
+            let ok = match l.algorithm() {
                 // 6 minutes per token: the next one comes within 6 minutes.
                 TokenBucket | LeakyBucket => {
                     d.retry_after > secs(359) && d.retry_after <= secs(360)
@@ -449,9 +450,9 @@ async fn a_rejected_request_charges_no_rule() {
         assert!(ds[1].allowed && ds[2].allowed, "the others would admit");
         assert_eq!(ds[1].remaining, 97, "roomy: 2 taken, this one not kept");
     }
-    let logged: i64 = server.query(&["ZCARD", &store.key(&roomy)]);
+    let logged: i64 = server.query(&["ZCARD", &store.redis_key(&roomy)]);
     assert_eq!(logged, 2, "roomy charged only by the admitted requests");
-    let held: i64 = server.query(&["ZCARD", &store.key(&slots)]);
+    let held: i64 = server.query(&["ZCARD", &store.redis_key(&slots)]);
     assert_eq!(held, 2, "no slot taken by rejected requests");
     let alone = store.decide(&[roomy], 99, GENEROUS).await.expect("decide");
     assert_eq!(alone[0].remaining, 97);
@@ -476,7 +477,7 @@ async fn concurrency_slots_are_leases() {
         Limit::police(Algorithm::Concurrency, 3, Duration::ZERO, 3),
         1,
     );
-    let key = store.key(&c);
+    let key = store.redis_key(&c);
     let one = std::slice::from_ref(&c);
     for lease in 1..=3 {
         let d = store.decide(one, lease, GENEROUS).await.expect("decide");
@@ -650,12 +651,12 @@ async fn url_credentials_and_database_are_used() {
             .get_connection()
             .expect("connect to db 3");
         redis::cmd("EXISTS")
-            .arg(store.key(&c))
+            .arg(store.redis_key(&c))
             .query(&mut conn)
             .expect("EXISTS")
     };
     assert_eq!(in_db3, 1, "the counter lives in database 3");
-    let in_db0: i64 = server.query(&["EXISTS", &store.key(&c)]);
+    let in_db0: i64 = server.query(&["EXISTS", &store.redis_key(&c)]);
     assert_eq!(in_db0, 0, "and not in database 0");
 
     let wrong =
@@ -922,7 +923,7 @@ async fn limits_hold_across_a_three_master_cluster() {
     let mut owners = HashSet::new();
     for id in 0..24u64 {
         let c = check("cl-log", id, log.clone(), 1);
-        owners.insert(cluster.owner_of(&gateway_a.key(&c)));
+        owners.insert(cluster.owner_of(&gateway_a.redis_key(&c)));
         let calls = (0..12u64).map(|lease| {
             let store = if lease % 2 == 0 {
                 gateway_a.clone()
@@ -973,8 +974,8 @@ async fn limits_hold_across_a_three_master_cluster() {
         assert_eq!(ds[0].allowed, lease < 2);
     }
     assert_eq!(evalsha_total(&cluster), 6, "one call per request");
-    let logged: i64 = cluster.nodes[cluster.owner_of(&gateway_a.key(&same[1]))]
-        .query(&["ZCARD", &gateway_a.key(&same[1])]);
+    let logged: i64 = cluster.nodes[cluster.owner_of(&gateway_a.redis_key(&same[1]))]
+        .query(&["ZCARD", &gateway_a.redis_key(&same[1])]);
     assert_eq!(logged, 2, "rejected requests charged nothing");
 
     // Keys on two different masters: one call per slot, issued together.
@@ -996,7 +997,9 @@ async fn limits_hold_across_a_three_master_cluster() {
                 ),
             )
         })
-        .find(|(x, y)| cluster.owner_of(&gateway_a.key(x)) != cluster.owner_of(&gateway_a.key(y)))
+        .find(|(x, y)| {
+            cluster.owner_of(&gateway_a.redis_key(x)) != cluster.owner_of(&gateway_a.redis_key(y))
+        })
         .expect("two keys on different masters");
     for n in &cluster.nodes {
         let _: () = n.query(&["CONFIG", "RESETSTAT"]);
@@ -1009,7 +1012,7 @@ async fn limits_hold_across_a_three_master_cluster() {
     // master is given back.
     let ds = gateway_a.decide(&pair, 2, GENEROUS).await.expect("decide");
     assert!(ds[0].allowed && !ds[1].allowed);
-    let x_key = gateway_a.key(&x);
+    let x_key = gateway_a.redis_key(&x);
     let x_node = &cluster.nodes[cluster.owner_of(&x_key)];
     eventually(secs(5), "the partial charge's slot released", || {
         let held: i64 = x_node.query(&["ZCARD", &x_key]);

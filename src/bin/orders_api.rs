@@ -2,12 +2,18 @@
 //! gateway.
 //!
 //! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`, and for
-//! tests `GET /debug/headers` and any other `GET /debug/...` (echo the path, query and request
+//! tests `GET /debug/headers` (also the HTTP version it was asked with) and any other `GET /debug/...` (echo the path, query and request
 //! headers they received). Any request may carry
 //! `?delay_ms=N` (at most 60000) to make the answer slow. Every response carries
 //! `x-served-by: <name>` so round robin can be seen.
 //!
-//! Usage: `orders-api [--listen 127.0.0.1:9000] [--name orders-1]`
+//! For the upstream tests: `--status N` answers every request but `GET /healthz` with status N
+//! (a sick replica whose health check still passes); `--tls-cert PEM --tls-key PEM` serves TLS
+//! (HTTP/2 by ALPN) instead of plain HTTP, and `--client-ca PEM` then requires a client
+//! certificate signed by that CA (mTLS).
+//!
+//! Usage: `orders-api [--listen 127.0.0.1:9000] [--name orders-1] [--status N]
+//! [--tls-cert PEM --tls-key PEM [--client-ca PEM]]`
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +31,8 @@ use serde_json::{json, Value};
 
 struct OrdersApi {
     name: String,
+    /// `--status`: the status of every answer but `/healthz`.
+    status: Option<StatusCode>,
     next_id: AtomicU64,
     orders: Mutex<BTreeMap<u64, Value>>,
 }
@@ -42,6 +50,7 @@ impl OrdersApi {
         );
         OrdersApi {
             name,
+            status: None,
             next_id: AtomicU64::new(3),
             orders: Mutex::new(orders),
         }
@@ -108,16 +117,27 @@ impl ServeHttp for OrdersApi {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+        if let Some(status) = self.status.filter(|_| segments.as_slice() != ["healthz"]) {
+            return self.reply(
+                status,
+                &json!({"error": "answering --status", "path": path}),
+            );
+        }
         match (method.as_str(), segments.as_slice()) {
             ("GET", ["healthz"]) => self.reply(StatusCode::OK, &json!({"status": "ok"})),
             ("GET", ["debug", "headers"]) => {
-                self.reply(StatusCode::OK, &json!({"headers": headers, "path": path}))
+                let version = format!("{:?}", req.version);
+                self.reply(
+                    StatusCode::OK,
+                    &json!({"headers": headers, "path": path, "version": version}),
+                )
             }
             // Any other GET under /debug/ echoes the path it was asked for (what the gateway
             // forwarded, after normalization).
             ("GET", ["debug", ..]) => self.reply(
                 StatusCode::OK,
-                &json!({"path": path, "query": req.uri.query(), "headers": headers}),
+                &json!({"path": path, "query": req.uri.query(), "headers": headers,
+                        "version": format!("{:?}", req.version)}),
             ),
             ("GET", ["orders"]) => {
                 let list: Vec<Value> = self.orders.lock().values().cloned().collect();
@@ -166,11 +186,22 @@ impl ServeHttp for OrdersApi {
 fn main() {
     let mut listen = "127.0.0.1:9000".to_string();
     let mut name = "orders-api".to_string();
+    let mut status = None;
+    let (mut tls_cert, mut tls_key, mut client_ca) = (None, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--listen" => listen = args.next().unwrap_or(listen),
             "--name" => name = args.next().unwrap_or(name),
+            "--status" => {
+                status = args
+                    .next()
+                    .and_then(|s| s.parse::<u16>().ok())
+                    .and_then(|s| StatusCode::from_u16(s).ok());
+            }
+            "--tls-cert" => tls_cert = args.next(),
+            "--tls-key" => tls_key = args.next(),
+            "--client-ca" => client_ca = args.next(),
             "-h" | "--help" => {
                 println!("usage: orders-api [--listen 127.0.0.1:9000] [--name NAME]");
                 return;
@@ -191,8 +222,37 @@ fn main() {
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let mut service = Service::new("orders api".to_string(), OrdersApi::new(name));
-    service.add_tcp(&listen);
+    let mut api = OrdersApi::new(name);
+    api.status = status;
+    let mut service = Service::new("orders api".to_string(), api);
+    match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut settings = pingora::listeners::tls::TlsSettings::intermediate(&cert, &key)
+                .unwrap_or_else(|e| {
+                    eprintln!("orders-api: cannot load the TLS certificate or key: {e}");
+                    std::process::exit(2);
+                });
+            settings.enable_h2();
+            if let Some(ca) = client_ca {
+                pingora::tls::install_default_crypto_provider();
+                let mut roots = pingora::tls::RootCertStore::empty();
+                let verifier = pingora::tls::load_ca_file_into_store(&ca, &mut roots)
+                    .ok()
+                    .and_then(|()| {
+                        pingora::tls::WebPkiClientVerifier::builder(std::sync::Arc::new(roots))
+                            .build()
+                            .ok()
+                    })
+                    .unwrap_or_else(|| {
+                        eprintln!("orders-api: cannot use --client-ca {ca}");
+                        std::process::exit(2);
+                    });
+                settings.set_client_cert_verifier(verifier);
+            }
+            service.add_tls_with_settings(&listen, None, settings);
+        }
+        _ => service.add_tcp(&listen),
+    }
     server.add_service(service);
     eprintln!("orders-api listening on {listen}");
     server.run_forever();

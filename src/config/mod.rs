@@ -2,7 +2,7 @@
 //! hot path reads, and the errors that name file, line and column.
 //!
 //! Parsing happens once per load; everything the request path needs (socket addresses, header
-//! names, durations, key digests, compiled matchers) is converted here so that a request never
+//! names, durations, API key digests, compiled matchers) is converted here so that a request never
 //! parses configuration text.
 
 pub mod duration;
@@ -13,13 +13,14 @@ pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 use ipnet::IpNet;
 
+pub use crate::limiter::settings::{Backend, Store};
+pub use crate::matching::RequestMatch;
 pub use error::ConfigError;
 
 use crate::auth::KeyStore;
@@ -129,48 +130,6 @@ pub struct Tls {
     pub key: PathBuf,
 }
 
-/// Where global counters live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// In process (default): one instance.
-    Memory,
-    /// One Redis server.
-    Redis,
-    /// A Redis Cluster.
-    RedisCluster,
-}
-
-impl Backend {
-    /// Every backend with its gateway.toml name.
-    pub const NAMES: &'static [(&'static str, Backend)] = &[
-        ("memory", Backend::Memory),
-        ("redis", Backend::Redis),
-        ("redis-cluster", Backend::RedisCluster),
-    ];
-
-    /// The name used in gateway.toml.
-    pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
-    }
-}
-
-/// `[store]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Store {
-    /// The backend.
-    pub backend: Backend,
-    /// Redis URL(s): one for `redis`, the seed nodes for `redis-cluster`, none for memory.
-    pub urls: Vec<String>,
-    /// Budget for one decision.
-    pub timeout: Duration,
-    /// Prefix of every Redis key.
-    pub key_prefix: String,
-    /// Gateway instances sharing the limits (divides limits for the `local` fallback).
-    pub instances: u64,
-    /// Bound of the in-process store (keys), for memory and the local fallback.
-    pub max_keys: usize,
-}
-
 /// `[auth]`.
 #[derive(Debug)]
 pub struct Auth {
@@ -184,19 +143,34 @@ pub struct Auth {
     pub keys: KeyStore,
 }
 
-/// One `[[upstreams]]`.
+/// One `[[upstreams]]`: its validated settings, and (built on first use, see [`Upstream::pool`])
+/// the run-time pool that selects its targets.
 #[derive(Debug)]
 pub struct Upstream {
     /// Its name, referenced by routes.
     pub name: Arc<str>,
-    /// Targets, resolved at load time, tried round robin.
-    pub targets: Vec<SocketAddr>,
-    /// Connect timeout per attempt.
-    pub connect_timeout: Duration,
-    /// Timeout between reads of the upstream's answer.
-    pub read_timeout: Duration,
-    /// Round-robin cursor.
-    pub next: AtomicUsize,
+    /// Targets (never empty), balancing, TLS, timeouts, retries, health checks.
+    pub settings: Arc<crate::upstream::Settings>,
+    pool: std::sync::OnceLock<Arc<crate::upstream::Pool>>,
+}
+
+impl Upstream {
+    /// An upstream from validated settings; nothing runs until [`Upstream::pool`] is called.
+    pub fn new(name: Arc<str>, settings: crate::upstream::Settings) -> Upstream {
+        Upstream {
+            name,
+            settings: Arc::new(settings),
+            pool: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The pool of this config generation's upstream, attached on first use to the health and
+    /// passive state a previous generation left for the same name (no I/O: names are resolved
+    /// by `crate::upstream::service`).
+    pub fn pool(&self) -> &Arc<crate::upstream::Pool> {
+        self.pool
+            .get_or_init(|| crate::upstream::pools().attach(&self.name, &self.settings))
+    }
 }
 
 /// What a route asks of the caller's API key.
@@ -229,14 +203,8 @@ impl AuthMode {
 pub struct Route {
     /// Its name (rules match on it; metrics and logs show it).
     pub name: Arc<str>,
-    /// Exact path.
-    pub path: Option<String>,
-    /// Path prefix, on segment boundaries (`/orders` matches `/orders` and `/orders/1`).
-    pub path_prefix: Option<String>,
-    /// Host, compared without port and case.
-    pub host: Option<String>,
-    /// Methods, any when `None`.
-    pub methods: Option<Vec<Method>>,
+    /// Host, path, path prefix and methods.
+    pub matcher: RequestMatch,
     /// Where the route's traffic goes.
     pub upstream: Arc<Upstream>,
     /// Key requirement.
@@ -244,49 +212,10 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether a request fits this route.
+    /// Whether a request (its normalized host and path) fits this route.
     pub fn matches(&self, host: Option<&str>, method: &Method, path: &str) -> bool {
-        if let Some(p) = &self.path {
-            if p != path {
-                return false;
-            }
-        }
-        if let Some(prefix) = &self.path_prefix {
-            if !path_has_prefix(path, prefix) {
-                return false;
-            }
-        }
-        if let Some(m) = &self.methods {
-            if !m.contains(method) {
-                return false;
-            }
-        }
-        if let Some(h) = &self.host {
-            match host {
-                Some(req) if host_eq(req, h) => {}
-                _ => return false,
-            }
-        }
-        true
+        self.matcher.matches(host, method, path)
     }
-}
-
-/// Prefix match on path segments, so that `/orders` does not match `/ordersfoo`.
-pub fn path_has_prefix(path: &str, prefix: &str) -> bool {
-    if prefix == "/" || prefix.is_empty() {
-        return true;
-    }
-    let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
-/// Host comparison: both sides are normalized (`crate::normalize::host`) before they meet, the
-/// config's at load and the request's once per request, so equal hosts are equal strings.
-pub fn host_eq(request_host: &str, wanted: &str) -> bool {
-    request_host == wanted
 }
 
 /// Digest of some files' bytes in order (length-prefixed; a missing file counts as empty).
@@ -317,28 +246,5 @@ impl Config {
     /// Finds the first route matching the request.
     pub fn route_for(&self, host: Option<&str>, method: &Method, path: &str) -> Option<&Route> {
         self.routes.iter().find(|r| r.matches(host, method, path))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_respects_segments() {
-        assert!(path_has_prefix("/orders", "/orders"));
-        assert!(path_has_prefix("/orders/1", "/orders"));
-        assert!(path_has_prefix("/orders/1", "/orders/"));
-        assert!(!path_has_prefix("/ordersx", "/orders"));
-        assert!(path_has_prefix("/anything", "/"));
-    }
-
-    #[test]
-    fn host_ignores_port_and_case_once_normalized() {
-        let n = |h: &str| crate::normalize::host(h).unwrap().into_owned();
-        assert!(host_eq(&n("API.example.com:8080"), &n("api.example.com")));
-        assert!(host_eq(&n("api.example.com."), &n("api.example.com")));
-        assert!(!host_eq(&n("other.example.com"), &n("api.example.com")));
-        assert!(host_eq(&n("[::1]:8080"), &n("::1")));
     }
 }

@@ -107,9 +107,65 @@ pub struct RawKey {
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub name: Spanned<String>,
-    pub targets: Spanned<Vec<Spanned<String>>>,
+    pub targets: Spanned<Vec<Spanned<RawTarget>>>,
+    pub balance: Option<Spanned<String>>,
+    pub hash_key: Option<Spanned<Vec<Spanned<String>>>>,
+    pub tls: Option<bool>,
+    pub sni: Option<Spanned<String>>,
+    pub verify: Option<Spanned<bool>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub client_cert: Option<Spanned<String>>,
+    pub client_key: Option<Spanned<String>>,
+    pub http2: Option<Spanned<bool>>,
+    pub host_header: Option<Spanned<String>>,
     pub connect_timeout: Option<Spanned<String>>,
     pub read_timeout: Option<Spanned<String>>,
+    pub write_timeout: Option<Spanned<String>>,
+    pub idle_timeout: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub retries: Option<Spanned<i64>>,
+    pub resolve_interval: Option<Spanned<String>>,
+    pub health_check: Option<Spanned<RawHealthCheck>>,
+    pub passive: Option<Spanned<RawPassive>>,
+}
+
+/// One of an upstream's `targets`: `"host:port"` or `{ addr = "host:port", weight = 3 }`.
+/// Untagged, so its fields cannot carry spans; errors point at the whole entry.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawTarget {
+    Addr(String),
+    Weighted(RawWeightedTarget),
+}
+
+/// `{ addr = "host:port", weight = 3 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeightedTarget {
+    pub addr: String,
+    pub weight: Option<i64>,
+}
+
+/// `[upstreams.health_check]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    #[serde(rename = "type")]
+    pub kind: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub interval: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub healthy_threshold: Option<Spanned<i64>>,
+    pub unhealthy_threshold: Option<Spanned<i64>>,
+    pub expect_status: Option<Vec<Spanned<i64>>>,
+}
+
+/// `[upstreams.passive]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPassive {
+    pub consecutive_failures: Option<Spanned<i64>>,
+    pub eject: Option<Spanned<String>>,
 }
 
 /// One `[[routes]]`.

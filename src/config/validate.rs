@@ -4,10 +4,9 @@
 //! `gateway.toml:42:9: route "orders" names upstream "order", which is not defined`.
 
 use std::collections::HashSet;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +17,10 @@ use toml::Spanned;
 use super::duration::parse_duration;
 use super::schema::*;
 use super::*;
-use crate::auth::{digest_of, ApiKey, Identity, KeyStore};
+use crate::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::{Algorithm, LeakyMode, Limit};
-use crate::rules::{FailureMode, KeyPart, Rule, RuleMatch, Scope};
+use crate::rules::{FailureMode, KeyPart, Policy, Rule, RuleMatch, Scope};
 
 /// The file being validated: every error points into it.
 struct Src<'a> {
@@ -133,7 +132,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let store = store(&src, &raw.store)?;
     let mut warnings = Vec::new();
     let (auth, keys_text) = auth(&src, &raw.auth, &dir, &mut warnings)?;
-    let upstreams = upstreams(&src, &raw.upstreams)?;
+    let upstreams = upstreams(&src, &raw.upstreams, &dir, &mut warnings)?;
     let routes = routes(&src, &raw.routes, &upstreams)?;
     let rules = rules(&src, &raw.rules, &routes)?;
     let max_waiting = max_waiting(&src, &raw.rules)?;
@@ -338,14 +337,14 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     // `check` is exactly what the store can use (its errors never repeat the URL).
     let usable = |urls: Vec<String>, spans: &[Range<usize>], whole: Range<usize>| {
         crate::limiter::redis::RedisClient::build(backend, &urls)
-            .map(|_| urls)
+            .map(|client| (urls, Some(client)))
             .map_err(|e| {
                 let span = e.index.and_then(|i| spans.get(i).cloned()).unwrap_or(whole);
                 src.err(span, e.message)
             })
     };
-    let urls = match backend {
-        Backend::Memory => Vec::new(),
+    let (urls, redis) = match backend {
+        Backend::Memory => (Vec::new(), None),
         Backend::Redis => match &raw.url {
             Some(u) => usable(vec![check_url(u)?], &[u.span()], u.span())?,
             None => {
@@ -393,6 +392,7 @@ fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     Ok(Store {
         backend,
         urls,
+        redis,
         timeout,
         key_prefix: raw
             .key_prefix
@@ -469,12 +469,16 @@ fn collect_keys(
         }
         // They are sent upstream as X-Floodgate-Key-Id/-User/-Plan: a value that cannot be a
         // header value would fail every request made with this key.
-        header_safe(src, &key.id, "id")?;
-        for (field, v) in [("user", &key.user), ("plan", &key.plan)] {
-            if let Some(v) = v {
-                header_safe(src, v, field)?;
-            }
-        }
+        let id_text = header_safe(src, &key.id, "id")?;
+        let user = match &key.user {
+            Some(u) => header_safe(src, u, "user")?,
+            None => id_text.clone(),
+        };
+        let plan = key
+            .plan
+            .as_ref()
+            .map(|p| header_safe(src, p, "plan"))
+            .transpose()?;
         if !seen.insert(id.clone()) {
             return Err(src.err(key.id.span(), format!("key id \"{id}\" is defined twice")));
         }
@@ -507,12 +511,9 @@ fn collect_keys(
         out.push(ApiKey {
             digest,
             identity: Arc::new(Identity {
-                id: id.clone(),
-                user: key
-                    .user
-                    .as_ref()
-                    .map_or_else(|| id.clone(), |u| u.get_ref().clone()),
-                plan: key.plan.as_ref().map(|p| p.get_ref().clone()),
+                id: id_text,
+                user,
+                plan,
             }),
         });
     }
@@ -522,9 +523,9 @@ fn collect_keys(
 /// Refuses an identity value (`id`, `user`, `plan`) that is not a valid HTTP header value
 /// (CR, LF, NUL and other control bytes), judged by the same `http` crate that builds the
 /// headers sent upstream.
-fn header_safe(src: &Src, v: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
-    if http::HeaderValue::from_str(v.get_ref()).is_ok() {
-        return Ok(());
+fn header_safe(src: &Src, v: &Spanned<String>, field: &str) -> Result<HeaderText, ConfigError> {
+    if let Some(text) = HeaderText::new(v.get_ref()) {
+        return Ok(text);
     }
     Err(src.err(
         v.span(),
@@ -535,7 +536,12 @@ fn header_safe(src: &Src, v: &Spanned<String>, field: &str) -> Result<(), Config
     ))
 }
 
-fn upstreams(src: &Src, raw: &[RawUpstream]) -> Result<Vec<Arc<Upstream>>, ConfigError> {
+fn upstreams(
+    src: &Src,
+    raw: &[RawUpstream],
+    dir: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Arc<Upstream>>, ConfigError> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for u in raw {
@@ -546,48 +552,341 @@ fn upstreams(src: &Src, raw: &[RawUpstream]) -> Result<Vec<Arc<Upstream>>, Confi
                 format!("upstream \"{name}\" is defined twice"),
             ));
         }
-        if u.targets.get_ref().is_empty() {
-            return Err(src.err(
-                u.targets.span(),
-                format!("upstream \"{name}\" needs at least one target"),
-            ));
-        }
-        let mut targets = Vec::new();
-        for t in u.targets.get_ref() {
-            let addrs = t.get_ref().to_socket_addrs().map_err(|e| {
-                src.err(
-                    t.span(),
-                    format!(
-                        "upstream target \"{}\" is not a reachable host:port ({e})",
-                        t.get_ref()
-                    ),
-                )
-            })?;
-            let first = addrs.into_iter().next().ok_or_else(|| {
-                src.err(
-                    t.span(),
-                    format!("upstream target \"{}\" resolves to no address", t.get_ref()),
-                )
-            })?;
-            targets.push(first);
-        }
-        let connect_timeout = match &u.connect_timeout {
-            Some(d) => src.duration(d)?,
-            None => Duration::from_secs(1),
-        };
-        let read_timeout = match &u.read_timeout {
-            Some(d) => src.duration(d)?,
-            None => Duration::from_secs(30),
-        };
-        out.push(Arc::new(Upstream {
-            name: name.as_str().into(),
-            targets,
-            connect_timeout,
-            read_timeout,
-            next: AtomicUsize::new(0),
-        }));
+        let settings = upstream_settings(src, u, dir, warnings)?;
+        out.push(Arc::new(Upstream::new(name.as_str().into(), settings)));
     }
     Ok(out)
+}
+
+/// One upstream's settings. Syntax and meaning only: names are not resolved here (that is the
+/// run time's job, in the background), so `check` never touches the network.
+fn upstream_settings(
+    src: &Src,
+    u: &RawUpstream,
+    dir: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<crate::upstream::Settings, ConfigError> {
+    use crate::upstream::settings::*;
+    let name = u.name.get_ref();
+    let mut targets = Vec::new();
+    for t in u.targets.get_ref() {
+        targets.push(upstream_target(src, t)?);
+    }
+    let targets = Targets::new(targets).ok_or_else(|| {
+        src.err(
+            u.targets.span(),
+            format!("upstream \"{name}\" needs at least one target"),
+        )
+    })?;
+    let duration_or = |v: &Option<Spanned<String>>, default: Duration, what: &str| match v {
+        Some(d) => {
+            let got = src.duration(d)?;
+            if got.is_zero() {
+                return Err(src.err(d.span(), format!("{what} must be longer than 0")));
+            }
+            Ok(got)
+        }
+        None => Ok(default),
+    };
+    let balance = match &u.balance {
+        Some(b) => src.one_of(b, "upstream balance", Balance::NAMES)?,
+        None => Balance::RoundRobin,
+    };
+    let mut hash_key = Vec::new();
+    if let Some(list) = &u.hash_key {
+        if balance != Balance::Consistent {
+            return Err(src.err(
+                list.span(),
+                "hash_key applies only to balance = \"consistent\"",
+            ));
+        }
+        for p in list.get_ref() {
+            hash_key.push(HashPart::parse(p.get_ref()).ok_or_else(|| {
+                src.err(
+                    p.span(),
+                    format!(
+                        "hash_key part \"{}\" is not one of ip, api_key, user, plan, route, method, path, \"header:NAME\", \"query:NAME\"",
+                        p.get_ref()
+                    ),
+                )
+            })?);
+        }
+    }
+    let tls_on = u.tls.unwrap_or(false);
+    let tls_only = [
+        ("sni", u.sni.as_ref().map(Spanned::span)),
+        ("verify", u.verify.as_ref().map(Spanned::span)),
+        ("ca_file", u.ca_file.as_ref().map(Spanned::span)),
+        ("client_cert", u.client_cert.as_ref().map(Spanned::span)),
+        ("client_key", u.client_key.as_ref().map(Spanned::span)),
+    ];
+    let tls = if tls_on {
+        let verify = u.verify.as_ref().is_none_or(|v| *v.get_ref());
+        if !verify {
+            warnings.push(format!(
+                "upstream \"{name}\" has verify = false: its TLS certificates are not checked, so anyone on the path can impersonate it"
+            ));
+        }
+        let sni = match &u.sni {
+            Some(s) if s.get_ref().is_empty() || s.get_ref().contains(['/', ' ', ':']) => {
+                return Err(src.err(
+                    s.span(),
+                    format!("sni \"{}\" is not a host name", s.get_ref()),
+                ));
+            }
+            Some(s) => Some(s.get_ref().clone()),
+            None => None,
+        };
+        let file = |v: &Spanned<String>| dir.join(v.get_ref());
+        let (ca, ca_file) = match &u.ca_file {
+            Some(f) => {
+                let path = file(f);
+                let ca = crate::upstream::tls::load_ca(&path)
+                    .map_err(|e| src.err(f.span(), format!("ca_file \"{}\": {e}", f.get_ref())))?;
+                (Some(ca), Some(path))
+            }
+            None => (None, None),
+        };
+        let (client, client_cert) = match (&u.client_cert, &u.client_key) {
+            (Some(c), Some(k)) => {
+                let cert = file(c);
+                let loaded = crate::upstream::tls::load_client(&cert, &file(k)).map_err(|e| {
+                    src.err(
+                        c.span(),
+                        format!(
+                            "client_cert \"{}\" / client_key \"{}\": {e}",
+                            c.get_ref(),
+                            k.get_ref()
+                        ),
+                    )
+                })?;
+                (Some(loaded), Some(cert))
+            }
+            (Some(c), None) => {
+                return Err(src.err(c.span(), "client_cert needs client_key"));
+            }
+            (None, Some(k)) => {
+                return Err(src.err(k.span(), "client_key needs client_cert"));
+            }
+            (None, None) => (None, None),
+        };
+        Some(UpstreamTls {
+            sni,
+            verify,
+            ca,
+            client,
+            ca_file,
+            client_cert,
+        })
+    } else {
+        if let Some((key, Some(span))) = tls_only.iter().find(|(_, s)| s.is_some()) {
+            return Err(src.err(
+                span.clone(),
+                format!("{key} applies only to an upstream with tls = true"),
+            ));
+        }
+        None
+    };
+    let http2 = u.http2.as_ref().is_some_and(|h| *h.get_ref());
+    if let Some(h) = u.http2.as_ref().filter(|h| *h.get_ref() && !tls_on) {
+        return Err(src.err(
+            h.span(),
+            "http2 needs tls = true (HTTP/2 to an upstream is negotiated by ALPN over TLS)",
+        ));
+    }
+    let host_header = match &u.host_header {
+        Some(h) => {
+            let ok = !h.get_ref().is_empty()
+                && http::uri::Authority::try_from(h.get_ref().as_str()).is_ok();
+            if !ok {
+                return Err(src.err(
+                    h.span(),
+                    format!("host_header \"{}\" is not a host[:port]", h.get_ref()),
+                ));
+            }
+            Some(h.get_ref().clone())
+        }
+        None => None,
+    };
+    let retries = match &u.retries {
+        Some(r) => match usize::try_from(*r.get_ref()) {
+            Ok(n) if n <= 10 => n,
+            _ => {
+                return Err(src.err(r.span(), "retries must be a whole number from 0 to 10"));
+            }
+        },
+        None => 1,
+    };
+    let health_check = match &u.health_check {
+        Some(h) => Some(health_check(src, h.get_ref())?),
+        None => None,
+    };
+    let passive = match &u.passive {
+        Some(p) => {
+            let p = p.get_ref();
+            Some(Passive {
+                consecutive_failures: match &p.consecutive_failures {
+                    Some(n) => u32::try_from(src.positive(n, "consecutive_failures")?)
+                        .map_err(|_| src.err(n.span(), "consecutive_failures is too large"))?,
+                    None => 5,
+                },
+                eject: duration_or(&p.eject, Duration::from_secs(30), "eject")?,
+            })
+        }
+        None => None,
+    };
+    Ok(Settings {
+        targets,
+        balance,
+        hash_key,
+        tls,
+        http2,
+        host_header,
+        connect_timeout: duration_or(
+            &u.connect_timeout,
+            Duration::from_secs(1),
+            "connect_timeout",
+        )?,
+        read_timeout: duration_or(&u.read_timeout, Duration::from_secs(30), "read_timeout")?,
+        write_timeout: duration_or(&u.write_timeout, Duration::from_secs(30), "write_timeout")?,
+        idle_timeout: duration_or(&u.idle_timeout, Duration::from_secs(60), "idle_timeout")?,
+        timeout: duration_or(&u.timeout, Duration::from_secs(60), "timeout")?,
+        retries,
+        resolve_interval: duration_or(
+            &u.resolve_interval,
+            Duration::from_secs(30),
+            "resolve_interval",
+        )?,
+        health_check,
+        passive,
+    })
+}
+
+/// One target: `host:port` (a name, an IPv4 address, or `[IPv6]`), with its weight.
+fn upstream_target(
+    src: &Src,
+    t: &Spanned<RawTarget>,
+) -> Result<crate::upstream::Target, ConfigError> {
+    let (addr, weight) = match t.get_ref() {
+        RawTarget::Addr(a) => (a.as_str(), 1),
+        RawTarget::Weighted(w) => (w.addr.as_str(), w.weight.unwrap_or(1)),
+    };
+    let bad = |why: &str| src.err(t.span(), format!("upstream target \"{addr}\" {why}"));
+    let weight = match usize::try_from(weight) {
+        Ok(n) if (1..=1000).contains(&n) => n,
+        _ => {
+            return Err(bad(
+                "has a weight that is not a whole number from 1 to 1000",
+            ))
+        }
+    };
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return Ok(crate::upstream::Target {
+            name: addr.into(),
+            host: sa.ip().to_string().into(),
+            port: sa.port(),
+            weight,
+            ip: Some(sa.ip()),
+        });
+    }
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| bad("is not host:port"))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| bad("has no valid port"))?;
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if !name_ok {
+        return Err(bad(
+            "is not host:port (the host is not a DNS name or an IP address)",
+        ));
+    }
+    Ok(crate::upstream::Target {
+        name: addr.into(),
+        host: host.to_ascii_lowercase().into(),
+        port,
+        weight,
+        ip: None,
+    })
+}
+
+/// `[upstreams.health_check]`.
+fn health_check(
+    src: &Src,
+    h: &RawHealthCheck,
+) -> Result<crate::upstream::settings::HealthCheck, ConfigError> {
+    use crate::upstream::settings::{CheckKind, HealthCheck};
+    let kind = match &h.kind {
+        Some(k) => src.one_of(k, "health_check type", CheckKind::NAMES)?,
+        None => CheckKind::Http,
+    };
+    let path = match &h.path {
+        Some(p)
+            if !p.get_ref().starts_with('/')
+                || http::uri::PathAndQuery::try_from(p.get_ref().as_str()).is_err() =>
+        {
+            return Err(src.err(
+                p.span(),
+                format!(
+                    "health_check path \"{}\" must be a path starting with \"/\"",
+                    p.get_ref()
+                ),
+            ));
+        }
+        Some(p) if kind == CheckKind::Tcp => {
+            return Err(src.err(
+                p.span(),
+                "health_check path applies only to type = \"http\"",
+            ));
+        }
+        Some(p) => p.get_ref().clone(),
+        None => "/healthz".to_string(),
+    };
+    let dur = |v: &Option<Spanned<String>>, default: Duration, what: &str| match v {
+        Some(d) => {
+            let got = src.duration(d)?;
+            if got.is_zero() {
+                return Err(src.err(
+                    d.span(),
+                    format!("health_check {what} must be longer than 0"),
+                ));
+            }
+            Ok(got)
+        }
+        None => Ok(default),
+    };
+    let threshold = |v: &Option<Spanned<i64>>, default: usize, what: &str| match v {
+        Some(n) => Ok(src.positive(n, what)? as usize),
+        None => Ok(default),
+    };
+    let mut expect_status = Vec::new();
+    for s in h.expect_status.iter().flatten() {
+        match u16::try_from(*s.get_ref()) {
+            Ok(code) if (100..=599).contains(&code) => expect_status.push(code),
+            _ => return Err(src.err(s.span(), "expect_status holds HTTP statuses (100-599)")),
+        }
+    }
+    if expect_status.is_empty() {
+        expect_status.push(200);
+    }
+    Ok(HealthCheck {
+        kind,
+        path,
+        interval: dur(&h.interval, Duration::from_secs(5), "interval")?,
+        timeout: dur(&h.timeout, Duration::from_secs(1), "timeout")?,
+        healthy_threshold: threshold(&h.healthy_threshold, 2, "healthy_threshold")?,
+        unhealthy_threshold: threshold(&h.unhealthy_threshold, 3, "unhealthy_threshold")?,
+        expect_status,
+    })
 }
 
 fn routes(
@@ -622,10 +921,12 @@ fn routes(
         let m = &r.matcher;
         out.push(Route {
             name: name.as_str().into(),
-            path: src.path(&m.path)?,
-            path_prefix: src.path(&m.path_prefix)?,
-            host: src.host(&m.host)?,
-            methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+            matcher: RequestMatch {
+                path: src.path(&m.path)?,
+                path_prefix: src.path(&m.path_prefix)?,
+                host: src.host(&m.host)?,
+                methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+            },
             upstream,
             auth,
         });
@@ -838,32 +1139,31 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             None => None,
         };
         out.push(Arc::new(Rule {
-            name: name.as_str().into(),
             matcher: RuleMatch {
                 route: m.route.as_ref().map(|r| r.get_ref().clone()),
-                path: src.path(&m.path)?,
-                path_prefix: src.path(&m.path_prefix)?,
-                methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
-                host: src.host(&m.host)?,
+                request: RequestMatch {
+                    path: src.path(&m.path)?,
+                    path_prefix: src.path(&m.path_prefix)?,
+                    methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+                    host: src.host(&m.host)?,
+                },
                 plan: m.plan.clone(),
                 header,
             },
-            key,
-            limit: Limit {
-                algorithm,
-                limit,
-                window,
-                burst,
-                mode,
-                max_delay,
-            },
-            scope,
-            on_store_error,
-            cost,
-            shadow: r.shadow,
-            headers: r.headers.unwrap_or(true),
-            status,
-            counters: crate::metrics::RuleCounters::for_rule(name),
+            key_parts: key,
+            policy: Arc::new(Policy {
+                name: name.as_str().into(),
+                // The checks above name the offending key; this is the type's own guard.
+                limit: Limit::new(algorithm, limit, window, burst, mode, max_delay)
+                    .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
+                scope,
+                on_store_error,
+                cost,
+                shadow: r.shadow,
+                headers: r.headers.unwrap_or(true),
+                status,
+                counters: crate::metrics::RuleCounters::for_rule(name),
+            }),
         }));
     }
     Ok(out)

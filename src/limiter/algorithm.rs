@@ -609,15 +609,16 @@ fn duration_ns(duration: Duration) -> u64 {
     sat(duration.as_nanos())
 }
 
-/// The window in nanoseconds; never 0, so that no division by it can fail, whatever a caller
-/// that skipped config validation passes.
+/// The window in nanoseconds; never 0 (a concurrency limit has no window), so that no
+/// division by it can fail.
 fn window_ns(limit: &Limit) -> u64 {
     duration_ns(limit.window).max(1)
 }
 
 /// Time per unit for the buckets, rounded up so that the rate is never exceeded.
 fn interval_ns(limit: &Limit) -> u64 {
-    window_ns(limit).div_ceil(limit.limit.max(1)).max(1)
+    // `Limit` keeps `limit` at least 1.
+    window_ns(limit).div_ceil(limit.limit)
 }
 
 #[cfg(test)]

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::memory::MemoryStore;
+use super::policy::{FailureMode, Policy, Scope};
 use super::redis::RedisStore;
+use super::settings::{Backend, Store};
 use super::store::{SharedStore, StoreError};
 use super::{Algorithm, Check, Decision, LeakyMode};
-use crate::config::{Backend, Store};
-use crate::rules::{FailureMode, Rule, Scope};
 
 /// `Retry-After` of a 503 caused by a failing store: the circuit breaker's cool-down scale.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -58,7 +58,7 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub struct Applied {
     /// The rule.
-    pub rule: Arc<Rule>,
+    pub rule: Arc<Policy>,
     /// Its decision.
     pub decision: Decision,
 }
@@ -207,7 +207,7 @@ impl Limiter {
 
     /// Decides a request's applying rules, each with its check, in file order, under `store`
     /// (the config in force: its timeout and instance count apply).
-    pub async fn decide(&self, applying: Vec<(Arc<Rule>, Check)>, store: &Store) -> Outcome {
+    pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
         let mut enforcing_rules = Vec::with_capacity(applying.len());
         let mut enforcing = Vec::with_capacity(applying.len());
         let mut shadow = Vec::new();
@@ -416,7 +416,7 @@ impl Limiter {
     fn on_store_error(
         &self,
         error: &StoreError,
-        rules: &[Arc<Rule>],
+        rules: &[Arc<Policy>],
         shared_idx: &[usize],
         shared_checks: &[Check],
         store: &Store,
@@ -493,9 +493,7 @@ fn place(out: &mut [Option<Decision>], idx: &[usize], ds: Vec<Decision>) {
 /// The check with its limit shared out among `instances` gateways (at least 1 each).
 fn divided(check: &Check, instances: u64) -> Check {
     let mut c = check.clone();
-    let n = instances.max(1);
-    c.limit.limit = (c.limit.limit / n).max(1);
-    c.limit.burst = (c.limit.burst / n).max(1);
+    c.limit = check.limit.divided(instances);
     c
 }
 

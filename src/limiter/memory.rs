@@ -2,7 +2,7 @@
 //!
 //! State lives in sharded hash maps, one `parking_lot` mutex per shard. Within a shard each
 //! rule has its own tables, found by a 64-bit hash of the rule's name, and a key's state is
-//! found in them by a 64-bit hash of `(rule, key digest)`: keying by the rule's name rather
+//! found in them by a 64-bit hash of `(rule, counter id)`: keying by the rule's name rather
 //! than its position keeps the counters across a reload that changes the rule's numbers. Two
 //! keys of one rule whose 64-bit hashes collide share one state; with a per-process random
 //! seed the odds are about `n² / 2⁶⁵` (≈ 3·10⁻⁸ with a million live keys), which we accept for
@@ -454,7 +454,7 @@ impl MemoryStore {
         let rule = self.hasher.hash_one(&*check.rule);
         Slot {
             rule,
-            hash: self.hasher.hash_one((rule, check.key)),
+            hash: self.hasher.hash_one((rule, check.counter)),
         }
     }
 

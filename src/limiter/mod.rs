@@ -9,7 +9,9 @@
 pub mod algorithm;
 pub mod engine;
 pub mod memory;
+pub mod policy;
 pub mod redis;
+pub mod settings;
 pub mod store;
 
 use std::time::Duration;
@@ -78,44 +80,131 @@ impl LeakyMode {
     }
 }
 
-/// The numbers of one rule that its algorithm needs, validated by `config`.
+/// The numbers of one rule that its algorithm needs. A `Limit` cannot hold a bad value: it is
+/// built only by [`Limit::new`] (which validation calls, turning its error into a file:line:col
+/// message), so the algorithms and the Lua scripts never guard against a zero limit, burst or
+/// window.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limit {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Requests per window (concurrency: requests in flight). Always at least 1.
-    pub limit: u64,
-    /// The window (unused by concurrency). Always at least 1 ms for windowed algorithms.
-    pub window: Duration,
-    /// Token bucket: capacity; leaky bucket: how many may be in the bucket. Defaults to `limit`.
-    pub burst: u64,
-    /// Leaky bucket only.
-    pub mode: LeakyMode,
-    /// Leaky bucket shape mode: the longest a request may be held.
-    pub max_delay: Duration,
+    algorithm: Algorithm,
+    limit: u64,
+    window: Duration,
+    burst: u64,
+    mode: LeakyMode,
+    max_delay: Duration,
 }
 
 impl Limit {
-    /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a
-    /// request.
-    pub fn police(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Self {
-        Limit {
+    /// A limit, or why it cannot be one: `limit` and `burst` at least 1; a window of at least
+    /// 1 ms for every algorithm but concurrency, which has none (a window given to it is
+    /// dropped; validation refuses one with its location); `mode` shape only for the leaky
+    /// bucket, and a `max_delay` only with it.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        window: Duration,
+        burst: u64,
+        mode: LeakyMode,
+        max_delay: Duration,
+    ) -> Result<Limit, String> {
+        if limit == 0 {
+            return Err("limit must be at least 1".into());
+        }
+        if burst == 0 {
+            return Err("burst must be at least 1".into());
+        }
+        // A concurrency limit has no window: whatever is given is not kept.
+        let window = if algorithm == Algorithm::Concurrency {
+            Duration::ZERO
+        } else if window < Duration::from_millis(1) {
+            return Err("window must be at least 1ms".into());
+        } else {
+            window
+        };
+        if mode == LeakyMode::Shape && algorithm != Algorithm::LeakyBucket {
+            return Err("mode applies to leaky_bucket only".into());
+        }
+        if mode == LeakyMode::Police && !max_delay.is_zero() {
+            return Err("max_delay applies to leaky_bucket with mode = \"shape\" only".into());
+        }
+        Ok(Limit {
             algorithm,
             limit,
             window,
             burst,
-            mode: LeakyMode::Police,
-            max_delay: Duration::ZERO,
+            mode,
+            max_delay,
+        })
+    }
+
+    /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a
+    /// request. For tests and benches, whose numbers are written by hand: panics on a limit
+    /// [`Limit::new`] refuses.
+    pub fn police(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Self {
+        Limit::new(
+            algorithm,
+            limit,
+            window,
+            burst,
+            LeakyMode::Police,
+            Duration::ZERO,
+        )
+        .expect("a valid hand-written limit")
+    }
+
+    /// A shaping leaky bucket: requests wait their turn, up to `max_delay`. For tests and
+    /// benches, like [`Limit::police`].
+    pub fn shape(limit: u64, window: Duration, burst: u64, max_delay: Duration) -> Self {
+        Limit::new(
+            Algorithm::LeakyBucket,
+            limit,
+            window,
+            burst,
+            LeakyMode::Shape,
+            max_delay,
+        )
+        .expect("a valid hand-written limit")
+    }
+
+    /// This limit shared out among `instances` gateways, each getting at least 1 (the `local`
+    /// fallback when the store is down).
+    pub fn divided(&self, instances: u64) -> Limit {
+        let n = instances.max(1);
+        Limit {
+            limit: (self.limit / n).max(1),
+            burst: (self.burst / n).max(1),
+            ..self.clone()
         }
     }
 
-    /// A shaping leaky bucket: requests wait their turn, up to `max_delay`.
-    pub fn shape(limit: u64, window: Duration, burst: u64, max_delay: Duration) -> Self {
-        Limit {
-            mode: LeakyMode::Shape,
-            max_delay,
-            ..Limit::police(Algorithm::LeakyBucket, limit, window, burst)
-        }
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Requests per window (concurrency: requests in flight); at least 1.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window: at least 1 ms, except for concurrency (zero).
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Token bucket: capacity; leaky bucket: how many may be in the bucket; at least 1.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Leaky bucket: police or shape (police for every other algorithm).
+    pub fn mode(&self) -> LeakyMode {
+        self.mode
+    }
+
+    /// Leaky bucket shape mode: the longest a request may be held (zero otherwise).
+    pub fn max_delay(&self) -> Duration {
+        self.max_delay
     }
 }
 
@@ -158,9 +247,10 @@ pub struct Check {
     /// The rule's name: state is keyed by it, so a reload that changes the rule's numbers keeps
     /// its counters.
     pub rule: std::sync::Arc<str>,
-    /// A digest of the rule's key values (already hashed: network input never reaches a store
-    /// key verbatim).
-    pub key: u64,
+    /// The counter this request charges: a digest of the rule's key parts' values (already
+    /// hashed: network input never reaches a Redis key verbatim). With `rule`, it names one
+    /// counter in either store.
+    pub counter: u64,
     /// The rule's numbers.
     pub limit: Limit,
     /// How much this request costs (rule `cost`, default 1).

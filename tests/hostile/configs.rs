@@ -70,6 +70,8 @@ on_store_error = "local"
     for bad in ["redis://host:notaport", "redis://[::1", "redis://:@:0/x"] {
         let mut store = config.store.clone();
         store.urls = vec![bad.to_string()];
+        // As if validation had not parsed them (it now refuses them): the store parses itself.
+        store.redis = None;
         let limiter = Limiter::new(&store);
         let shared = limiter.shared().unwrap_or_else(|| {
             panic!("{bad}: a store that cannot be built must count as down, not be absent")
@@ -77,6 +79,7 @@ on_store_error = "local"
         assert!(!shared.is_up(), "{bad}: reported up");
     }
     config.store.urls = vec!["redis://host:notaport".to_string()];
+    config.store.redis = None;
     let limiter = Limiter::new(&config.store);
     assert_eq!(floodgate::metrics::metrics().store_up.get(), 0);
     let rule = |name: &str| {
@@ -89,7 +92,7 @@ on_store_error = "local"
     };
     let check = |rule: &floodgate::rules::Rule| Check {
         rule: rule.name.clone(),
-        key: 7,
+        counter: 7,
         limit: rule.limit.clone(),
         cost: 1,
     };
@@ -98,7 +101,7 @@ on_store_error = "local"
     let open = rule("unbuilt-open");
     for _ in 0..3 {
         let out = limiter
-            .decide(vec![(open.clone(), check(&open))], &config.store)
+            .decide(vec![(open.policy.clone(), check(&open))], &config.store)
             .await;
         assert!(
             matches!(out.verdict, Verdict::Allow { .. }),
@@ -111,7 +114,7 @@ on_store_error = "local"
     // closed: 503, never a silent admission.
     let closed = rule("unbuilt-closed");
     let out = limiter
-        .decide(vec![(closed.clone(), check(&closed))], &config.store)
+        .decide(vec![(closed.policy.clone(), check(&closed))], &config.store)
         .await;
     assert!(
         matches!(out.verdict, Verdict::Unavailable { .. }),
@@ -125,7 +128,7 @@ on_store_error = "local"
     let mut admitted = 0;
     for _ in 0..4 {
         let out = limiter
-            .decide(vec![(local.clone(), check(&local))], &config.store)
+            .decide(vec![(local.policy.clone(), check(&local))], &config.store)
             .await;
         if matches!(out.verdict, Verdict::Allow { .. }) {
             admitted += 1;

@@ -304,8 +304,10 @@ fn a_state_of_another_algorithm_counts_as_none() {
 #[test]
 fn absurd_numbers_do_not_panic() {
     let algorithms = Algorithm::ALL;
+    // A `Limit` never holds a zero limit or burst (`Limit::new`); every other extreme, and a
+    // window below what validation allows, is built directly here.
     let numbers = [
-        (0, Duration::ZERO, 0),
+        (1, Duration::ZERO, 1),
         (u64::MAX, Duration::MAX, u64::MAX),
         (1, Duration::MAX, u64::MAX),
         (u64::MAX, Duration::from_nanos(1), 1),
@@ -317,9 +319,12 @@ fn absurd_numbers_do_not_panic() {
         for (l, window, burst) in numbers {
             for mode in [LeakyMode::Police, LeakyMode::Shape] {
                 let l = Limit {
+                    algorithm,
+                    limit: l,
+                    window,
+                    burst,
                     mode,
                     max_delay: Duration::MAX,
-                    ..Limit::police(algorithm, l, window, burst)
                 };
                 // Time going backwards too: a caller's clock bug must not panic either.
                 for now in [0, 1, u64::MAX - 1, u64::MAX, 5] {

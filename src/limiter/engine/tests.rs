@@ -161,28 +161,29 @@ upstream = "u"
     Config::from_str(Path::new("gateway.toml"), &text).expect("valid config")
 }
 
-fn rule(config: &Config, name: &str) -> Arc<Rule> {
+fn rule(config: &Config, name: &str) -> Arc<Policy> {
     config
         .rules
         .iter()
         .find(|r| &*r.name == name)
         .expect("rule")
+        .policy
         .clone()
 }
 
 /// Every rule of `config`, applying to one request from one client.
-fn applying(config: &Config) -> Vec<(Arc<Rule>, Check)> {
+fn applying(config: &Config) -> Vec<(Arc<Policy>, Check)> {
     config
         .rules
         .iter()
         .map(|r| {
             let check = Check {
                 rule: r.name.clone(),
-                key: 7,
+                counter: 7,
                 limit: r.limit.clone(),
                 cost: r.cost,
             };
-            (r.clone(), check)
+            (r.policy.clone(), check)
         })
         .collect()
 }

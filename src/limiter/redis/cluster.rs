@@ -1,7 +1,7 @@
 //! Redis Cluster slot grouping: one script call may only touch keys of one hash slot, so a
 //! request's keys are grouped by slot and each group is decided by a call of its own.
 //!
-//! The key digest is each key's hash tag (`…:{<digest>}`), so the checks of rules keyed on the
+//! The counter id is each Redis key's hash tag (`…:{<digest>}`), so the checks of rules keyed on the
 //! same parts share a slot and are decided in one atomic call.
 
 use redis::cluster_routing::Slot;

@@ -24,7 +24,7 @@ use super::probe::check_policy;
 use super::resp::RespConn;
 use super::script::Lua;
 use super::Inner;
-use crate::config::Backend;
+use crate::limiter::settings::Backend;
 
 /// Budget of one connection attempt (TCP, TLS, AUTH), separate from the decision timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,9 +56,19 @@ pub struct UrlError {
 /// What the store connects with, built from `store.url(s)`. Validation builds one too and
 /// throws it away, so that `floodgate check` accepts exactly the URLs the store can use: the
 /// same parser (redis-rs `IntoConnectionInfo`) and the same client construction.
+#[derive(Clone)]
 pub struct RedisClient {
     pub(super) target: Target,
     pub(super) endpoint: String,
+}
+
+/// Only the endpoint: the URLs may carry a password.
+impl std::fmt::Debug for RedisClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClient")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisClient {

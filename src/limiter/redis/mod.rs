@@ -27,7 +27,7 @@
 //! scripts are capped at 2^53 - 1, which only absurd rules reach.
 //!
 //! # Redis keys
-//! `<key_prefix><rule>:{<16 hex digits of Check::key>}`. The key digest is the hash tag, so in
+//! `<key_prefix><rule>:{<16 hex digits of Check::counter>}`. The counter id is the hash tag, so in
 //! a cluster the checks of rules keyed on the same parts share a slot and are decided in one
 //! call; network input never reaches a Redis key verbatim (it is hashed) and Redis keys have
 //! bounded length. Every Redis key carries a TTL that ends when its state stops mattering
@@ -66,7 +66,7 @@ use tokio::sync::watch;
 
 use super::store::{SharedStore, StoreError, StoreStatus};
 use super::{Check, Decision};
-use crate::config::Store;
+use crate::limiter::settings::Store;
 use crate::metrics::metrics;
 use crate::text::push_hex16;
 use breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
@@ -151,8 +151,11 @@ impl RedisStore {
     /// [`RedisStore::new`] with other [`Options`] (tests shorten the lease TTL and the
     /// breaker's cool-down).
     pub fn with_options(store: &Store, options: Options) -> Result<Arc<RedisStore>, StoreError> {
-        let client = RedisClient::build(store.backend, &store.urls)
-            .map_err(|e| StoreError::Redis(e.to_string()))?;
+        let client = match &store.redis {
+            Some(parsed) => parsed.clone(),
+            None => RedisClient::build(store.backend, &store.urls)
+                .map_err(|e| StoreError::Redis(e.to_string()))?,
+        };
         Ok(RedisStore::from_parts(
             store,
             options,
@@ -260,9 +263,9 @@ impl RedisStore {
     }
 
     /// The Redis key holding `check`'s state:
-    /// `<key_prefix><rule>:{<16 hex digits of the key digest>}`.
-    pub fn key(&self, check: &Check) -> String {
-        self.inner.key(check)
+    /// `<key_prefix><rule>:{<16 hex digits of the counter id>}`.
+    pub fn redis_key(&self, check: &Check) -> String {
+        self.inner.redis_key(check)
     }
 
     /// Test hook: [`SharedStore::decide`] as if Redis' clock read `now_us` (microseconds since
@@ -385,12 +388,12 @@ impl SharedStore for RedisStore {
 }
 
 impl Inner {
-    fn key(&self, check: &Check) -> String {
+    fn redis_key(&self, check: &Check) -> String {
         let mut key = String::with_capacity(self.key_prefix.len() + check.rule.len() + 19);
         key.push_str(&self.key_prefix);
         key.push_str(&check.rule);
         key.push_str(":{");
-        push_hex16(&mut key, check.key);
+        push_hex16(&mut key, check.counter);
         key.push('}');
         key
     }
@@ -424,7 +427,7 @@ impl Inner {
         now_us: Option<u64>,
     ) -> Result<(Vec<Decision>, bool), StoreError> {
         let conn = self.connection().await?;
-        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
+        let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let params: Vec<Params> = checks.iter().map(Params::of).collect();
         let lease = hex16(lease);
         let lease_ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
@@ -510,7 +513,7 @@ impl Inner {
         let Some(conn) = self.conn.borrow().clone() else {
             return;
         };
-        let keys: Vec<String> = held.iter().map(|c| self.key(c)).collect();
+        let keys: Vec<String> = held.iter().map(|c| self.redis_key(c)).collect();
         let lease = hex16(lease);
         let calls = self.groups(&keys).into_iter().map(|group| {
             let mut cmd = RELEASE.evalsha(group.len());
@@ -542,13 +545,14 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Backend;
+    use crate::limiter::settings::Backend;
 
     #[test]
     fn urls_with_passwords_never_show_in_errors() {
         let store = Store {
             backend: Backend::Redis,
             urls: vec!["http://user:s3cret@host:1".into()],
+            redis: None,
             timeout: Duration::from_millis(20),
             key_prefix: "p:".into(),
             instances: 1,

@@ -120,7 +120,7 @@ impl Params {
         let l = &check.limit;
         // Exactly as the reference computes them (algorithm::window_ns / interval_ns).
         let window_ns = sat(l.window.as_nanos()).max(1);
-        let interval_ns = window_ns.div_ceil(l.limit.max(1)).max(1);
+        let interval_ns = window_ns.div_ceil(l.limit);
         let bucket = sat(u128::from(l.burst) * u128::from(interval_ns));
         let (limit, cap_ns, quota) = match (l.algorithm, l.mode) {
             (Algorithm::FixedWindow, _) => (l.limit, 0, l.limit),
@@ -233,7 +233,7 @@ mod tests {
     fn check(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Check {
         Check {
             rule: "r".into(),
-            key: 0xabc,
+            counter: 0xabc,
             limit: Limit {
                 algorithm,
                 limit,

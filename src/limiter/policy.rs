@@ -1,0 +1,76 @@
+//! What the limiter needs to know of a rule: how it counts (its [`Limit`], scope and cost),
+//! what it does when the store fails, and how it answers. Matching and key building are the
+//! rules' business (`crate::rules`); the limiter sees only this.
+
+use std::sync::Arc;
+
+use super::Limit;
+use crate::metrics::RuleCounters;
+
+/// How one rule counts and answers.
+#[derive(Debug)]
+pub struct Policy {
+    /// Unique name: shown in headers, metrics, logs; counters are keyed by it.
+    pub name: Arc<str>,
+    /// The algorithm and its numbers.
+    pub limit: Limit,
+    /// Local (per instance) or global (shared store).
+    pub scope: Scope,
+    /// What to do when the store fails.
+    pub on_store_error: FailureMode,
+    /// Units charged per request.
+    pub cost: u64,
+    /// Evaluate and count, never reject.
+    pub shadow: bool,
+    /// Show this rule in the RateLimit headers.
+    pub headers: bool,
+    /// Status of this rule's rejections.
+    pub status: u16,
+    /// Its decision counters (allowed, rejected, skipped, failure modes).
+    pub counters: RuleCounters,
+}
+
+/// Where a rule's counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// In this process only: never touches the store.
+    Local,
+    /// In the configured store, shared by every instance.
+    Global,
+}
+
+impl Scope {
+    /// Every scope with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, Scope)] =
+        &[("local", Scope::Local), ("global", Scope::Global)];
+
+    /// The name used in gateway.toml.
+    pub fn as_str(self) -> &'static str {
+        crate::names::name_of(Self::NAMES, self)
+    }
+}
+
+/// What a global rule does when the store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Allow (and count the fail-open decision).
+    Open,
+    /// Refuse with 503.
+    Closed,
+    /// Decide in process with `limit / instances`.
+    Local,
+}
+
+impl FailureMode {
+    /// Every failure mode with its gateway.toml name.
+    pub const NAMES: &'static [(&'static str, FailureMode)] = &[
+        ("open", FailureMode::Open),
+        ("closed", FailureMode::Closed),
+        ("local", FailureMode::Local),
+    ];
+
+    /// The name used in gateway.toml.
+    pub fn as_str(self) -> &'static str {
+        crate::names::name_of(Self::NAMES, self)
+    }
+}

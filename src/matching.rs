@@ -1,0 +1,110 @@
+//! What routes and rules both match a request on: host, path, path prefix and methods. One
+//! type, one function, so a route and a rule written alike match alike.
+//!
+//! Both sides are normalized before they meet (`crate::normalize`): config values when the file
+//! is loaded, the request's once per request. Comparisons here are therefore plain equality.
+
+use http::Method;
+
+/// The request-shape part of a route's or a rule's `match`. Every field that is set must fit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestMatch {
+    /// Exact (normalized) path.
+    pub path: Option<String>,
+    /// Path prefix, on segment boundaries (`/orders` matches `/orders` and `/orders/1`).
+    pub path_prefix: Option<String>,
+    /// Host, normalized (lower case, no port, no trailing dot).
+    pub host: Option<String>,
+    /// Methods, any when `None`.
+    pub methods: Option<Vec<Method>>,
+}
+
+impl RequestMatch {
+    /// Whether a request with this (normalized) host, method and path fits.
+    pub fn matches(&self, host: Option<&str>, method: &Method, path: &str) -> bool {
+        if self.path.as_deref().is_some_and(|p| p != path) {
+            return false;
+        }
+        if let Some(prefix) = &self.path_prefix {
+            if !path_has_prefix(path, prefix) {
+                return false;
+            }
+        }
+        if let Some(methods) = &self.methods {
+            if !methods.contains(method) {
+                return false;
+            }
+        }
+        match &self.host {
+            Some(want) => host == Some(want.as_str()),
+            None => true,
+        }
+    }
+
+    /// The match as `key=value` phrases, in a fixed order (for `check`, `/rules`, `/diagram`).
+    pub fn describe(&self) -> Vec<String> {
+        let mut parts = Vec::new();
+        if let Some(h) = &self.host {
+            parts.push(format!("host={h}"));
+        }
+        if let Some(p) = &self.path {
+            parts.push(format!("path={p}"));
+        }
+        if let Some(p) = &self.path_prefix {
+            parts.push(format!("path_prefix={p}"));
+        }
+        if let Some(m) = &self.methods {
+            let names: Vec<&str> = m.iter().map(Method::as_str).collect();
+            parts.push(format!("methods={}", names.join("|")));
+        }
+        parts
+    }
+}
+
+/// Prefix match on path segments, so that `/orders` does not match `/ordersx`.
+pub fn path_has_prefix(path: &str, prefix: &str) -> bool {
+    if prefix == "/" || prefix.is_empty() {
+        return true;
+    }
+    let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_respects_segments() {
+        assert!(path_has_prefix("/orders", "/orders"));
+        assert!(path_has_prefix("/orders/1", "/orders"));
+        assert!(path_has_prefix("/orders/1", "/orders/"));
+        assert!(!path_has_prefix("/ordersx", "/orders"));
+        assert!(path_has_prefix("/anything", "/"));
+    }
+
+    #[test]
+    fn every_set_field_must_fit() {
+        let n = |h: &str| crate::normalize::host(h).unwrap().into_owned();
+        let m = RequestMatch {
+            path: None,
+            path_prefix: Some("/orders".into()),
+            host: Some(n("API.example.com.")),
+            methods: Some(vec![Method::GET]),
+        };
+        let host = n("api.example.com:8080");
+        assert!(m.matches(Some(&host), &Method::GET, "/orders/1"));
+        assert!(!m.matches(Some(&host), &Method::POST, "/orders/1"));
+        assert!(!m.matches(None, &Method::GET, "/orders/1"));
+        assert!(!m.matches(Some(&n("other.example.com")), &Method::GET, "/orders"));
+        assert!(!m.matches(Some(&host), &Method::GET, "/ordersx"));
+        assert!(RequestMatch::default().matches(None, &Method::PUT, "/x"));
+        assert_eq!(
+            m.describe(),
+            ["host=api.example.com", "path_prefix=/orders", "methods=GET"]
+        );
+    }
+}

@@ -1,0 +1,524 @@
+//! The admin dashboard and `GET /top` through the real binary: who is being limited, by which
+//! rule, with bounded counts and no secret shown; and the page itself in a real headless
+//! Chromium driven through WebDriver (Debian's `chromium` and `chromium-driver`, installed by
+//! `make deps`). Without chromedriver the browser test skips with a message, except under CI
+//! (`CI` set), where it fails. Every run leaves a screenshot in `target/dashboard.png` (and
+//! `target/dashboard-phone.png`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+use futures::FutureExt as _;
+use serde_json::Value;
+
+/// One rule that limits the demo key after 4 requests, one that never limits and is keyed on
+/// the auth header (a secret the page must never show), and a per-IP rule.
+const RULES: &str = r#"
+[[rules]]
+name = "tight"
+match = { route = "orders" }
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 4
+window = "1h"
+
+[[rules]]
+name = "by-secret-header"
+key = ["header:x-api-key", "query:page"]
+algorithm = "token_bucket"
+limit = 1000
+window = "1s"
+scope = "local"
+
+[[rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "sliding_window_counter"
+limit = 10000
+window = "1m"
+"#;
+
+fn config(api: SocketAddr) -> String {
+    format!(
+        "{DEMO_KEYS}\n{}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"optional\"\n{RULES}",
+        orders_upstream(&[api])
+    )
+}
+
+/// Sends `n` requests with the demo key `test`; returns how many were rejected with 429.
+async fn send(c: &reqwest::Client, gw: &Gateway, n: usize) -> usize {
+    let mut rejected = 0;
+    for _ in 0..n {
+        let r = c
+            .get(gw.url("/orders?page=2"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .expect("request");
+        match r.status().as_u16() {
+            200 => {}
+            429 => rejected += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    rejected
+}
+
+fn top_url(gw: &Gateway, query: &str) -> String {
+    gw.admin_url(&format!("/top?{query}"))
+}
+
+#[tokio::test]
+async fn top_names_the_limited_client_and_never_a_secret() {
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start(&config(api.addr));
+    let c = client();
+    assert_eq!(send(&c, &gw, 10).await, 6);
+
+    let t = get_json(&c, top_url(&gw, "rule=tight&window=1m&by=rejected&limit=5")).await;
+    assert_eq!(t["rule"], "tight");
+    assert_eq!(t["window"], "1m");
+    assert_eq!(t["by"], "rejected");
+    assert_eq!(t["total"], 6);
+    let first = &t["clients"][0];
+    assert_eq!(first["key"], serde_json::json!({"api_key": "acme-prod"}));
+    // Fewer clients than counters: the counts are exact.
+    assert_eq!(first["count"], 6);
+    assert_eq!(first["error"], 0);
+    assert_eq!(first["rejected"], 6);
+    assert_eq!(first["admitted"], 4);
+    let t = get_json(&c, top_url(&gw, "rule=tight&window=1h&by=admitted")).await;
+    assert_eq!(t["clients"][0]["count"], 4);
+
+    // The auth header's value is the client's secret: shown as a digest, never as sent.
+    let t = get_json(&c, top_url(&gw, "rule=by-secret-header&by=admitted")).await;
+    let key = &t["clients"][0]["key"];
+    let shown = key["header:x-api-key"].as_str().unwrap();
+    assert!(shown.starts_with("sha256:"), "{key}");
+    assert_eq!(key["query:page"], "2");
+    for path in ["/top?rule=by-secret-header&by=admitted", "/stats"] {
+        let body = get_text(&c, gw.admin_url(path)).await;
+        assert!(
+            !body.contains("\"test\""),
+            "{path} shows the secret: {body}"
+        );
+    }
+
+    let s = get_json(&c, gw.admin_url("/stats")).await;
+    let tight = &s["rules"][0];
+    assert_eq!(tight["name"], "tight");
+    assert_eq!(tight["counters"]["rejected"], 6);
+    let series: u64 = tight["series"]["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(series, 6);
+    assert_eq!(s["store"]["backend"], "memory");
+    assert_eq!(s["store"]["up"], true);
+    assert_eq!(s["config"]["reload"]["generation"], 1);
+
+    for (query, status) in [
+        ("window=1m", 400),
+        ("rule=tight&window=5m", 400),
+        ("rule=tight&by=allowed", 400),
+        ("rule=tight&limit=0", 400),
+        ("rule=tight&limit=ten", 400),
+        ("rule=tight&color=red", 400),
+        ("rule=nope", 404),
+    ] {
+        let r = c.get(top_url(&gw, query)).send().await.unwrap();
+        assert_eq!(r.status(), status, "{query}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+    }
+    // Rule names are percent-decoded.
+    let r = c.get(top_url(&gw, "rule=per%2Dip")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn top_clients_can_be_turned_off_and_the_token_guards_the_data() {
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start_with(
+        "top_clients = false\nadmin_token = \"s3cret-admin\"",
+        &config(api.addr),
+        &[],
+    );
+    let c = client();
+    send(&c, &gw, 6).await;
+    for path in ["/top?rule=tight", "/stats"] {
+        let r = c.get(gw.admin_url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path} without the token");
+    }
+    // The page holds no data: it loads without the token and asks for it.
+    let r = c.get(gw.admin_url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = r.text().await.unwrap();
+    assert!(!page.contains("tight") && !page.contains("acme"));
+    let r = c
+        .get(top_url(&gw, "rule=tight"))
+        .bearer_auth("s3cret-admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "top clients are off");
+    let s: Value = c
+        .get(gw.admin_url("/stats"))
+        .bearer_auth("s3cret-admin")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(s["top_clients"], false);
+    assert!(s["rules"][0].get("series").is_none());
+    assert_eq!(s["rules"][0]["counters"]["rejected"], 2);
+}
+
+// ---- The page in a real browser ----
+
+/// A chromedriver on a free loopback port, killed on drop.
+struct Driver {
+    child: Child,
+    url: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// chromedriver and the Chromium it drives, or `None` (the test then skips) when they are not
+/// installed, unless under CI, where a missing browser is a failure.
+fn browser() -> Option<(PathBuf, PathBuf)> {
+    let driver = on_path("chromedriver");
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|n| on_path(n));
+    match (driver, chromium) {
+        (Some(d), Some(c)) => Some((d, c)),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("chromedriver and chromium are needed for the dashboard test (make deps installs Debian's chromium and chromium-driver)")
+        }
+        _ => {
+            eprintln!("SKIPPED: chromedriver or chromium not found; `make deps` installs Debian's chromium and chromium-driver");
+            None
+        }
+    }
+}
+
+fn start_driver(driver: &Path) -> Driver {
+    let port = free_port();
+    let mut child = Command::new(driver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_for_port(addr, Duration::from_secs(20), &mut child, "chromedriver");
+    Driver {
+        child,
+        url: format!("http://{addr}"),
+        _profile: tempfile::tempdir().expect("profile dir"),
+    }
+}
+
+async fn connect(d: &Driver, chromium: &Path) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": chromium,
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1100", "--no-first-run", "--disable-extensions",
+                format!("--user-data-dir={}", d._profile.path().display()),
+            ],
+        }),
+    );
+    // WebDriver is plain HTTP on loopback, but fantoccini's client is built with rustls, and
+    // the dependency tree enables two crypto providers: pick one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    ClientBuilder::rustls()
+        .expect("rustls client")
+        .capabilities(caps)
+        .connect(&d.url)
+        .await
+        .expect("WebDriver session")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+async fn screenshot(b: &Client, name: &str) {
+    if let Ok(png) = b.screenshot().await {
+        let path = target_dir().join(name);
+        let _ = std::fs::create_dir_all(target_dir());
+        std::fs::write(&path, png).expect("write screenshot");
+        eprintln!("screenshot: {}", path.display());
+    }
+}
+
+/// Runs `script` in the page until it returns a truthy value, for at most `limit`; the last
+/// value it returned otherwise (for the failure message).
+async fn poll(b: &Client, script: &str, limit: Duration) -> Result<Value, Value> {
+    let start = Instant::now();
+    let mut last = Value::Null;
+    while start.elapsed() < limit {
+        last = b.execute(script, vec![]).await.expect("script");
+        if !matches!(&last, Value::Null | Value::Bool(false)) && last != "" {
+            return Ok(last);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last)
+}
+
+async fn must(b: &Client, what: &str, script: &str) -> Value {
+    match poll(b, script, Duration::from_secs(20)).await {
+        Ok(v) => v,
+        Err(last) => {
+            screenshot(b, "dashboard.png").await;
+            panic!("{what}: not seen within 20 s (last: {last})");
+        }
+    }
+}
+
+/// Clicks the element `css` names. The page rebuilds a list when its numbers change, so an
+/// element found may be replaced before the click lands: find it again, a bounded number of
+/// times.
+async fn click(b: &Client, css: &str) {
+    let mut last = None;
+    for _ in 0..20 {
+        match b.find(Locator::Css(css)).await {
+            Ok(e) => match e.click().await {
+                Ok(()) => return,
+                Err(err) => last = Some(err.to_string()),
+            },
+            Err(err) => last = Some(err.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    screenshot(b, "dashboard.png").await;
+    panic!("could not click {css}: {last:?}");
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_who_is_limited_in_a_real_browser() {
+    let Some((driver, chromium)) = browser() else {
+        return;
+    };
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start(&config(api.addr));
+    let guarded = Gateway::start_with("admin_token = \"s3cret-admin\"", &config(api.addr), &[]);
+    let d = start_driver(&driver);
+    let b = connect(&d, &chromium).await;
+    let result = std::panic::AssertUnwindSafe(drive(&b, &gw, &guarded))
+        .catch_unwind()
+        .await;
+    let _ = b.close().await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
+    let c = client();
+    b.goto(&gw.admin_url("/")).await.expect("open the page");
+    // The rules, in file order, with their numbers.
+    let names = must(
+        b,
+        "the rules",
+        "const n = [...document.querySelectorAll('.rule .name')].map(e => e.textContent); return n.length === 3 && n.join(',');",
+    )
+    .await;
+    assert_eq!(names, "tight,by-secret-header,per-ip");
+    let limit = b
+        .find(Locator::Css(r#".rule[data-rule="tight"] .limit"#))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(limit.contains("4 per 1h"), "{limit}");
+    let before = must(
+        b,
+        "the rejected chart",
+        r#"return document.querySelector('.rule[data-rule="tight"] canvas').dataset.rejected;"#,
+    )
+    .await;
+    assert_eq!(before, "0");
+
+    // One client gets limited.
+    assert_eq!(send(&c, gw, 30).await, 26);
+    let top = must(
+        b,
+        "the limited client in the top list",
+        r#"const li = document.querySelector('.rule[data-rule="tight"] ol.top li'); return li && li.textContent.includes('26 rejected') && li.textContent;"#,
+    )
+    .await;
+    assert!(top.as_str().unwrap().contains("api_key=acme-prod"), "{top}");
+    must(
+        b,
+        "the rejected chart rising",
+        r#"return document.querySelector('.rule[data-rule="tight"] canvas').dataset.rejected === '26';"#,
+    )
+    .await;
+    // The secret-keyed rule never rejects: ranked by admissions it lists the client, by
+    // digest only.
+    b.find(Locator::Id("by"))
+        .await
+        .unwrap()
+        .select_by_value("admitted")
+        .await
+        .unwrap();
+    let secret_rule = must(
+        b,
+        "the secret-keyed rule's client",
+        r#"const li = document.querySelector('.rule[data-rule="by-secret-header"] ol.top li'); return li && li.textContent;"#,
+    )
+    .await;
+    assert!(secret_rule.as_str().unwrap().contains("sha256:"));
+    assert!(!secret_rule.as_str().unwrap().contains("=test "));
+    b.find(Locator::Id("by"))
+        .await
+        .unwrap()
+        .select_by_value("rejected")
+        .await
+        .unwrap();
+
+    // Clicking the client shows its rules.
+    click(b, r#".rule[data-rule="tight"] ol.top li"#).await;
+    let rows = must(
+        b,
+        "the client's rules",
+        "const t = document.getElementById('client'); return !document.getElementById('client-card').hidden && t.textContent.includes('tight') && t.textContent;",
+    )
+    .await;
+    assert!(rows.as_str().unwrap().contains("26"), "{rows}");
+
+    // The store and the config.
+    let store = b
+        .find(Locator::Id("store-card"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(store.contains("memory") && store.contains("up"), "{store}");
+    let cfg = b
+        .find(Locator::Id("config-card"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        cfg.contains("generation") && cfg.contains("gateway.toml"),
+        "{cfg}"
+    );
+
+    // Nothing was fetched from anywhere but the admin listener.
+    let origin = format!("http://{}", gw.admin);
+    let foreign = b
+        .execute(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith(arguments[0]));",
+            vec![Value::String(origin)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(foreign, serde_json::json!([]));
+    screenshot(b, "dashboard.png").await;
+
+    // Readable at phone width: nothing wider than the screen.
+    b.set_window_size(390, 1200).await.unwrap();
+    let fits = must(
+        b,
+        "the page to fit a phone",
+        "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
+    )
+    .await;
+    assert_eq!(fits, true);
+    screenshot(b, "dashboard-phone.png").await;
+    b.set_window_size(1280, 1100).await.unwrap();
+
+    // With admin_token: the page refuses until the token is entered.
+    send(&c, guarded, 6).await;
+    b.goto(&guarded.admin_url("/")).await.unwrap();
+    must(
+        b,
+        "the token prompt",
+        "return !document.getElementById('login').hidden && document.getElementById('main').hidden;",
+    )
+    .await;
+    let shown = b
+        .execute("return document.body.innerText;", vec![])
+        .await
+        .unwrap();
+    assert!(
+        !shown.as_str().unwrap().contains("tight"),
+        "rules shown without the token"
+    );
+    let token = b.find(Locator::Id("token")).await.unwrap();
+    token.send_keys("wrong").await.unwrap();
+    b.find(Locator::Id("token-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    must(
+        b,
+        "a wrong token refused",
+        "return document.getElementById('login-error').textContent.includes('refused') && document.getElementById('main').hidden;",
+    )
+    .await;
+    let token = b.find(Locator::Id("token")).await.unwrap();
+    token.send_keys("s3cret-admin").await.unwrap();
+    b.find(Locator::Id("token-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    must(
+        b,
+        "the dashboard after the token",
+        r#"const li = document.querySelector('.rule[data-rule="tight"] ol.top li'); return document.getElementById('login').hidden && li && li.textContent.includes('2 rejected');"#,
+    )
+    .await;
+    // The token lives in this tab's session only.
+    let kept = b
+        .execute(
+            "return [sessionStorage.getItem('floodgate-admin-token'), localStorage.length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept, serde_json::json!(["s3cret-admin", 0]));
+}

@@ -1,0 +1,577 @@
+//! Upstreams end to end, real processes on loopback: TLS to an upstream with a private CA
+//! (rcgen), mTLS and HTTP/2 to it; health checks taking a killed target out and a restarted one
+//! back; passive ejection of a target answering 500; every target down → 503; `localhost` and
+//! a name that does not resolve; `check` of the Kubernetes ConfigMap without cluster DNS.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use serde_json::Value;
+
+/// An orders-api started with extra flags (TLS, `--status`), on a chosen address so that a
+/// test can restart it where it was.
+struct Api {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Api {
+    fn start(name: &str, addr: SocketAddr, extra: &[&str]) -> Api {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
+            .args(["--listen", &addr.to_string(), "--name", name])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start orders-api");
+        wait_for_port(addr, Duration::from_secs(20), &mut child, "orders-api");
+        Api { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+fn local() -> SocketAddr {
+    format!("127.0.0.1:{}", free_port()).parse().unwrap()
+}
+
+/// A private CA and what it signs.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        Ca { cert, key }
+    }
+
+    /// (cert PEM, key PEM) for `names`; `expired` gives one valid only in 2020.
+    fn issue(&self, names: &[&str], expired: bool, client: bool) -> (String, String) {
+        let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+        p.distinguished_name.push(DnType::CommonName, names[0]);
+        if expired {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2020, 12, 31);
+        }
+        if client {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+async fn get(c: &reqwest::Client, url: &str) -> (u16, Value) {
+    let r = c.get(url).send().await.expect("GET");
+    let status = r.status().as_u16();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+fn route(name: &str, upstream: &str) -> String {
+    format!(
+        "[[routes]]\nname = \"{name}\"\nmatch = {{ path_prefix = \"/debug/{name}\" }}\nupstream = \"{upstream}\"\nauth = \"none\"\n"
+    )
+}
+
+#[tokio::test]
+async fn tls_to_upstreams_with_a_private_ca() {
+    let files = tempfile::tempdir().unwrap();
+    let dir = files.path();
+    let ca = Ca::new("floodgate test CA");
+    let other_ca = Ca::new("some other CA");
+    let (cert, key) = ca.issue(&["upstream.test"], false, false);
+    let (old_cert, old_key) = ca.issue(&["upstream.test"], true, false);
+    let (gw_cert, gw_key) = ca.issue(&["gateway.test"], false, true);
+    let ca_pem = ca.cert.pem();
+    let (cert, key) = (write(dir, "up.crt", &cert), write(dir, "up.key", &key));
+    let (old_cert, old_key) = (
+        write(dir, "old.crt", &old_cert),
+        write(dir, "old.key", &old_key),
+    );
+    let ca_path = write(dir, "ca.pem", &ca_pem);
+
+    let tls = ["--tls-cert", &cert, "--tls-key", &key];
+    let good = Api::start("good", local(), &tls);
+    let expired = Api::start(
+        "expired",
+        local(),
+        &["--tls-cert", &old_cert, "--tls-key", &old_key],
+    );
+    let mtls = Api::start(
+        "mtls",
+        local(),
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--client-ca",
+            &ca_path,
+        ],
+    );
+
+    let up = |name: &str, addr: SocketAddr, extra: &str| {
+        format!(
+            "[[upstreams]]\nname = \"{name}\"\ntargets = [\"{addr}\"]\ntls = true\nsni = \"upstream.test\"\nconnect_timeout = \"2s\"\n{extra}\n"
+        )
+    };
+    let mut body = String::new();
+    body += &up("ok", good.addr, "ca_file = \"ca.pem\"");
+    body += &up("wrongca", good.addr, "ca_file = \"other.pem\"");
+    body += &up("expired", expired.addr, "ca_file = \"ca.pem\"");
+    body += &format!(
+        "[[upstreams]]\nname = \"wrongsni\"\ntargets = [\"{}\"]\ntls = true\nsni = \"elsewhere.test\"\nca_file = \"ca.pem\"\n",
+        good.addr
+    );
+    body += &up("h2", good.addr, "ca_file = \"ca.pem\"\nhttp2 = true");
+    body += &up(
+        "mtls",
+        mtls.addr,
+        "ca_file = \"ca.pem\"\nclient_cert = \"gw.crt\"\nclient_key = \"gw.key\"",
+    );
+    body += &up("nocert", mtls.addr, "ca_file = \"ca.pem\"");
+    for name in [
+        "ok", "wrongca", "expired", "wrongsni", "h2", "mtls", "nocert",
+    ] {
+        body += &route(name, name);
+    }
+    let gw = Gateway::start_with(
+        "",
+        &body,
+        &[
+            ("ca.pem", &ca_pem),
+            ("other.pem", &other_ca.cert.pem()),
+            ("gw.crt", &gw_cert),
+            ("gw.key", &gw_key),
+        ],
+    );
+    let c = client();
+
+    let (status, body) = get(&c, &gw.url("/debug/ok/headers")).await;
+    assert_eq!(status, 200, "verified with ca_file: {body}");
+    assert_eq!(body["version"], "HTTP/1.1");
+
+    let (status, body) = get(&c, &gw.url("/debug/h2/headers")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["version"], "HTTP/2.0",
+        "http2 = true speaks h2 upstream"
+    );
+
+    let (status, _) = get(&c, &gw.url("/debug/mtls/headers")).await;
+    assert_eq!(status, 200, "the client certificate is presented");
+
+    for (name, why) in [
+        ("wrongca", "a certificate from another CA"),
+        ("expired", "an expired certificate"),
+        ("wrongsni", "a certificate for another name"),
+        ("nocert", "an upstream that requires a client certificate"),
+    ] {
+        let r = c
+            .get(gw.url(&format!("/debug/{name}/x")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 502, "{why}: 502; logs:\n{}", gw.logs());
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+    }
+    // Log lines reach stderr through the log writer's queue: wait for the last one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let logs = loop {
+        let logs = plain(&gw.logs());
+        if logs.contains("TLS to upstream target failed upstream=nocert")
+            || Instant::now() > deadline
+        {
+            break logs;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let tls_lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("TLS to upstream target failed"))
+        .collect();
+    for name in ["wrongca", "expired", "wrongsni", "nocert"] {
+        assert!(
+            tls_lines
+                .iter()
+                .any(|l| l.contains(&format!("upstream={name}"))),
+            "a log line names the upstream {name} and its target: {logs}"
+        );
+    }
+    assert!(
+        tls_lines
+            .iter()
+            .any(|l| l.to_lowercase().contains("expired")),
+        "the reason is given: {tls_lines:?}"
+    );
+    assert!(
+        !logs.contains("failed to acquire reusable stream"),
+        "Pingora's pool message is not an error line"
+    );
+}
+
+/// Log text without the terminal colour codes.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// GETs spread over `tasks` concurrent loops until `stop` says so; returns the statuses seen,
+/// and who served them.
+async fn load(
+    c: &reqwest::Client,
+    url: String,
+    tasks: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(u16, String)> {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !*stop.borrow() {
+                let r = c
+                    .get(&url)
+                    .header("x-api-key", "test")
+                    .send()
+                    .await
+                    .expect("gateway answers");
+                let by = r
+                    .headers()
+                    .get("x-served-by")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default();
+                seen.push((r.status().as_u16(), by));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    all
+}
+
+async fn target_health(c: &reqwest::Client, gw: &Gateway, target: SocketAddr) -> Option<bool> {
+    let v = get_json(c, gw.admin_url("/upstreams")).await;
+    v["upstreams"][0]["targets"]
+        .as_array()?
+        .iter()
+        .find(|t| t["target"] == target.to_string())
+        .map(|t| t["healthy"] == true)
+}
+
+async fn wait_health(c: &reqwest::Client, gw: &Gateway, target: SocketAddr, healthy: bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while target_health(c, gw, target).await != Some(healthy) {
+        assert!(
+            Instant::now() < deadline,
+            "{target} never became healthy={healthy}: {}",
+            get_text(c, gw.admin_url("/upstreams")).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_target_is_taken_out_and_comes_back() {
+    let mut a = Api::start("orders-a", local(), &[]);
+    let b = Api::start("orders-b", local(), &[]);
+    let body = format!(
+        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\nconnect_timeout = \"500ms\"\nretries = 1\n\
+         health_check = {{ type = \"http\", path = \"/healthz\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 2, unhealthy_threshold = 2 }}\n\
+         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
+        a.addr, b.addr
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    wait_health(&c, &gw, a.addr, true).await;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (c2, url) = (c.clone(), gw.url("/orders"));
+    let running = tokio::spawn(async move { load(&c2, url, 4, stop_rx).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.kill();
+    wait_health(&c, &gw, a.addr, false).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_tx.send(true).unwrap();
+    let seen = running.await.unwrap();
+    let failed: Vec<&(u16, String)> = seen.iter().filter(|(s, _)| *s >= 500).collect();
+    assert!(
+        failed.is_empty(),
+        "no GET fails while a target dies (retried on the other, then taken out): {failed:?} of {}",
+        seen.len()
+    );
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    assert!(
+        metrics.contains(&format!(
+            "floodgate_upstream_target_healthy{{target=\"{}\",upstream=\"orders\"}} 0",
+            a.addr
+        )),
+        "{metrics}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !plain(&gw.logs()).contains(&format!(
+        "upstream \"orders\" target {} ({}) becomes unhealthy",
+        a.addr, a.addr
+    )) {
+        assert!(
+            Instant::now() < deadline,
+            "the transition is logged: {}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Restarted where it was: checked healthy again, it gets traffic.
+    let _a = Api::start("orders-a", a.addr, &[]);
+    wait_health(&c, &gw, a.addr, true).await;
+    let mut by_a = 0;
+    for _ in 0..10 {
+        let r = c
+            .get(gw.url("/orders"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        by_a += usize::from(r.headers()["x-served-by"] == "orders-a");
+    }
+    assert!(
+        by_a >= 3,
+        "the restarted target serves again ({by_a} of 10)"
+    );
+    drop(b);
+}
+
+#[tokio::test]
+async fn passive_ejection_of_a_target_answering_500() {
+    let good = Api::start("good", local(), &[]);
+    let sick = Api::start("sick", local(), &["--status", "500"]);
+    let body = format!(
+        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\n\
+         passive = {{ consecutive_failures = 2, eject = \"1h\" }}\n\
+         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
+        good.addr, sick.addr
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        let r = c
+            .get(gw.url("/orders"))
+            .header("x-api-key", "test")
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    let errors = statuses.iter().filter(|s| **s == 500).count();
+    assert_eq!(errors, 2, "two 500s eject the sick target: {statuses:?}");
+    assert!(statuses[statuses.len() - 20..].iter().all(|s| *s == 200));
+    let v = get_json(&c, gw.admin_url("/upstreams")).await;
+    let sick_entry = &v["upstreams"][0]["targets"][1];
+    assert_eq!(sick_entry["healthy"], false, "{v}");
+    assert_eq!(sick_entry["addrs"][0]["ejected"], true, "{v}");
+    assert!(gw.logs().contains("ejected after consecutive failures"));
+}
+
+#[tokio::test]
+async fn every_target_down_is_503_with_retry_after() {
+    let dead = local();
+    let body = format!(
+        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{dead}\"]\n\
+         health_check = {{ type = \"tcp\", interval = \"1s\", timeout = \"200ms\", unhealthy_threshold = 1 }}\n\
+         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n"
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    wait_for_status(
+        &c,
+        &gw.url("/orders"),
+        &[("x-api-key", "test")],
+        503,
+        "a target failing its check is out; none left: 503",
+    )
+    .await;
+    let r = c
+        .get(gw.url("/orders"))
+        .header("x-api-key", "test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:floodgate:problem:no-healthy-upstream");
+}
+
+#[tokio::test]
+async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
+    let port = free_port();
+    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let _a4 = Api::start("v4", v4, &[]);
+    // Also on ::1 where the machine has it: `localhost` may resolve to both.
+    let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    let _a6 = std::net::TcpListener::bind(v6)
+        .ok()
+        .map(drop)
+        .map(|()| Api::start("v6", v6, &[]));
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"localhost:{port}\", \"nothere.invalid:{port}\"]\nhost_header = \"orders.internal\"\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n"
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    let mut served = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let r = c.get(gw.url("/debug/headers")).send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "localhost serves; the .invalid name is skipped"
+        );
+        served.insert(r.headers()["x-served-by"].to_str().unwrap().to_string());
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            body["headers"]["host"], "orders.internal",
+            "host_header is sent"
+        );
+    }
+    let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&("localhost", port))
+        .unwrap()
+        .collect();
+    for addr in &resolved {
+        let name = if addr.is_ipv4() { "v4" } else { "v6" };
+        assert!(
+            served.contains(name),
+            "every address of localhost gets traffic: {served:?}"
+        );
+    }
+    let v = get_json(&c, gw.admin_url("/upstreams")).await;
+    let invalid = &v["upstreams"][0]["targets"][1];
+    assert_eq!(invalid["target"], format!("nothere.invalid:{port}"));
+    assert_eq!(invalid["healthy"], false, "{v}");
+    assert!(invalid["resolve_error"].is_string(), "{v}");
+    assert!(
+        gw.logs().contains("does not resolve"),
+        "a warning, not a refusal to start"
+    );
+}
+
+#[test]
+fn check_never_resolves_names() {
+    // A name no resolver knows passes `check`: it is syntax, not reachability.
+    let (ok, stdout, stderr) = check(
+        "[[upstreams]]\nname = \"o\"\ntargets = [\"orders.internal.invalid:443\", { addr = \"10.0.0.2:443\", weight = 3 }]\n\
+         tls = true\nsni = \"orders.internal\"\nhealth_check = { type = \"http\", path = \"/healthz\" }\npassive = { consecutive_failures = 5, eject = \"30s\" }\n\
+         [[routes]]\nname = \"r\"\nupstream = \"o\"\n",
+        &[],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("TLS sni orders.internal"), "{stdout}");
+    assert!(stdout.contains("http check /healthz"), "{stdout}");
+
+    let (ok, _, stderr) = check(
+        "[[upstreams]]\nname = \"o\"\ntargets = [\"no port\"]\n[[routes]]\nname = \"r\"\nupstream = \"o\"\n",
+        &[],
+    );
+    assert!(!ok);
+    assert!(stderr.contains("is not host:port"), "{stderr}");
+
+    let (ok, _, stderr) = check(
+        "[[upstreams]]\nname = \"o\"\ntargets = [\"a:1\"]\nsni = \"x\"\n[[routes]]\nname = \"r\"\nupstream = \"o\"\n",
+        &[],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("sni applies only to an upstream with tls = true"),
+        "{stderr}"
+    );
+
+    let (ok, _, stderr) = check(
+        "[[upstreams]]\nname = \"o\"\ntargets = [\"a:1\"]\ntls = true\nca_file = \"missing.pem\"\n[[routes]]\nname = \"r\"\nupstream = \"o\"\n",
+        &[],
+    );
+    assert!(!ok);
+    assert!(stderr.contains("ca_file \"missing.pem\""), "{stderr}");
+
+    let (ok, stdout, _) = check(
+        "[[upstreams]]\nname = \"o\"\ntargets = [\"a:1\"]\ntls = true\nverify = false\n[[routes]]\nname = \"r\"\nupstream = \"o\"\n",
+        &[],
+    );
+    assert!(ok);
+    assert!(
+        stdout.contains("warning: upstream \"o\" has verify = false"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn k8s_configmap_checks_without_cluster_dns() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s");
+    let docs = |file: &str| -> Vec<serde_yaml::Value> {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect()
+    };
+    let config = docs("configmap.yaml")
+        .into_iter()
+        .find_map(|d| d["data"]["gateway.toml"].as_str().map(str::to_string))
+        .expect("ConfigMap data gateway.toml");
+    let keys = docs("secret.yaml")
+        .into_iter()
+        .find_map(|d| d["stringData"]["keys.toml"].as_str().map(str::to_string))
+        .expect("Secret keys.toml");
+    assert!(
+        config.contains("\"orders-api:9000\""),
+        "a cluster-only name"
+    );
+    let (ok, stdout, stderr) = check(&config, &[("keys.toml", &keys)]);
+    assert!(ok, "{stderr}\n{stdout}");
+}
