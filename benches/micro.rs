@@ -41,6 +41,7 @@ fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm)
             headers: true,
             status: 429,
             counters: RuleCounters::for_rule(name),
+            lease: None,
         }),
     }
 }

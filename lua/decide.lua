@@ -9,17 +9,23 @@
 -- ARGV[3]   '' in production: "now" is Redis TIME, never a gateway clock. Tests may pass an
 --           instant (us since the epoch) to compare decisions with the Rust reference at
 --           chosen times; TTLs then get an hour of margin, as Redis expires keys in real time.
--- ARGV[3 + i] check i, packed little-endian (struct '<Bdddddd': one argument instead of seven,
---           read by one C call instead of seven tonumber()s):
+-- ARGV[3 + i] check i, packed little-endian (struct '<Bdddddddd': one argument instead of nine,
+--           read by one C call instead of nine tonumber()s):
 --           algorithm: 1 fixed window, 2 sliding log, 3 sliding counter, 4 token bucket,
 --           5 leaky bucket police, 6 leaky bucket shape, 7 concurrency;
 --           cost, limit, window (us), burst, interval (ns), cap (ns: burst * interval for the
 --           token bucket and leaky police, the longest wait min(max_delay, burst * interval)
---           for leaky shape), all integers below 2^53
+--           for leaky shape), lease, share, all integers below 2^53.
+--           lease: 0 for an exact check; otherwise the permits the gateway would like to lease
+--           (at least cost). share: 2 x instances. A lease is granted from the authoritative
+--           state: cost, plus at most floor(remaining / share) more (a fair share of what is
+--           left, shrinking to single permits as the budget runs out), never more than lease.
 --
 -- Every check is decided against the stored state first; only if every one admits is any of
--- them charged (all or nothing). Returns 5 numbers per check, in KEYS order:
---   allowed (1/0), remaining, reset (ns), retry_after (ns, 0 when allowed), delay (ns)
+-- them charged (all or nothing). Returns 8 numbers per check, in KEYS order:
+--   allowed (1/0), remaining, reset (ns), retry_after (ns, 0 when allowed), delay (ns),
+--   granted (permits charged: cost, or the lease), window_left (ns until the aligned window
+--   ends: fixed window and sliding counter, else 0), window_end (us, same algorithms, else 0)
 -- packed as little-endian doubles in one bulk string (all integers below 2^53, so exact): one
 -- reply element instead of 5 per check, cheaper to produce here and to parse in the gateway.
 
@@ -49,10 +55,11 @@ local charges = {}
 local admitted = true
 for i, key in ipairs(KEYS) do
   local packed = ARGV[3 + i]
-  if packed == nil or #packed ~= 49 then
-    return redis.error_reply('floodgate: check ' .. i .. ' is not 49 packed bytes')
+  if packed == nil or #packed ~= 65 then
+    return redis.error_reply('floodgate: check ' .. i .. ' is not 65 packed bytes')
   end
-  local code, cost, limit, window, burst, interval, cap = struct.unpack('<Bdddddd', packed)
+  local code, cost, limit, window, burst, interval, cap, wanted, share =
+    struct.unpack('<Bdddddddd', packed)
   local decide = algorithms[code]
   if decide == nil then
     return redis.error_reply('floodgate: unknown algorithm ' .. code)
@@ -68,6 +75,24 @@ for i, key in ipairs(KEYS) do
     lease_ttl = lease_ttl,
   }
   local allowed, remaining, reset, retry, delay, charge = decide(key, now, p)
+  local granted, window_left, window_end = cost, 0, 0
+  if code == 1 or code == 3 then
+    local _, into = floor_div(now, window)
+    window_end = now - into + window
+    window_left = (window_end - now) * 1000
+  end
+  if allowed and wanted > cost then
+    local extra = math.min(wanted - cost, math.floor(remaining / share))
+    if extra >= 1 then
+      -- Admitted by construction (extra <= remaining); checked all the same.
+      p.cost = cost + extra
+      local ok, r2, t2, _, _, c2 = decide(key, now, p)
+      if ok then
+        granted, remaining, reset, charge = p.cost, r2, t2, c2
+      end
+      p.cost = cost
+    end
+  end
   if allowed then
     out[#out + 1] = 1
     charges[#charges + 1] = charge
@@ -79,6 +104,9 @@ for i, key in ipairs(KEYS) do
   out[#out + 1] = reset
   out[#out + 1] = retry
   out[#out + 1] = delay
+  out[#out + 1] = granted
+  out[#out + 1] = window_left
+  out[#out + 1] = window_end
 end
 
 if admitted then

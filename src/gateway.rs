@@ -103,6 +103,9 @@ impl Gateway {
                 // Top clients are kept by rule name: a removed rule's go with it.
                 crate::top::top().retain_rules(&new);
                 self.config.store(Arc::new(new));
+                // Quota leases were sized for the old rules: give back what is held (one
+                // batched call); the new rules lease afresh.
+                self.limiter.return_leases().await;
                 metrics().reloads.with_label_values(&["success"]).inc();
                 metrics().last_reload.set(unix_now() as f64);
                 let mut st = self.status.lock();

@@ -270,6 +270,7 @@ mod tests {
                 headers: true,
                 status: 429,
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rule"),
+                lease: None,
             }),
         }
     }

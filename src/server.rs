@@ -109,6 +109,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         gateway.limiter.sweeper(),
     ));
     server.add_service(background_service(
+        "quota lease returner",
+        gateway.limiter.returner(),
+    ));
+    server.add_service(background_service(
         "upstreams",
         crate::upstream::service::UpstreamService::new(gateway.clone()),
     ));

@@ -888,6 +888,7 @@ fn rule_of(a: &Applied) -> Policy {
         headers: a.headers,
         status: 429,
         counters: RuleCounters::for_rule("fuzz"),
+        lease: None,
     }
 }
 

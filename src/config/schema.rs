@@ -211,6 +211,16 @@ pub struct RawRule {
     pub shadow: bool,
     pub headers: Option<bool>,
     pub status: Option<Spanned<i64>>,
+    pub lease: Option<Spanned<RawLease>>,
+    pub lease_ttl: Option<Spanned<String>>,
+}
+
+/// A rule's `lease`: `"auto"` or a number of permits.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawLease {
+    Permits(i64),
+    Name(String),
 }
 
 /// A rule's `match`: every key given must fit.

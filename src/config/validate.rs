@@ -19,6 +19,7 @@ use super::schema::*;
 use super::*;
 use crate::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
+use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
 use crate::limiter::{Algorithm, LeakyMode, Limit};
 use crate::rules::{FailureMode, KeyPart, Policy, Rule, RuleMatch, Scope};
 
@@ -1113,6 +1114,7 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             }
             None => 429,
         };
+        let lease = rule_lease(src, r, name, algorithm, mode, scope, cost)?;
         let m = &r.matcher;
         if let Some(route) = &m.route {
             if !routes.iter().any(|rt| &*rt.name == route.get_ref()) {
@@ -1163,8 +1165,80 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
                 headers: r.headers.unwrap_or(true),
                 status,
                 counters: crate::metrics::RuleCounters::for_rule(name),
+                lease,
             }),
         }));
     }
     Ok(out)
+}
+
+/// A rule's `lease` and `lease_ttl`: only for global rules of the algorithms whose state a
+/// lease can count (see `crate::limiter::lease::leasable`), with the reason otherwise.
+fn rule_lease(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+    mode: LeakyMode,
+    scope: Scope,
+    cost: u64,
+) -> Result<Option<Lease>, ConfigError> {
+    let Some(raw) = &r.lease else {
+        if let Some(ttl) = &r.lease_ttl {
+            return Err(src.err(
+                ttl.span(),
+                format!("rule \"{name}\": lease_ttl applies only with lease"),
+            ));
+        }
+        return Ok(None);
+    };
+    let span = raw.span();
+    let size = match raw.get_ref() {
+        RawLease::Name(n) if n == "auto" => LeaseSize::Auto,
+        RawLease::Permits(n) if *n >= 1 => {
+            let n = *n as u64;
+            if n < cost {
+                return Err(src.err(
+                    span,
+                    format!("rule \"{name}\": lease {n} is less than the rule's cost {cost}; a lease must hold at least one request"),
+                ));
+            }
+            LeaseSize::Permits(n)
+        }
+        _ => {
+            return Err(src.err(
+                span,
+                format!("rule \"{name}\": lease must be \"auto\" or a whole number of permits of at least 1"),
+            ))
+        }
+    };
+    let why_not = match (algorithm, mode) {
+        (Algorithm::SlidingWindowLog, _) => Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
+        (Algorithm::Concurrency, _) => Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
+        (Algorithm::LeakyBucket, LeakyMode::Shape) => Some("a shaping leaky bucket spaces requests one by one in a shared queue, which leased permits would jump; use mode = \"police\""),
+        _ => None,
+    };
+    if let Some(why) = why_not {
+        return Err(src.err(span, format!("rule \"{name}\": lease is not allowed here: {why}")));
+    }
+    if scope == Scope::Local {
+        return Err(src.err(
+            span,
+            format!("rule \"{name}\": lease applies to global rules only (a local rule never calls the store)"),
+        ));
+    }
+    let ttl = match &r.lease_ttl {
+        Some(t) => {
+            let ttl = src.duration(t)?;
+            if ttl < Duration::from_millis(10) {
+                return Err(src.err(
+                    t.span(),
+                    format!("rule \"{name}\": lease_ttl must be at least 10ms"),
+                ));
+            }
+            ttl
+        }
+        None => DEFAULT_LEASE_TTL,
+    };
+    Ok(Some(Lease { size, ttl }))
 }

@@ -22,7 +22,8 @@ use super::memory::MemoryStore;
 use super::policy::{FailureMode, Policy, Scope};
 use super::redis::RedisStore;
 use super::settings::{Backend, Store};
-use super::store::{SharedStore, StoreError};
+use super::lease::{lease_metrics, LeaseTable, Take};
+use super::store::{Grant, SharedStore, StoreError};
 use super::{Algorithm, Check, Decision, LeakyMode};
 
 /// `Retry-After` of a 503 caused by a failing store: the circuit breaker's cool-down scale.
@@ -73,8 +74,8 @@ pub struct Outcome {
     pub applied: Vec<Applied>,
     /// Shadow rules that would have rejected the request.
     pub shadow_rejected: Vec<Arc<str>>,
-    /// Concurrency slots taken: released when the `Leases` is dropped.
-    pub leases: Leases,
+    /// Concurrency slots taken: released when the [`Slots`] is dropped.
+    pub leases: Slots,
 }
 
 /// The rate limiter: counters and the logic that combines rules.
@@ -87,6 +88,8 @@ pub struct Limiter {
     shared: Option<Arc<dyn SharedStore>>,
     /// Requests being held by shaping rules: per rule name, when each one's wait ends.
     waiting: Waiting,
+    /// Quota leases held for leased global rules (see [`super::lease`]).
+    leases: Arc<LeaseTable>,
 }
 
 /// How many requests one shaping rule (`leaky_bucket`, `mode = "shape"`) may hold waiting at
@@ -157,7 +160,7 @@ impl Limiter {
     pub fn new(store: &Store) -> Self {
         let shared: Option<Arc<dyn SharedStore>> = match store.backend {
             Backend::Memory => None,
-            Backend::Redis | Backend::RedisCluster => match RedisStore::new(store) {
+            Backend::Redis | Backend::RedisCluster => match RedisStore::with_options(store, options_from_env()) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     // Down for good, not absent: absent would make every global rule a
@@ -179,6 +182,7 @@ impl Limiter {
             fallback: Arc::new(MemoryStore::new(max_keys)),
             shared,
             waiting: Waiting::default(),
+            leases: Arc::new(LeaseTable::default()),
         }
     }
 
@@ -196,6 +200,26 @@ impl Limiter {
     /// The shared store, if any.
     pub fn shared(&self) -> Option<&Arc<dyn SharedStore>> {
         self.shared.as_ref()
+    }
+
+    /// A background service that gives back the unspent permits of ended quota leases, in one
+    /// batched call per [`super::lease::RETURN_EVERY`], and every permit held on shutdown.
+    pub fn returner(&self) -> Returner {
+        Returner {
+            table: self.leases.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Gives back every quota lease permit held now (on reload: a rule's numbers or lease
+    /// may have changed). Returns how many the store took back.
+    pub async fn return_leases(&self) -> u64 {
+        give_back(&self.leases, self.shared.as_ref(), true).await
+    }
+
+    /// The quota leases this instance holds (tests).
+    pub fn lease_table(&self) -> &LeaseTable {
+        &self.leases
     }
 
     /// A background service that sweeps idle keys out of the in-process stores.
@@ -226,7 +250,7 @@ impl Limiter {
                 _ => Place::Local,
             })
             .collect();
-        let mut leases = Leases::default();
+        let mut leases = Slots::default();
         let mut decisions: Vec<Option<Decision>> = vec![None; enforcing.len()];
         let mut closed = Vec::new();
 
@@ -239,6 +263,8 @@ impl Limiter {
         let local_checks: Vec<Check> = local_idx.iter().map(|&i| enforcing[i].clone()).collect();
 
         let mut admitted = true;
+        // Leased permits this request spends: put back if it ends up rejected.
+        let mut returned_permits: Vec<usize> = Vec::new();
         if shared_idx.is_empty() {
             // The common, memory-only case: one atomic decision in process.
             if !local_checks.is_empty() {
@@ -256,35 +282,115 @@ impl Limiter {
                 let shared = self
                     .shared
                     .as_ref()
-                    .expect("shared places exist only with a shared store");
-                let shared_checks: Vec<Check> =
-                    shared_idx.iter().map(|&i| enforcing[i].clone()).collect();
-                let lease = fastrand::u64(..);
-                match shared.decide(&shared_checks, lease, store.timeout).await {
-                    Ok(ds) => {
-                        admitted = ds.iter().all(|d| d.allowed);
-                        if admitted {
-                            leases.shared = concurrency_checks(&shared_checks);
-                            if !leases.shared.is_empty() {
-                                leases.shared_store = Some((shared.clone(), lease));
+                    .expect("shared places exist only with a shared store")
+                    .clone();
+                // Leased rules spend the permits in hand; what is left goes to the store in
+                // one call: exact checks, and leases for the keys that ran out.
+                let mut spent = Vec::new();
+                let mut call_idx = Vec::with_capacity(shared_idx.len());
+                let mut wants = Vec::with_capacity(shared_idx.len());
+                let mut guards = Vec::with_capacity(shared_idx.len());
+                let mut denied = false;
+                for &i in &shared_idx {
+                    let check = &enforcing[i];
+                    let Some(lease) = enforcing_rules[i].lease else {
+                        call_idx.push(i);
+                        wants.push(0);
+                        guards.push(None);
+                        continue;
+                    };
+                    let mut tries = 0;
+                    loop {
+                        match self.leases.take(check, &lease, Instant::now()) {
+                            Take::Spent(d) => {
+                                decisions[i] = Some(d);
+                                spent.push(i);
+                            }
+                            Take::Denied(d) => {
+                                decisions[i] = Some(d);
+                                denied = true;
+                            }
+                            Take::Lease { want, guard } => {
+                                call_idx.push(i);
+                                wants.push(want);
+                                guards.push(Some((guard, lease)));
+                            }
+                            Take::Wait(mut rx) if tries < 3 => {
+                                // Another request is leasing for this key: share its call.
+                                tries += 1;
+                                let _ = tokio::time::timeout(store.timeout, rx.changed()).await;
+                                continue;
+                            }
+                            Take::Wait(_) | Take::Exact => {
+                                call_idx.push(i);
+                                wants.push(0);
+                                guards.push(None);
                             }
                         }
-                        place(&mut decisions, &shared_idx, ds);
-                    }
-                    Err(e) => {
-                        let (ok, ds) = self.on_store_error(
-                            &e,
-                            &enforcing_rules,
-                            &shared_idx,
-                            &shared_checks,
-                            store,
-                            &mut leases,
-                            &mut closed,
-                        );
-                        admitted = ok;
-                        place(&mut decisions, &shared_idx, ds);
+                        break;
                     }
                 }
+                let mut filled = Vec::new();
+                let mut calls = 0.0;
+                if denied {
+                    // Refused in process by a leased rule: nothing is asked or charged.
+                    admitted = false;
+                } else if !call_idx.is_empty() {
+                    let call_checks: Vec<Check> =
+                        call_idx.iter().map(|&i| enforcing[i].clone()).collect();
+                    let lease = fastrand::u64(..);
+                    let sent = Instant::now();
+                    calls = 1.0;
+                    let answer = if wants.iter().all(|&w| w == 0) {
+                        shared
+                            .decide(&call_checks, lease, store.timeout)
+                            .await
+                            .map(|ds| ds.into_iter().map(|d| (d, Grant::default())).collect())
+                    } else {
+                        shared
+                            .decide_leased(&call_checks, &wants, store.instances, lease, store.timeout)
+                            .await
+                    };
+                    match answer {
+                        Ok(answers) => {
+                            admitted = answers.iter().all(|(d, _)| d.allowed);
+                            if admitted {
+                                leases.shared = concurrency_checks(&call_checks);
+                                if !leases.shared.is_empty() {
+                                    leases.shared_store = Some((shared.clone(), lease));
+                                }
+                            }
+                            let mut ds = Vec::with_capacity(answers.len());
+                            for (((d, g), guard), &i) in answers.into_iter().zip(guards).zip(&call_idx) {
+                                if let Some((guard, l)) = guard {
+                                    self.leases.fill(guard, &enforcing[i], &l, &d, g, admitted, sent);
+                                    if admitted && g.granted > 0 {
+                                        filled.push(i);
+                                    }
+                                }
+                                ds.push(d);
+                            }
+                            place(&mut decisions, &call_idx, ds);
+                        }
+                        Err(e) => {
+                            // Waiters go on (and meet the same trouble); permits in hand stay
+                            // spendable until their lease ends.
+                            drop(guards);
+                            let (ok, ds) = self.on_store_error(
+                                &e,
+                                &enforcing_rules,
+                                &call_idx,
+                                &call_checks,
+                                store,
+                                &mut leases,
+                                &mut closed,
+                            );
+                            admitted = ok;
+                            place(&mut decisions, &call_idx, ds);
+                        }
+                    }
+                }
+                lease_metrics().calls_per_request.observe(calls);
                 if admitted && !local_checks.is_empty() {
                     let ds = self.local.decide(&local_checks);
                     admitted = ds.iter().all(|d| d.allowed);
@@ -292,6 +398,7 @@ impl Limiter {
                 } else {
                     place(&mut decisions, &local_idx, peeked);
                 }
+                returned_permits = spent.into_iter().chain(filled).collect();
             } else {
                 admitted = false;
                 place(&mut decisions, &local_idx, peeked);
@@ -329,13 +436,18 @@ impl Limiter {
             }
         }
         if admitted {
+            leases.renew_while_held();
             leases.local = concurrency_checks(local_idx.iter().map(|&i| &enforcing[i]));
             if !leases.local.is_empty() {
                 leases.local_store = Some(self.local.clone());
             }
         } else {
-            // Nothing was kept: slots the shared store or the fallback took are given back.
-            leases = Leases::default();
+            // Nothing was kept: slots the shared store or the fallback took are given back,
+            // and leased permits go back to the lease in hand, uncharged.
+            leases = Slots::default();
+            for i in returned_permits {
+                self.leases.put_back(&enforcing[i]);
+            }
         }
 
         let applied: Vec<Applied> = enforcing_rules
@@ -420,7 +532,7 @@ impl Limiter {
         shared_idx: &[usize],
         shared_checks: &[Check],
         store: &Store,
-        leases: &mut Leases,
+        leases: &mut Slots,
         closed: &mut Vec<Arc<str>>,
     ) -> (bool, Vec<Decision>) {
         let mut ds = Vec::with_capacity(shared_checks.len());
@@ -474,6 +586,21 @@ impl Limiter {
     }
 }
 
+/// The Redis store's options: the defaults, but for the slot TTL that tests of long requests
+/// shorten through the internal `FLOODGATE_TEST_SLOT_TTL_MS` environment variable (300 s is
+/// too long to wait for in a test). Not a setting: undocumented on purpose.
+fn options_from_env() -> super::redis::Options {
+    let mut options = super::redis::Options::default();
+    if let Some(ms) = std::env::var("FLOODGATE_TEST_SLOT_TTL_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+    {
+        options.lease_ttl = Duration::from_millis(ms);
+    }
+    options
+}
+
 /// The concurrency checks among `checks`: the slots an admitted request holds until it ends.
 fn concurrency_checks<'a>(checks: impl IntoIterator<Item = &'a Check>) -> Vec<Check> {
     checks
@@ -523,28 +650,59 @@ fn log_store_failure(error: &StoreError, rule: &str, mode: &str) {
     }
 }
 
-/// Concurrency slots held by one request. Dropping it releases them, so a slot is given back
-/// however the exchange ends: finished, upstream error, client gone or timeout.
+/// The old name of [`Slots`] (concurrency slots were called leases before quota leasing
+/// took the word).
+pub type Leases = Slots;
+
+/// Concurrency slots held by one request (not quota leases: see [`super::lease`]). Dropping it
+/// releases them, so a slot is given back however the exchange ends: finished, upstream error,
+/// client gone or timeout. While held, shared slots are renewed every third of their TTL, so
+/// a request longer than the TTL (an export, a stream) keeps its slot until it ends.
 #[derive(Default)]
-pub struct Leases {
+pub struct Slots {
     local_store: Option<Arc<MemoryStore>>,
     local: Vec<Check>,
     fallback_store: Option<Arc<MemoryStore>>,
     fallback: Vec<Check>,
     shared_store: Option<(Arc<dyn SharedStore>, u64)>,
     shared: Vec<Check>,
+    /// Renews the shared slots while the request runs; aborted when they are released.
+    renewal: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl Leases {
+impl Slots {
+    /// Starts renewing the shared slots every third of the store's slot TTL (inside a Tokio
+    /// runtime; outside one the slots simply live their TTL).
+    fn renew_while_held(&mut self) {
+        let Some((store, id)) = &self.shared_store else {
+            return;
+        };
+        if self.shared.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let every = (store.slot_ttl() / 3).max(Duration::from_millis(10));
+        let (store, id, checks) = (store.clone(), *id, self.shared.clone());
+        self.renewal = Some(rt.spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                store.renew(&checks, id).await;
+            }
+        }));
+    }
+
     /// Whether the request holds no slot.
     pub fn is_empty(&self) -> bool {
         self.local.is_empty() && self.fallback.is_empty() && self.shared.is_empty()
     }
 }
 
-impl std::fmt::Debug for Leases {
+impl std::fmt::Debug for Slots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases")
+        f.debug_struct("Slots")
             .field("local", &self.local.len())
             .field("fallback", &self.fallback.len())
             .field("shared", &self.shared.len())
@@ -552,8 +710,11 @@ impl std::fmt::Debug for Leases {
     }
 }
 
-impl Drop for Leases {
+impl Drop for Slots {
     fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
         if let Some(store) = &self.local_store {
             for c in self.local.drain(..) {
                 store.release(&c);
@@ -572,6 +733,43 @@ impl Drop for Leases {
             // Releasing needs a round trip; the lease expires by itself if this cannot run.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move { store.release(&checks, lease).await });
+            }
+        }
+    }
+}
+
+/// Gives back what `table` has due (with `all`, everything it holds) in one batched call.
+async fn give_back(table: &LeaseTable, shared: Option<&Arc<dyn SharedStore>>, all: bool) -> u64 {
+    let due = table.due(all, Instant::now());
+    match shared {
+        Some(store) if !due.is_empty() => store.give_back(&due).await,
+        _ => 0,
+    }
+}
+
+/// Background service that gives back unspent quota lease permits (see
+/// [`Limiter::returner`]).
+pub struct Returner {
+    table: Arc<LeaseTable>,
+    shared: Option<Arc<dyn SharedStore>>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for Returner {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let mut tick = tokio::time::interval(super::lease::RETURN_EVERY);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    // Shutting down: lease no more, and give back every permit held, so the
+                    // other instances get them at once rather than when their window ends.
+                    self.table.close();
+                    give_back(&self.table, self.shared.as_ref(), true).await;
+                    return;
+                }
+                _ = tick.tick() => {
+                    give_back(&self.table, self.shared.as_ref(), false).await;
+                }
             }
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod algorithm;
 pub mod engine;
+pub mod lease;
 pub mod memory;
 pub mod policy;
 pub mod redis;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::lease::Lease;
 use super::Limit;
 use crate::metrics::RuleCounters;
 
@@ -28,6 +29,9 @@ pub struct Policy {
     pub status: u16,
     /// Its decision counters (allowed, rejected, skipped, failure modes).
     pub counters: RuleCounters,
+    /// Quota leasing (`lease`, `lease_ttl`): global rules of leasable algorithms only (see
+    /// [`super::lease`]); `None`: every request is decided by the shared store.
+    pub lease: Option<Lease>,
 }
 
 /// Where a rule's counters live.

@@ -25,6 +25,33 @@ pub enum StoreError {
     Redis(String),
 }
 
+/// What the store charged for one check of [`SharedStore::decide_leased`] beyond its decision:
+/// the permits of a quota lease and the window they belong to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Permits charged to the shared state for this check: the request's cost plus the
+    /// lease's extra permits; 0 when nothing was charged (this check or another of its call
+    /// rejected).
+    pub granted: u64,
+    /// Time until the aligned window the permits were charged to ends (fixed window, sliding
+    /// counter): they may not be spent after it. Zero for the buckets.
+    pub window_left: Duration,
+    /// The end of that window in the store's time (us since the epoch; 0 for the buckets): a
+    /// return names it, so that permits are never given back to another window.
+    pub window_end_us: u64,
+}
+
+/// Unspent permits of a quota lease, given back by [`SharedStore::give_back`].
+#[derive(Debug, Clone)]
+pub struct Return {
+    /// The check the lease was taken for (its rule, counter and numbers).
+    pub check: Check,
+    /// Permits never spent.
+    pub permits: u64,
+    /// [`Grant::window_end_us`] of the lease.
+    pub window_end_us: u64,
+}
+
 /// How the shared store stands, for `/readyz` and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreStatus {
@@ -65,6 +92,59 @@ pub trait SharedStore: Send + Sync {
     /// ignored). Best effort: a slot that cannot be released expires with its lease. Called off
     /// the request path, when the request's leases are dropped.
     async fn release(&self, checks: &[Check], lease: u64);
+
+    /// [`SharedStore::decide`], where `wants[i] > 0` asks to *lease* that many permits for
+    /// check `i` (quota leasing): the store charges the request's cost plus at most a fair
+    /// share of what remains (`remaining / (2 x instances)`), never more than wanted, and says
+    /// how many in the [`Grant`]. `wants[i] == 0`: an exact check. All or nothing as `decide`.
+    /// The default leases nothing beyond the cost (a store that cannot lease stays exact).
+    async fn decide_leased(
+        &self,
+        checks: &[Check],
+        wants: &[u64],
+        instances: u64,
+        lease: u64,
+        timeout: Duration,
+    ) -> Result<Vec<(Decision, Grant)>, StoreError> {
+        let _ = (wants, instances);
+        let ds = self.decide(checks, lease, timeout).await?;
+        let all = ds.iter().all(|d| d.allowed);
+        Ok(ds
+            .into_iter()
+            .zip(checks)
+            .map(|(d, c)| {
+                let granted = if all { c.cost } else { 0 };
+                (
+                    d,
+                    Grant {
+                        granted,
+                        ..Grant::default()
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Gives back the unspent permits of quota leases, in one call (per cluster slot).
+    /// Returns how many the store took back (permits of a window that has ended are not).
+    /// Best effort: permits that cannot be returned stay charged until their window ends or
+    /// their bucket refills, which costs availability, never exactness.
+    async fn give_back(&self, returns: &[Return]) -> u64 {
+        let _ = returns;
+        0
+    }
+
+    /// Keeps the concurrency slots `lease` holds for `checks` alive while their request runs
+    /// (see [`SharedStore::decide`]); called periodically until the request ends.
+    async fn renew(&self, checks: &[Check], lease: u64) {
+        let _ = (checks, lease);
+    }
+
+    /// How long a concurrency slot counts when its request never releases it; held slots are
+    /// renewed well within it ([`SharedStore::renew`]).
+    fn slot_ttl(&self) -> Duration {
+        Duration::from_secs(300)
+    }
 
     /// How the store stands right now.
     fn status(&self) -> StoreStatus;

@@ -49,10 +49,12 @@ pub struct Resolution {
     pub tried: bool,
 }
 
+/// What is known of every name, by (host, port).
+pub type Cache = Mutex<HashMap<(Arc<str>, u16), Resolution>>;
+
 /// The resolved names of every upstream, by (host, port).
-pub fn cache() -> &'static Mutex<HashMap<(Arc<str>, u16), Resolution>> {
-    static CACHE: LazyLock<Mutex<HashMap<(Arc<str>, u16), Resolution>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
+pub fn cache() -> &'static Cache {
+    static CACHE: LazyLock<Cache> = LazyLock::new(|| Mutex::new(HashMap::new()));
     &CACHE
 }
 

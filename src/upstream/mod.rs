@@ -488,3 +488,100 @@ pub fn status_json(upstreams: &[Arc<crate::config::Upstream>]) -> serde_json::Va
         .collect();
     serde_json::json!({ "upstreams": list })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::settings::*;
+    use super::*;
+
+    fn settings(balance: Balance, ports: &[u16]) -> Arc<Settings> {
+        let targets = ports
+            .iter()
+            .map(|p| Target {
+                name: format!("127.0.0.1:{p}").into(),
+                host: "127.0.0.1".into(),
+                port: *p,
+                weight: 1,
+                ip: Some("127.0.0.1".parse().unwrap()),
+            })
+            .collect();
+        Arc::new(Settings {
+            targets: Targets::new(targets).unwrap(),
+            balance,
+            hash_key: Vec::new(),
+            tls: None,
+            http2: false,
+            host_header: None,
+            connect_timeout: Duration::from_secs(1),
+            read_timeout: Duration::from_secs(1),
+            write_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            retries: 1,
+            resolve_interval: Duration::from_secs(1),
+            health_check: None,
+            passive: Some(Passive {
+                consecutive_failures: 2,
+                eject: Duration::from_secs(60),
+            }),
+        })
+    }
+
+    #[test]
+    fn consistent_hashing_sends_a_key_to_one_target() {
+        let pool = pools().attach(
+            &Arc::from("unit-consistent"),
+            &settings(Balance::Consistent, &[7101, 7102, 7103]),
+        );
+        for key in [&b"1.2.3.4"[..], b"acme", b"globex"] {
+            let first = pool.select(key, &[]).unwrap().addr;
+            for _ in 0..20 {
+                assert_eq!(pool.select(key, &[]).unwrap().addr, first);
+            }
+            // A retry goes elsewhere.
+            assert_ne!(pool.select(key, &[first]).unwrap().addr, first);
+        }
+    }
+
+    #[test]
+    fn least_requests_prefers_the_idle_target_and_rotates_ties() {
+        let pool = pools().attach(
+            &Arc::from("unit-least"),
+            &settings(Balance::LeastRequests, &[7201, 7202]),
+        );
+        let a = pool.select(b"", &[]).unwrap();
+        let b = pool.select(b"", &[]).unwrap();
+        assert_ne!(a.addr, b.addr, "ties rotate");
+        a.state.in_flight.fetch_add(3, Ordering::Relaxed);
+        for _ in 0..5 {
+            assert_eq!(pool.select(b"", &[]).unwrap().addr, b.addr);
+        }
+        a.state.in_flight.fetch_sub(3, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn passive_failures_eject_and_a_reload_keeps_the_ejection() {
+        let name: Arc<str> = Arc::from("unit-passive");
+        let s = settings(Balance::RoundRobin, &[7301, 7302]);
+        let pool = pools().attach(&name, &s);
+        let sick = pool.select(b"", &[]).unwrap();
+        pool.failed(&sick);
+        assert!(!sick.state.ejected(), "one failure is not enough");
+        pool.failed(&sick);
+        assert!(sick.state.ejected());
+        for _ in 0..4 {
+            assert_ne!(pool.select(b"", &[]).unwrap().addr, sick.addr);
+        }
+        assert!(pool.retry_after() >= 59);
+        // A new config generation of the same upstream keeps the target's state.
+        let reloaded = pools().attach(&name, &s);
+        for _ in 0..4 {
+            assert_ne!(reloaded.select(b"", &[]).unwrap().addr, sick.addr);
+        }
+        // Both ejected or tried: nothing.
+        let other = reloaded.select(b"", &[]).unwrap();
+        assert!(reloaded.select(b"", &[other.addr]).is_none());
+        sick.state.clear_ejection();
+        assert!(reloaded.has_other(&[other.addr]));
+    }
+}

@@ -46,6 +46,8 @@ impl UpstreamService {
 
 /// What is due for one upstream, and whether its last work is still running.
 struct Due {
+    /// The pool this was planned for: a reload brings a new one, due at once.
+    pool: Arc<super::Pool>,
     resolve: Instant,
     check: Instant,
     resolving: Arc<AtomicBool>,
@@ -67,11 +69,18 @@ impl BackgroundService for UpstreamService {
             for u in &cfg.upstreams {
                 let pool = u.pool().clone();
                 let d = due.entry(u.name.clone()).or_insert_with(|| Due {
+                    pool: pool.clone(),
                     resolve: now,
                     check: now,
                     resolving: Arc::default(),
                     checking: Arc::default(),
                 });
+                if !Arc::ptr_eq(&d.pool, &pool) {
+                    // A reload: its targets may hold names not resolved yet.
+                    d.pool = pool.clone();
+                    d.resolve = now;
+                    d.check = now;
+                }
                 let named = pool.settings.targets.iter().any(|t| t.ip.is_none());
                 if named && now >= d.resolve && !d.resolving.swap(true, Ordering::AcqRel) {
                     d.resolve = now + pool.settings.resolve_interval;

@@ -64,7 +64,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::store::{SharedStore, StoreError, StoreStatus};
+use super::store::{Grant, Return, SharedStore, StoreError, StoreStatus};
 use super::{Check, Decision};
 use crate::limiter::settings::Store;
 use crate::metrics::metrics;
@@ -73,7 +73,8 @@ use breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
 use conn::{connect_loop, Conn, Target};
 pub use conn::{RedisClient, UrlError, CONNECT_TIMEOUT};
 use script::{
-    hex16, holds_slot, sat, unpack_reply, Params, DECIDE, MAX_EXACT, RELEASE, REPLY_BYTES,
+    grant, hex16, holds_slot, sat, unpack_reply, Params, DECIDE, LEASE_RETURN, MAX_EXACT,
+    RELEASE, RENEW, REPLY_BYTES,
 };
 
 /// How long a global concurrency slot is held at most when its request never releases it (the
@@ -280,17 +281,22 @@ impl RedisStore {
         timeout: Duration,
         now_us: u64,
     ) -> Result<Vec<Decision>, StoreError> {
-        self.decide_inner(checks, lease, timeout, Some(now_us))
-            .await
+        let wants = vec![0; checks.len()];
+        let ds = self
+            .decide_inner(checks, &wants, 1, lease, timeout, Some(now_us))
+            .await?;
+        Ok(ds.into_iter().map(|(d, _)| d).collect())
     }
 
     async fn decide_inner(
         &self,
         checks: &[Check],
+        wants: &[u64],
+        instances: u64,
         lease: u64,
         timeout: Duration,
         now_us: Option<u64>,
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> Result<Vec<(Decision, Grant)>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
@@ -309,7 +315,11 @@ impl RedisStore {
                 .inc();
             return Err(StoreError::CircuitOpen);
         };
-        let outcome = tokio::time::timeout(timeout, inner.run(checks, lease, now_us)).await;
+        let outcome = tokio::time::timeout(
+            timeout,
+            inner.run(checks, wants, instances, lease, now_us),
+        )
+        .await;
         let (error, kind) = match outcome {
             Ok(Ok((decisions, partial))) => {
                 ticket.success();
@@ -363,7 +373,38 @@ impl SharedStore for RedisStore {
         lease: u64,
         timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        self.decide_inner(checks, lease, timeout, None).await
+        let wants = vec![0; checks.len()];
+        let ds = self
+            .decide_inner(checks, &wants, 1, lease, timeout, None)
+            .await?;
+        Ok(ds.into_iter().map(|(d, _)| d).collect())
+    }
+
+    /// [`SharedStore::decide`] with quota leases, in the same single call (per cluster slot):
+    /// the script grants each leased check its cost plus a fair share of what remains (see
+    /// `lua/decide.lua`).
+    async fn decide_leased(
+        &self,
+        checks: &[Check],
+        wants: &[u64],
+        instances: u64,
+        lease: u64,
+        timeout: Duration,
+    ) -> Result<Vec<(Decision, Grant)>, StoreError> {
+        self.decide_inner(checks, wants, instances, lease, timeout, None)
+            .await
+    }
+
+    /// Gives back unspent lease permits: one `EVALSHA` of `lua/lease_return.lua` (per cluster
+    /// slot) for all of them, bounded by [`RELEASE_TIMEOUT`].
+    async fn give_back(&self, returns: &[Return]) -> u64 {
+        self.inner.give_back(returns).await
+    }
+
+    /// Renews the concurrency slots `lease` holds: `lua/renew.lua`, bounded by
+    /// [`RELEASE_TIMEOUT`].
+    async fn renew(&self, checks: &[Check], lease: u64) {
+        self.inner.renew(checks, lease).await;
     }
 
     /// Releases the concurrency slots that `lease` took for `checks` (other checks are
@@ -371,6 +412,10 @@ impl SharedStore for RedisStore {
     /// expires with its lease ([`LEASE_TTL`]).
     async fn release(&self, checks: &[Check], lease: u64) {
         self.inner.release(checks, lease).await;
+    }
+
+    fn slot_ttl(&self) -> Duration {
+        self.inner.options.lease_ttl
     }
 
     fn status(&self) -> StoreStatus {
@@ -423,12 +468,18 @@ impl Inner {
     async fn run(
         &self,
         checks: &[Check],
+        wants: &[u64],
+        instances: u64,
         lease: u64,
         now_us: Option<u64>,
-    ) -> Result<(Vec<Decision>, bool), StoreError> {
+    ) -> Result<(Vec<(Decision, Grant)>, bool), StoreError> {
         let conn = self.connection().await?;
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
-        let params: Vec<Params> = checks.iter().map(Params::of).collect();
+        let params: Vec<Params> = checks
+            .iter()
+            .zip(wants.iter().chain(std::iter::repeat(&0)))
+            .map(|(c, &w)| Params::leasing(c, w, instances))
+            .collect();
         let lease = hex16(lease);
         let lease_ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
         let now = now_us
@@ -451,7 +502,7 @@ impl Inner {
             [group] => vec![call(group).await],
             _ => futures::future::join_all(groups.iter().map(|g| call(g))).await,
         };
-        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+        let mut decisions: Vec<Option<(Decision, Grant)>> = vec![None; checks.len()];
         let mut some_rejected = false;
         let mut some_admitted = false;
         for (group, reply) in groups.iter().zip(replies) {
@@ -463,11 +514,10 @@ impl Inner {
                     group.len()
                 )));
             }
-            let mut all = true;
-            for (&i, packed) in group.iter().zip(reply.chunks_exact(REPLY_BYTES)) {
-                let d = params[i].decision(&unpack_reply(packed));
-                all &= d.allowed;
-                decisions[i] = Some(d);
+            let numbers: Vec<_> = reply.chunks_exact(REPLY_BYTES).map(unpack_reply).collect();
+            let all = numbers.iter().all(|n| n[0] == 1);
+            for (&i, n) in group.iter().zip(&numbers) {
+                decisions[i] = Some((params[i].decision(n), grant(n, all)));
             }
             some_admitted |= all;
             some_rejected |= !all;
@@ -502,6 +552,76 @@ impl Inner {
         }
         let inner = self.clone();
         tokio::spawn(async move { inner.release(&held, lease).await });
+    }
+
+    async fn give_back(&self, returns: &[Return]) -> u64 {
+        let returns: Vec<&Return> = returns.iter().filter(|r| r.permits > 0).collect();
+        if returns.is_empty() {
+            return 0;
+        }
+        let Some(conn) = self.conn.borrow().clone() else {
+            return 0;
+        };
+        let keys: Vec<String> = returns.iter().map(|r| self.redis_key(&r.check)).collect();
+        let calls = self.groups(&keys).into_iter().map(|group| {
+            let mut cmd = LEASE_RETURN.evalsha(group.len());
+            for &i in &group {
+                cmd.arg(keys[i].as_str());
+            }
+            for &i in &group {
+                let r = returns[i];
+                cmd.arg(&Params::of(&r.check).return_packed(r.permits, r.window_end_us)[..]);
+            }
+            let conn = conn.clone();
+            async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
+        });
+        match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(n) => u64::try_from(n).unwrap_or(0),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "lease return failed; the permits stay charged until their window ends");
+                        0
+                    }
+                })
+                .sum(),
+            Err(_) => {
+                tracing::debug!("lease return timed out; the permits stay charged until their window ends");
+                0
+            }
+        }
+    }
+
+    async fn renew(&self, checks: &[Check], lease: u64) {
+        let held: Vec<&Check> = checks.iter().filter(|c| holds_slot(c)).collect();
+        if held.is_empty() {
+            return;
+        }
+        let Some(conn) = self.conn.borrow().clone() else {
+            return;
+        };
+        let keys: Vec<String> = held.iter().map(|c| self.redis_key(c)).collect();
+        let lease = hex16(lease);
+        let ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
+        let calls = self.groups(&keys).into_iter().map(|group| {
+            let mut cmd = RENEW.evalsha(group.len());
+            for &i in &group {
+                cmd.arg(keys[i].as_str());
+            }
+            cmd.arg(lease.as_str()).arg(ttl_us);
+            for &i in &group {
+                cmd.arg(held[i].cost);
+            }
+            let conn = conn.clone();
+            async move { conn.eval::<i64>(&RENEW, &cmd).await }
+        });
+        if tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls))
+            .await
+            .is_err()
+        {
+            tracing::debug!("concurrency slot renewal timed out; it is retried");
+        }
     }
 
     async fn release(&self, checks: &[Check], lease: u64) {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::{Cmd, Script};
 
 use super::super::algorithm::MAX_SLIDING_LOG_LIMIT;
+use super::super::store::Grant;
 use super::super::{Algorithm, Check, Decision, LeakyMode};
 use crate::text::push_hex16;
 
@@ -37,8 +38,20 @@ pub const DECIDE_LUA: &str = concat!(
 /// The concurrency release script (`lua/release.lua`).
 pub const RELEASE_LUA: &str = include_str!("../../../lua/release.lua");
 
+/// The quota lease return script: helpers, then `lua/lease_return.lua` (see there).
+pub const LEASE_RETURN_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    "\n",
+    include_str!("../../../lua/lease_return.lua"),
+);
+
+/// The concurrency slot renewal script (`lua/renew.lua`).
+pub const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
+
 pub(super) static DECIDE: LazyLock<Lua> = LazyLock::new(|| Lua::new(DECIDE_LUA));
 pub(super) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
+pub(super) static LEASE_RETURN: LazyLock<Lua> = LazyLock::new(|| Lua::new(LEASE_RETURN_LUA));
+pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
 
 /// A script as the store runs it: its SHA, computed once, for `EVALSHA`, and its source for
 /// `SCRIPT LOAD` when Redis does not know it.
@@ -76,16 +89,19 @@ impl Lua {
 pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Numbers per check in the decide script's reply.
-pub(super) const REPLY_FIELDS: usize = 5;
+pub(super) const REPLY_FIELDS: usize = 8;
 
 /// Bytes per check in the decide script's reply: the numbers are little-endian doubles.
 pub(super) const REPLY_BYTES: usize = REPLY_FIELDS * 8;
 
 /// Numbers per check in the decide script's arguments, after the algorithm's code.
-const PACKED_NUMBERS: usize = 6;
+const PACKED_NUMBERS: usize = 8;
 
 /// Bytes of one packed check: the algorithm's code, then the numbers as little-endian doubles.
 pub(super) const PACKED_BYTES: usize = 1 + PACKED_NUMBERS * 8;
+
+/// Bytes of one packed lease return (`lua/lease_return.lua`): code, then four doubles.
+pub(super) const RETURN_BYTES: usize = 1 + 4 * 8;
 
 /// The algorithm's number in `decide.lua`'s `algorithms` table (1-based, as Lua indexes).
 pub(super) fn code(algorithm: Algorithm, mode: LeakyMode) -> u8 {
@@ -112,6 +128,10 @@ pub(super) struct Params {
     cap_ns: u64,
     /// `Decision::limit`: the quota shown to clients (burst for the buckets).
     quota: u64,
+    /// Permits wanted as a quota lease (at least `cost`); 0: an exact check.
+    lease: u64,
+    /// The fair-share divisor of a lease: 2 x instances.
+    share: u64,
 }
 
 impl Params {
@@ -146,7 +166,37 @@ impl Params {
             interval_ns: interval_ns.min(MAX_EXACT),
             cap_ns: cap_ns.min(MAX_EXACT),
             quota,
+            lease: 0,
+            share: 2,
         }
+    }
+
+    /// The script's numbers for `check` asking to lease `wanted` permits (at least its cost)
+    /// among `instances` gateways; `wanted` 0 asks for an exact decision.
+    pub(super) fn leasing(check: &Check, wanted: u64, instances: u64) -> Params {
+        let mut p = Params::of(check);
+        if wanted > 0 {
+            p.lease = wanted.max(p.cost).min(MAX_EXACT);
+            p.share = instances.clamp(1, MAX_EXACT / 2) * 2;
+        }
+        p
+    }
+
+    /// The window the script returns with a lease, and what a lease return must send: the
+    /// algorithm's code and the numbers `lease_return.lua` needs.
+    pub(super) fn return_packed(&self, permits: u64, window_end_us: u64) -> [u8; RETURN_BYTES] {
+        let mut out = [0; RETURN_BYTES];
+        out[0] = self.code;
+        let numbers = [
+            permits.min(MAX_EXACT),
+            self.interval_ns,
+            self.window_us,
+            window_end_us.min(MAX_EXACT),
+        ];
+        for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
+            slot.copy_from_slice(&(n as f64).to_le_bytes());
+        }
+        out
     }
 
     /// The check as `decide.lua` reads it: the algorithm's number, then cost, limit, window,
@@ -161,6 +211,8 @@ impl Params {
             self.burst,
             self.interval_ns,
             self.cap_ns,
+            self.lease,
+            self.share,
         ];
         for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
             slot.copy_from_slice(&(n as f64).to_le_bytes());
@@ -168,7 +220,8 @@ impl Params {
         out
     }
 
-    /// The decision from the script's five numbers for this check.
+    /// The decision from the script's numbers for this check (the first five; the lease's
+    /// are read by [`grant`]).
     pub(super) fn decision(&self, reply: &[u64; REPLY_FIELDS]) -> Decision {
         let n = |i: usize| reply[i];
         let allowed = n(0) == 1;
@@ -189,6 +242,16 @@ impl Params {
                 Duration::ZERO
             },
         }
+    }
+}
+
+/// What the script charged for one check beyond its decision (see [`Grant`]); `charged`:
+/// every check of its call admitted, so the call charged.
+pub(super) fn grant(reply: &[u64; REPLY_FIELDS], charged: bool) -> Grant {
+    Grant {
+        granted: if charged && reply[0] == 1 { reply[5] } else { 0 },
+        window_left: Duration::from_nanos(reply[6]),
+        window_end_us: reply[7],
     }
 }
 
@@ -280,7 +343,7 @@ mod tests {
     #[test]
     fn rejected_decisions_never_say_retry_now() {
         let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
-        let d = p.decision(&[0, 5, 10, 0, 7]);
+        let d = p.decision(&[0, 5, 10, 0, 7, 1, 0, 0]);
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(d.retry_after, Duration::from_nanos(1));
@@ -295,10 +358,10 @@ mod tests {
             .collect();
         assert_eq!(
             unpack_reply(&packed),
-            [1, 9_007_199_254_740_991, 0, 0, u64::MAX]
+            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0]
         );
         // A short reply never panics: the missing numbers read as 0.
-        assert_eq!(unpack_reply(&packed[..12]), [1, 0, 0, 0, 0]);
+        assert_eq!(unpack_reply(&packed[..12]), [1, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     /// The text between `open` and the next `close` after it in `source`.
@@ -392,6 +455,9 @@ mod tests {
             "numbers appended per check (allowed is appended in two branches)"
         );
         assert!(decide.contains("struct.pack('<' .. string.rep('d', #out)"));
+        let ret = include_str!("../../../lua/lease_return.lua");
+        assert!(ret.contains(&format!("#packed == {RETURN_BYTES}")));
+        assert!(ret.contains("struct.unpack('<Bdddd'"));
         assert_eq!(REPLY_BYTES, REPLY_FIELDS * 8);
     }
 }

@@ -1,0 +1,57 @@
+-- floodgate: gives back the unspent permits of quota leases, one batched call per gateway
+-- (composed after common.lua; see src/limiter/lease.rs and src/limiter/redis/script.rs).
+--
+-- KEYS[i]  the state key a lease was taken from
+-- ARGV[i]  packed little-endian '<Bdddd': algorithm code (as decide.lua: 1 fixed window,
+--          3 sliding counter, 4 token bucket, 5 leaky bucket police), permits to give back,
+--          interval (ns, the buckets), window (us), window end (us, the windows: the aligned
+--          window the lease was charged to)
+--
+-- A permit is given back by undoing its charge: the window's count goes down (only while the
+-- lease's window is still the current one: a permit of an ended window is worth nothing), and
+-- a bucket's debt shrinks by interval per permit (never below empty). Undoing the charge of a
+-- permit that was never spent leaves the state exactly as if the lease had been smaller.
+-- Returns the number of permits given back.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local returned = 0
+for i, key in ipairs(KEYS) do
+  local packed = ARGV[i]
+  if packed ~= nil and #packed == 33 then
+    local code, n, interval, window, window_end = struct.unpack('<Bdddd', packed)
+    if code == 1 then
+      local stored_end, count = load_fields(key, TAG_FW, 2)
+      if stored_end == window_end and window_end > now then
+        local back = math.min(n, count)
+        save_fields(key, TAG_FW, (window_end - now) * 1000, window_end, count - back)
+        returned = returned + back
+      end
+    elseif code == 3 then
+      local expires, prev, cur = load_fields(key, TAG_SWC, 3)
+      if expires and expires == window_end + window and window_end > now then
+        local back = math.min(n, cur)
+        save_fields(key, TAG_SWC, (expires - now) * 1000, expires, prev, cur - back)
+        returned = returned + back
+      end
+    elseif code == 4 or code == 5 then
+      local tag = TAG_TB
+      if code == 5 then
+        tag = TAG_LB
+      end
+      local written, debt, stored = load_fields(key, tag, 3)
+      if written and stored == interval then
+        local backlog = debt + (written - now) * 1000
+        if backlog > 0 then
+          local back = math.min(n, math.floor(backlog / interval))
+          local left = backlog - n * interval
+          if left < 0 then
+            left = 0
+          end
+          save_fields(key, tag, left, now, left, interval)
+          returned = returned + back
+        end
+      end
+    end
+  end
+end
+return returned

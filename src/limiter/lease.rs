@@ -1,0 +1,440 @@
+//! Quota leasing: exact global limits with the shared store off the hot path.
+//!
+//! A global rule with `lease` takes permits for a key from the shared store in one script
+//! call (the same call that decides the request's other global rules), spends them here at
+//! memory speed, and gives the unspent ones back when the lease ends. The permits are charged
+//! to the shared state *when leased*, from the authoritative state, so the fleet never admits
+//! more than the limit; the price is that permits one instance holds are briefly unavailable
+//! to the others. The store sizes every lease to at most a fair share of what remains
+//! (`remaining / (2 x instances)`), so that lease shrinks to single permits as the budget runs
+//! out and the last permits go to whoever asks.
+//!
+//! What is exact and what is not, stated plainly:
+//! - Never more than the limit is charged, whatever the instances do: a permit is spent only
+//!   after the store charged it. Windows (fixed, sliding counter): a permit is spent only
+//!   within the window it was charged to (the lease ends with the window, measured from
+//!   before the call was sent, so an instance's late clock cannot stretch it). Buckets: a
+//!   permit is spent at most `lease_ttl` after it was charged, so over any interval of
+//!   length `d` at most `burst + rate x (d + lease_ttl)` are admitted, as if the bucket were
+//!   checked up to `lease_ttl` early.
+//! - A permit left unspent is given back (one batched call per instance, at lease end, on
+//!   reload and on shutdown) and is then available to every instance again. A crashed
+//!   instance cannot say which of its permits it spent, so they stay charged: they come back
+//!   as the algorithm recovers (the window ends, the bucket refills), never later; giving them
+//!   back on a timer instead would re-admit the ones it did spend.
+//! - The `RateLimit` remaining of a leased rule is an estimate: the global remaining at the
+//!   last lease, plus the permits this instance still holds.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts};
+use tokio::sync::watch;
+
+use super::store::{Grant, Return};
+use super::{Algorithm, Check, Decision, LeakyMode};
+
+/// How many permits a rule leases at a time (`lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseSize {
+    /// `"auto"`: this instance's recent rate for the key times `lease_ttl`, at least one
+    /// request's cost; a key seen once a minute leases nothing beyond its request.
+    Auto,
+    /// A fixed number of permits (at least the request's cost).
+    Permits(u64),
+}
+
+/// A global rule's quota leasing settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// How many permits to ask for.
+    pub size: LeaseSize,
+    /// How long this instance may hold unspent permits (`lease_ttl`).
+    pub ttl: Duration,
+}
+
+/// Default `lease_ttl`.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// Whether `algorithm` (in `mode`) can lease: its state is a count of permits that a return
+/// can undo. The sliding log keeps one entry per request, concurrency counts requests in
+/// flight (not a rate), and shaping holds requests in a queue whose order a lease would break.
+pub fn leasable(algorithm: Algorithm, mode: LeakyMode) -> bool {
+    match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket => true,
+        Algorithm::LeakyBucket => mode == LeakyMode::Police,
+        Algorithm::SlidingWindowLog | Algorithm::Concurrency => false,
+    }
+}
+
+/// How often the returner looks for ended leases (and at most how late an unspent permit is
+/// given back after its lease ended).
+pub const RETURN_EVERY: Duration = Duration::from_millis(100);
+
+/// An entry whose lease ended, that holds nothing and saw no request for this long, is
+/// forgotten (with its rate estimate: a key that quiet leases nothing beyond its request).
+const IDLE: Duration = Duration::from_secs(10);
+
+/// Shards of the table: requests for different keys rarely wait on one lock.
+const SHARDS: usize = 32;
+
+/// The lease metrics, registered in the process registry on first use.
+pub struct LeaseMetrics {
+    /// `floodgate_lease_taken_total{rule}`.
+    pub taken: IntCounterVec,
+    /// `floodgate_lease_permits_total{rule,event}`: leased, spent, returned.
+    pub permits: IntCounterVec,
+    /// `floodgate_store_calls_per_request`.
+    pub calls_per_request: Histogram,
+}
+
+/// The lease metrics.
+pub fn lease_metrics() -> &'static LeaseMetrics {
+    static M: LazyLock<LeaseMetrics> = LazyLock::new(|| {
+        let taken = IntCounterVec::new(
+            Opts::new(
+                "floodgate_lease_taken_total",
+                "Quota leases taken from the shared store (more than one request's permits), by rule.",
+            ),
+            &["rule"],
+        )
+        .expect("static metric definition");
+        let permits = IntCounterVec::new(
+            Opts::new(
+                "floodgate_lease_permits_total",
+                "Permits of leased rules, by rule and event (leased: charged to the shared store; spent: admitted requests; returned: given back unspent).",
+            ),
+            &["rule", "event"],
+        )
+        .expect("static metric definition");
+        let calls_per_request = Histogram::with_opts(
+            HistogramOpts::new(
+                "floodgate_store_calls_per_request",
+                "Shared store decision calls made by each request with a global rule (0 when leases answered it).",
+            )
+            .buckets(vec![0.0, 1.0, 2.0, 4.0, 8.0]),
+        )
+        .expect("static metric definition");
+        let registry = crate::metrics::metrics();
+        registry.register(Box::new(taken.clone()));
+        registry.register(Box::new(permits.clone()));
+        registry.register(Box::new(calls_per_request.clone()));
+        LeaseMetrics {
+            taken,
+            permits,
+            calls_per_request,
+        }
+    });
+    &M
+}
+
+type Key = (Arc<str>, u64);
+
+/// One key's lease on this instance.
+struct Entry {
+    /// Unspent permits in hand.
+    held: u64,
+    /// When the permits in hand stop being spendable.
+    until: Instant,
+    /// The window they were charged to (0 for the buckets): what a return names.
+    window_end_us: u64,
+    /// The check they were leased for (for returns).
+    check: Check,
+    /// The decision at the last lease: quota, global remaining and reset.
+    last: Decision,
+    /// Permits spent since `since` (for the rate estimate).
+    spent: u64,
+    since: Instant,
+    /// Requests per second seen for this key (0: unknown).
+    rate: f64,
+    /// A lease call for this key is under way: later requests wait for it.
+    refill: Option<watch::Receiver<()>>,
+    /// The store refused this key moments ago: refuse in process until then.
+    denied: Option<(Instant, Decision)>,
+    /// Spends not yet added to the metric (added in batches, off the hot path).
+    unreported: u64,
+    last_used: Instant,
+}
+
+/// What [`LeaseTable::take`] found for one check.
+pub enum Take {
+    /// Spent from the permits in hand.
+    Spent(Decision),
+    /// Refused in process: the store refused this key moments ago (refusing more is always
+    /// exact).
+    Denied(Decision),
+    /// Ask the store for a lease of `want` permits; `guard` marks the call in flight so that
+    /// concurrent requests for the key wait for it instead of calling too.
+    Lease {
+        /// Permits to ask for (at least the cost).
+        want: u64,
+        /// Hand it back with [`LeaseTable::fill`].
+        guard: RefillGuard,
+    },
+    /// Another request is leasing for this key: wait for it, then take again.
+    Wait(watch::Receiver<()>),
+    /// Leasing is over (shutting down): decide exactly.
+    Exact,
+}
+
+/// Marks a lease call in flight for one key; dropping it without [`LeaseTable::fill`] (the
+/// call failed or the request was dropped) lets the waiting requests go on.
+pub struct RefillGuard {
+    table: Arc<LeaseTable>,
+    key: Key,
+    _tx: watch::Sender<()>,
+}
+
+impl Drop for RefillGuard {
+    fn drop(&mut self) {
+        let mut shard = self.table.shard(&self.key).lock();
+        if let Some(e) = shard.get_mut(&self.key) {
+            e.refill = None;
+        }
+        // `_tx` drops after this: the waiters wake and find the permits (or none).
+    }
+}
+
+/// The quota leases this instance holds, per (rule, counter).
+pub struct LeaseTable {
+    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    /// Unspent permits of ended leases, waiting for the returner.
+    returns: Mutex<Vec<Return>>,
+    closed: AtomicBool,
+}
+
+impl Default for LeaseTable {
+    fn default() -> Self {
+        LeaseTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            returns: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+impl LeaseTable {
+    fn shard(&self, key: &Key) -> &Mutex<HashMap<Key, Entry>> {
+        &self.shards[(key.1 as usize) % SHARDS]
+    }
+
+    /// Takes `check.cost` permits from the lease in hand, or says what to do instead.
+    pub fn take(self: &Arc<Self>, check: &Check, lease: &Lease, now: Instant) -> Take {
+        if self.closed.load(Ordering::Acquire) {
+            return Take::Exact;
+        }
+        let key: Key = (check.rule.clone(), check.counter);
+        let mut shard = self.shard(&key).lock();
+        let e = shard.entry(key.clone()).or_insert_with(|| Entry {
+            held: 0,
+            until: now,
+            window_end_us: 0,
+            check: check.clone(),
+            last: Decision::unlimited(check.limit.limit()),
+            spent: 0,
+            since: now,
+            rate: 0.0,
+            refill: None,
+            denied: None,
+            unreported: 0,
+            last_used: now,
+        });
+        e.last_used = now;
+        if e.until <= now && e.held > 0 {
+            let r = e.give_up();
+            self.returns.lock().push(r);
+        }
+        if e.held >= check.cost {
+            e.held -= check.cost;
+            e.spent += check.cost;
+            e.unreported += check.cost;
+            let mut d = e.last.clone();
+            d.remaining = d.remaining.saturating_add(e.held);
+            return Take::Spent(d);
+        }
+        if let Some((until, d)) = &e.denied {
+            if *until > now {
+                return Take::Denied(d.clone());
+            }
+            e.denied = None;
+        }
+        if let Some(rx) = &e.refill {
+            return Take::Wait(rx.clone());
+        }
+        let want = match lease.size {
+            LeaseSize::Permits(n) => n.max(check.cost),
+            LeaseSize::Auto => e.auto_size(check.cost, lease.ttl, now),
+        };
+        let (tx, rx) = watch::channel(());
+        e.refill = Some(rx);
+        drop(shard);
+        Take::Lease {
+            want,
+            guard: RefillGuard {
+                table: self.clone(),
+                key,
+                _tx: tx,
+            },
+        }
+    }
+
+    /// Records the store's answer to a lease asked with `guard`: `grant` permits were charged
+    /// (0: none); `admitted`: the request itself was admitted and spends its cost. Otherwise
+    /// (another rule rejected it) the whole grant goes to the lease in hand. `sent`: when the
+    /// call was sent (the lease's time runs from then, so it ends no later than in the store's
+    /// time).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill(
+        &self,
+        guard: RefillGuard,
+        check: &Check,
+        lease: &Lease,
+        decision: &Decision,
+        grant: Grant,
+        admitted: bool,
+        sent: Instant,
+    ) {
+        let now = Instant::now();
+        let mut spare = None;
+        {
+            let mut shard = self.shard(&guard.key).lock();
+            if let Some(e) = shard.get_mut(&guard.key) {
+                e.refill = None;
+                if grant.granted == 0 {
+                    if !decision.allowed {
+                        let wait = decision.retry_after.min(lease.ttl);
+                        e.denied = Some((now + wait, decision.clone()));
+                    }
+                } else {
+                    let m = lease_metrics();
+                    let extra = if admitted {
+                        e.spent += check.cost;
+                        e.unreported += check.cost;
+                        grant.granted.saturating_sub(check.cost)
+                    } else {
+                        grant.granted
+                    };
+                    m.permits
+                        .with_label_values(&[&check.rule, "leased"])
+                        .inc_by(grant.granted);
+                    if extra > 0 {
+                        m.taken.with_label_values(&[&check.rule]).inc();
+                    }
+                    if e.held > 0 && e.window_end_us != grant.window_end_us {
+                        spare = Some(e.give_up());
+                    }
+                    let mut valid = lease.ttl;
+                    if !grant.window_left.is_zero() {
+                        valid = valid.min(grant.window_left);
+                    }
+                    e.held += extra;
+                    e.until = sent + valid;
+                    e.window_end_us = grant.window_end_us;
+                    e.check = check.clone();
+                    let mut last = decision.clone();
+                    if admitted {
+                        last.allowed = true;
+                    }
+                    e.last = last;
+                    e.denied = None;
+                }
+            }
+        }
+        if let Some(r) = spare {
+            self.returns.lock().push(r);
+        }
+        drop(guard);
+    }
+
+    /// Puts back the permits a request spent from its lease when another rule rejected it:
+    /// the request is charged nothing.
+    pub fn put_back(&self, check: &Check) {
+        let key: Key = (check.rule.clone(), check.counter);
+        let mut shard = self.shard(&key).lock();
+        if let Some(e) = shard.get_mut(&key) {
+            e.held += check.cost;
+            e.spent = e.spent.saturating_sub(check.cost);
+            e.unreported = e.unreported.saturating_sub(check.cost);
+        }
+    }
+
+    /// Permits to give back now: those of ended leases, and (with `all`) every permit in
+    /// hand. Forgets idle entries and adds batched spends to the metric.
+    pub fn due(&self, all: bool, now: Instant) -> Vec<Return> {
+        let mut out = std::mem::take(&mut *self.returns.lock());
+        let m = lease_metrics();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.retain(|_, e| {
+                if e.unreported > 0 {
+                    m.permits
+                        .with_label_values(&[&e.check.rule, "spent"])
+                        .inc_by(e.unreported);
+                    e.unreported = 0;
+                }
+                if e.held > 0 && (all || e.until <= now) {
+                    out.push(e.give_up());
+                }
+                e.held > 0 || e.refill.is_some() || now.duration_since(e.last_used) < IDLE
+            });
+        }
+        for r in &out {
+            m.permits
+                .with_label_values(&[&r.check.rule, "returned"])
+                .inc_by(r.permits);
+        }
+        out
+    }
+
+    /// Stops leasing (shutting down): every later check is decided exactly, and [`due`]
+    /// with `all` collects what is held.
+    ///
+    /// [`due`]: LeaseTable::due
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Permits held for `check`'s key right now (tests and `/rules`).
+    pub fn held(&self, check: &Check) -> u64 {
+        let key: Key = (check.rule.clone(), check.counter);
+        self.shard(&key).lock().get(&key).map_or(0, |e| e.held)
+    }
+}
+
+impl Entry {
+    /// Takes every permit in hand out, as a return.
+    fn give_up(&mut self) -> Return {
+        let permits = std::mem::take(&mut self.held);
+        Return {
+            check: self.check.clone(),
+            permits,
+            window_end_us: self.window_end_us,
+        }
+    }
+
+    /// `"auto"`: the recent rate times the lease TTL, at least `cost`, at most the limit.
+    fn auto_size(&mut self, cost: u64, ttl: Duration, now: Instant) -> u64 {
+        let elapsed = now
+            .duration_since(self.since)
+            .max(Duration::from_millis(1))
+            .as_secs_f64();
+        if self.spent > 0 {
+            let observed = self.spent as f64 / elapsed;
+            self.rate = if self.rate > 0.0 {
+                (self.rate + observed) / 2.0
+            } else {
+                observed
+            };
+        } else if elapsed > ttl.as_secs_f64() {
+            self.rate = 0.0;
+        }
+        self.spent = 0;
+        self.since = now;
+        let want = (self.rate * ttl.as_secs_f64()).ceil();
+        let cap = self.check.limit.limit().max(self.check.limit.burst());
+        (want.min(cap as f64) as u64).max(cost)
+    }
+}

@@ -1,0 +1,433 @@
+//! Quota leasing (`lease`) through the real binary against real redis-servers: exact across
+//! three gateway instances for every leasable algorithm, a hot key that seldom touches Redis,
+//! cold keys that cost no more than before, leased and exact rules in one round trip with
+//! all-or-nothing, unspent permits returned on reload and shutdown, a crashed instance that
+//! never makes the fleet over-admit, a Redis Cluster, and concurrency slots renewed while a
+//! request longer than their TTL runs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::*;
+
+const ROUTES: &str = "\n[[routes]]\nname = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\nauth = \"none\"\n";
+
+/// A `[store]` table for `url`.
+fn store(url: &str, extra: &str) -> String {
+    format!("\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"250ms\"\n{extra}\n")
+}
+
+fn gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
+    Gateway::start(&format!(
+        "{}{store}{ROUTES}{rules}",
+        orders_upstream(&[api])
+    ))
+}
+
+/// Sends `n` requests spread round robin over `gws`, `parallel` at a time; counts statuses.
+async fn hammer(
+    gws: &[&Gateway],
+    n: usize,
+    parallel: usize,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> BTreeMap<u16, usize> {
+    let c = client();
+    let sem = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut req = c.get(gws[i % gws.len()].url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let permit = sem.clone().acquire_owned().await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let status = req.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+            drop(permit);
+            status
+        }));
+    }
+    let mut counts = BTreeMap::new();
+    for t in tasks {
+        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn admitted(counts: &BTreeMap<u16, usize>) -> usize {
+    counts.get(&200).copied().unwrap_or(0)
+}
+
+/// One leased rule per leasable algorithm, each matched by `x-test = <its name>`, with windows
+/// long enough that nothing refills during a test (and aligned windows that do not end
+/// during it): the exact count is the limit.
+fn leased_rules(limit: u64, lease: &str) -> String {
+    let mut out = String::new();
+    for (name, algorithm, extra) in [
+        ("fw", "fixed_window", ""),
+        ("swc", "sliding_window_counter", ""),
+        ("tb", "token_bucket", ""),
+        ("lb", "leaky_bucket", "mode = \"police\"\n"),
+    ] {
+        out.push_str(&format!(
+            "\n[[rules]]\nname = \"{name}\"\nmatch = {{ header = {{ name = \"x-test\", value = \"{name}\" }} }}\nkey = [\"header:x-user\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1d\"\nburst = {limit}\n{extra}on_store_error = \"closed\"\nlease = {lease}\n"
+        ));
+    }
+    out
+}
+
+/// The count of a fixed window's state at `key` (see lua/common.lua: tag, window end, count
+/// as little-endian doubles).
+fn fixed_window_count(redis: &RedisServer, pattern: &str) -> u64 {
+    let keys: Vec<String> = redis.query(&["KEYS", pattern]);
+    assert_eq!(keys.len(), 1, "one state key for {pattern}: {keys:?}");
+    let state: Vec<u8> = redis.query(&["GET", &keys[0]]);
+    assert_eq!(state.len(), 17, "a fixed window's packed state");
+    f64::from_le_bytes(state[9..17].try_into().unwrap()) as u64
+}
+
+/// Polls `f` every 20 ms until it holds, for at most `limit`.
+async fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_never_admit_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let limit = 90;
+    let s = store(&redis.url(), "instances = 3");
+    let rules = leased_rules(limit, "\"auto\"");
+    let gws: Vec<Gateway> = (0..3).map(|_| gateway(api.addr, &s, &rules)).collect();
+    let refs: Vec<&Gateway> = gws.iter().collect();
+    for name in ["fw", "swc", "tb", "lb"] {
+        // 2x the limit, spread over the three instances, a bounded number at a time.
+        let counts = hammer(
+            &refs,
+            2 * limit as usize,
+            6,
+            "/orders",
+            &[("x-test", name), ("x-user", "alice")],
+        )
+        .await;
+        eprintln!("{name}: limit {limit}, {} offered over 3 instances: {counts:?}", 2 * limit);
+        let ok = admitted(&counts);
+        assert!(ok <= limit as usize, "{name}: {ok} admitted > limit {limit}");
+        assert!(
+            ok as f64 >= 0.9 * limit as f64,
+            "{name}: only {ok} of {limit} admitted under steady load"
+        );
+        assert_eq!(
+            ok + counts.get(&429).copied().unwrap_or(0),
+            2 * limit as usize,
+            "{name}: {counts:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_seldom_calls_redis_and_cold_keys_cost_no_more() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "hot"
+match = { header = { name = "x-test", value = "hot" } }
+key = ["header:x-user"]
+algorithm = "token_bucket"
+limit = 1000000
+window = "1s"
+lease = "auto"
+
+[[rules]]
+name = "cold"
+match = { header = { name = "x-test", value = "cold" } }
+key = ["header:x-user"]
+algorithm = "token_bucket"
+limit = 1000
+window = "1m"
+lease = "auto"
+lease_ttl = "50ms"
+"#;
+    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    let c = client();
+    // Warm the connection and the script.
+    assert_eq!(
+        c.get(gw.url("/orders")).send().await.unwrap().status(),
+        200
+    );
+
+    let n = 3000;
+    let before = redis.command_calls("evalsha");
+    let counts = hammer(&[&gw], n, 16, "/orders", &[("x-test", "hot"), ("x-user", "big")]).await;
+    assert_eq!(admitted(&counts), n, "{counts:?}");
+    let calls = redis.command_calls("evalsha") - before;
+    let per_request = calls as f64 / n as f64;
+    eprintln!("hot key: {calls} EVALSHA for {n} requests = {per_request:.4} per request");
+    assert!(per_request <= 0.05, "{calls} calls for {n} requests");
+
+    // Cold keys: a key seen once, and a key seen less often than its lease TTL, cost one
+    // call per request, never more (no lease to return).
+    let before = redis.command_calls("evalsha");
+    let mut sent = 0;
+    for i in 0..10 {
+        let user = format!("once-{i}");
+        let r = c
+            .get(gw.url("/orders"))
+            .header("x-test", "cold")
+            .header("x-user", &user)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        sent += 1;
+    }
+    for _ in 0..5 {
+        let r = c
+            .get(gw.url("/orders"))
+            .header("x-test", "cold")
+            .header("x-user", "seldom")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        sent += 1;
+        // The load shape under test: one request per 200 ms, four lease TTLs apart.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Let the returner run past its period: it must find nothing to give back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let calls = redis.command_calls("evalsha") - before;
+    eprintln!("cold keys: {calls} EVALSHA for {sent} requests");
+    assert_eq!(calls, sent, "one call per cold request, no lease returns");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_and_exact_rules_share_one_round_trip_all_or_nothing() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "leased"
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 100
+window = "1d"
+lease = 20
+on_store_error = "closed"
+
+[[rules]]
+name = "exact"
+match = { header = { name = "x-test", value = "both" } }
+key = ["header:x-user"]
+algorithm = "sliding_window_log"
+limit = 10
+window = "1h"
+on_store_error = "closed"
+"#;
+    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    let before = redis.command_calls("evalsha");
+    let counts = hammer(&[&gw], 40, 1, "/orders", &[("x-test", "both"), ("x-user", "u")]).await;
+    let calls = redis.command_calls("evalsha") - before;
+    assert_eq!(admitted(&counts), 10, "{counts:?}");
+    assert!(calls <= 40, "at most one round trip per request: {calls}");
+    // The 30 requests the exact rule rejected charged the leased rule nothing: 90 are left.
+    let counts = hammer(&[&gw], 150, 4, "/orders", &[("x-user", "u")]).await;
+    assert_eq!(admitted(&counts), 90, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unspent_permits_come_back_on_reload_and_shutdown() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "fw"
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 100
+window = "1d"
+lease = 40
+lease_ttl = "1h"
+on_store_error = "closed"
+"#;
+    let s = store(&redis.url(), "key_prefix = \"fg:\"");
+    let a = gateway(api.addr, &s, rules);
+    let c = client();
+
+    // Reload: one request leases 40 permits (held for an hour); a reload gives back 39.
+    let r = c.get(a.url("/orders")).header("x-user", "r").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(fixed_window_count(&redis, "fg:fw:*"), 40, "leased");
+    let r = c.post(a.admin_url("/reload")).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    eventually(Duration::from_secs(5), "returned on reload", || {
+        fixed_window_count(&redis, "fg:fw:*") == 1
+    })
+    .await;
+
+    // Shutdown (SIGTERM): the lease taken again is given back before the process exits.
+    let r = c.get(a.url("/orders")).header("x-user", "r").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(fixed_window_count(&redis, "fg:fw:*"), 41);
+    send_signal(a.pid(), "TERM");
+    eventually(Duration::from_secs(10), "returned on shutdown", || {
+        fixed_window_count(&redis, "fg:fw:*") == 2
+    })
+    .await;
+
+    // Another instance gets every permit left: 98.
+    let b = gateway(api.addr, &s, rules);
+    let counts = hammer(&[&b], 150, 4, "/orders", &[("x-user", "r")]).await;
+    assert_eq!(admitted(&counts), 98, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_instance_never_makes_the_fleet_over_admit() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "fw"
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 50
+window = "3s"
+lease = 20
+lease_ttl = "10s"
+on_store_error = "closed"
+"#;
+    let s = store(&redis.url(), "key_prefix = \"fg:\"");
+    let mut a = gateway(api.addr, &s, rules);
+    let b = gateway(api.addr, &s, rules);
+    let c = client();
+    // Wait for the start of a window, so the whole test fits in it.
+    eventually(Duration::from_secs(5), "a fresh window", || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        now % 3000 < 300
+    })
+    .await;
+    let r = c.get(a.url("/orders")).header("x-user", "k").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    send_signal(a.pid(), "KILL");
+    a.stop();
+    // A held 19 unspent permits when it died: they stay charged (A may have spent them), so
+    // B admits what is left and no more.
+    let counts = hammer(&[&b], 60, 4, "/orders", &[("x-user", "k")]).await;
+    assert_eq!(admitted(&counts), 30, "{counts:?}");
+    // They come back when the window ends: B gets the whole limit in the next window.
+    eventually(Duration::from_secs(8), "the next window", || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        now % 3000 < 500
+    })
+    .await;
+    let counts = hammer(&[&b], 60, 4, "/orders", &[("x-user", "k")]).await;
+    assert_eq!(admitted(&counts), 50, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_exact_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let api = OrdersApi::start("orders");
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let s = format!(
+        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\ninstances = 2\n",
+        urls.join(", ")
+    );
+    let rules = format!(
+        "{}{}",
+        leased_rules(60, "\"auto\""),
+        r#"
+[[rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "sliding_window_log"
+limit = 100000
+window = "1s"
+on_store_error = "closed"
+"#
+    );
+    let a = gateway(api.addr, &s, &rules);
+    let b = gateway(api.addr, &s, &rules);
+    for name in ["fw", "tb"] {
+        for user in ["alice", "bob"] {
+            let counts = hammer(
+                &[&a, &b],
+                120,
+                6,
+                "/orders",
+                &[("x-test", name), ("x-user", user)],
+            )
+            .await;
+            eprintln!("cluster {name} {user}: {counts:?}");
+            let ok = admitted(&counts);
+            assert!(ok <= 60, "{name} {user}: {ok} > 60");
+            assert!(ok >= 54, "{name} {user}: only {ok} of 60");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_slot_is_renewed_while_its_request_runs() {
+    // The slot TTL shortened to 400 ms (an internal test hook; 300 s in production).
+    std::env::set_var("FLOODGATE_TEST_SLOT_TTL_MS", "400");
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "exports"
+key = ["header:x-user"]
+algorithm = "concurrency"
+limit = 1
+on_store_error = "closed"
+"#;
+    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    let c = client();
+    let long = {
+        let req = c
+            .get(gw.url("/orders?delay_ms=3000"))
+            .header("x-user", "e");
+        tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) })
+    };
+    let probe = || async {
+        c.get(gw.url("/orders"))
+            .header("x-user", "e")
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    };
+    // Wait (bounded) until the long request holds the slot.
+    let start = Instant::now();
+    while probe().await != 429 {
+        assert!(start.elapsed() < Duration::from_secs(2), "the long request never held its slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held_at = Instant::now();
+    // Well past the slot TTL, the running request still holds its slot.
+    while held_at.elapsed() < Duration::from_millis(1600) {
+        assert_eq!(probe().await, 429, "slot lost after {:?}", held_at.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(long.await.unwrap().unwrap(), 200);
+    // It ended: the slot is free again.
+    let start = Instant::now();
+    while probe().await != 200 {
+        assert!(start.elapsed() < Duration::from_secs(2), "slot not released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
