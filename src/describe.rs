@@ -119,7 +119,7 @@ pub fn check_report(cfg: &Config) -> String {
         let keys: Vec<String> = r.key_parts.iter().map(|k| k.to_config_string()).collect();
         let _ = writeln!(
             out,
-            "  {}. {}: {} | key [{}] | {} | cost {} | scope {} | on_store_error {}{}",
+            "  {}. {}: {} | key [{}] | {} | cost {} | scope {} | on_store_error {}{}{}",
             i + 1,
             r.name,
             rule_match(r),
@@ -128,10 +128,26 @@ pub fn check_report(cfg: &Config) -> String {
             r.cost,
             r.scope.as_str(),
             r.on_store_error.as_str(),
+            r.lease
+                .map(|l| format!(" | {}", lease_text(&l)))
+                .unwrap_or_default(),
             if r.shadow { " | shadow" } else { "" }
         );
     }
     out
+}
+
+/// A rule's quota leasing as `check` prints it: `lease auto for 1s`.
+pub fn lease_text(l: &crate::limiter::lease::Lease) -> String {
+    format!("lease {} for {}", lease_size(l), humantime(l.ttl))
+}
+
+/// `lease` as gateway.toml writes it: `auto` or the number of permits.
+fn lease_size(l: &crate::limiter::lease::Lease) -> String {
+    match l.size {
+        crate::limiter::lease::LeaseSize::Auto => "auto".into(),
+        crate::limiter::lease::LeaseSize::Permits(n) => n.to_string(),
+    }
 }
 
 /// A rule as the admin API's JSON shows it.
@@ -177,6 +193,13 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
     });
     if l.algorithm() != Algorithm::Concurrency {
         v["window"] = humantime(l.window()).into();
+    }
+    if let Some(lease) = &r.lease {
+        v["lease"] = match lease.size {
+            crate::limiter::lease::LeaseSize::Auto => "auto".into(),
+            crate::limiter::lease::LeaseSize::Permits(n) => n.into(),
+        };
+        v["lease_ttl"] = humantime(lease.ttl).into();
     }
     if matches!(
         l.algorithm(),

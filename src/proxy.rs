@@ -221,7 +221,7 @@ impl ProxyHttp for Proxy {
             return e;
         };
         if let Some(t) = &ctx.target {
-            count_attempt(&upstream.name, t, "error", None);
+            t.count(&upstream.name, None, None);
             upstream.pool().failed(t);
             if matches!(
                 e.etype(),
@@ -288,7 +288,7 @@ impl ProxyHttp for Proxy {
         }
         if let (Some(u), Some(t)) = (&upstream, &ctx.target) {
             if !ctx.responded {
-                count_attempt(&u.name, t, "error", None);
+                t.count(&u.name, None, None);
             }
             u.pool().failed(t);
         }
@@ -379,12 +379,7 @@ impl ProxyHttp for Proxy {
                 .observe(start.elapsed().as_secs_f64());
             if let Some(t) = &ctx.target {
                 let status = upstream_response.status.as_u16();
-                count_attempt(
-                    &upstream.name,
-                    t,
-                    crate::upstream::metrics::class(status),
-                    Some(start.elapsed()),
-                );
+                t.count(&upstream.name, Some(status), Some(start.elapsed()));
                 if status >= 500 {
                     upstream.pool().failed(t);
                 } else {
@@ -555,19 +550,6 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts one attempt on a target by outcome class, with its time to the response header.
-fn count_attempt(upstream: &str, t: &TargetInfo, class: &str, took: Option<std::time::Duration>) {
-    let m = crate::upstream::metrics::upstream_metrics();
-    m.responses
-        .with_label_values(&[upstream, &*t.label, class])
-        .inc();
-    if let Some(d) = took {
-        m.seconds
-            .with_label_values(&[upstream, &*t.label])
-            .observe(d.as_secs_f64());
     }
 }
 

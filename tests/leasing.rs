@@ -67,14 +67,15 @@ fn admitted(counts: &BTreeMap<u16, usize>) -> usize {
 /// during it): the exact count is the limit.
 fn leased_rules(limit: u64, lease: &str) -> String {
     let mut out = String::new();
+    let burst = format!("burst = {limit}\n");
     for (name, algorithm, extra) in [
-        ("fw", "fixed_window", ""),
-        ("swc", "sliding_window_counter", ""),
-        ("tb", "token_bucket", ""),
-        ("lb", "leaky_bucket", "mode = \"police\"\n"),
+        ("fw", "fixed_window", String::new()),
+        ("swc", "sliding_window_counter", String::new()),
+        ("tb", "token_bucket", burst.clone()),
+        ("lb", "leaky_bucket", format!("{burst}mode = \"police\"\n")),
     ] {
         out.push_str(&format!(
-            "\n[[rules]]\nname = \"{name}\"\nmatch = {{ header = {{ name = \"x-test\", value = \"{name}\" }} }}\nkey = [\"header:x-user\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1d\"\nburst = {limit}\n{extra}on_store_error = \"closed\"\nlease = {lease}\n"
+            "\n[[rules]]\nname = \"{name}\"\nmatch = {{ header = {{ name = \"x-test\", value = \"{name}\" }} }}\nkey = [\"header:x-user\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1d\"\n{extra}on_store_error = \"closed\"\nlease = {lease}\n"
         ));
     }
     out
@@ -88,6 +89,15 @@ fn fixed_window_count(redis: &RedisServer, pattern: &str) -> u64 {
     let state: Vec<u8> = redis.query(&["GET", &keys[0]]);
     assert_eq!(state.len(), 17, "a fixed window's packed state");
     f64::from_le_bytes(state[9..17].try_into().unwrap()) as u64
+}
+
+/// Which aligned 3 s window the clock is in (Redis runs on this machine: the same clock).
+fn window_index() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        / 3000
 }
 
 /// Polls `f` every 20 ms until it holds, for at most `limit`.
@@ -118,9 +128,15 @@ async fn three_instances_never_admit_more_than_the_limit() {
             &[("x-test", name), ("x-user", "alice")],
         )
         .await;
-        eprintln!("{name}: limit {limit}, {} offered over 3 instances: {counts:?}", 2 * limit);
+        eprintln!(
+            "{name}: limit {limit}, {} offered over 3 instances: {counts:?}",
+            2 * limit
+        );
         let ok = admitted(&counts);
-        assert!(ok <= limit as usize, "{name}: {ok} admitted > limit {limit}");
+        assert!(
+            ok <= limit as usize,
+            "{name}: {ok} admitted > limit {limit}"
+        );
         assert!(
             ok as f64 >= 0.9 * limit as f64,
             "{name}: only {ok} of {limit} admitted under steady load"
@@ -159,20 +175,16 @@ lease_ttl = "50ms"
 "#;
     let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
     let c = client();
-    // Warm the connection and the script.
-    assert_eq!(
-        c.get(gw.url("/orders")).send().await.unwrap().status(),
-        200
-    );
-
-    let n = 3000;
-    let before = redis.command_calls("evalsha");
-    let counts = hammer(&[&gw], n, 16, "/orders", &[("x-test", "hot"), ("x-user", "big")]).await;
-    assert_eq!(admitted(&counts), n, "{counts:?}");
-    let calls = redis.command_calls("evalsha") - before;
-    let per_request = calls as f64 / n as f64;
-    eprintln!("hot key: {calls} EVALSHA for {n} requests = {per_request:.4} per request");
-    assert!(per_request <= 0.05, "{calls} calls for {n} requests");
+    // Warm the connection and load the script (a first EVALSHA meets NOSCRIPT and is sent
+    // again).
+    let r = c
+        .get(gw.url("/orders"))
+        .header("x-test", "cold")
+        .header("x-user", "warm")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 
     // Cold keys: a key seen once, and a key seen less often than its lease TTL, cost one
     // call per request, never more (no lease to return).
@@ -208,6 +220,54 @@ lease_ttl = "50ms"
     let calls = redis.command_calls("evalsha") - before;
     eprintln!("cold keys: {calls} EVALSHA for {sent} requests");
     assert_eq!(calls, sent, "one call per cold request, no lease returns");
+
+    let n = 3000;
+    let before = redis.command_calls("evalsha");
+    let counts = hammer(
+        &[&gw],
+        n,
+        16,
+        "/orders",
+        &[("x-test", "hot"), ("x-user", "big")],
+    )
+    .await;
+    assert_eq!(admitted(&counts), n, "{counts:?}");
+    let calls = redis.command_calls("evalsha") - before;
+    let per_request = calls as f64 / n as f64;
+    eprintln!("hot key: {calls} EVALSHA for {n} requests = {per_request:.4} per request");
+    assert!(per_request <= 0.05, "{calls} calls for {n} requests");
+
+    // /rules shows leasing; /metrics counts leases, permits and calls per request (spends
+    // are added in batches by the returner: poll, bounded).
+    let rules = get_json(&c, gw.admin_url("/rules")).await;
+    assert_eq!(rules["rules"][0]["lease"], "auto", "{rules}");
+    assert_eq!(rules["rules"][1]["lease_ttl"], "50ms", "{rules}");
+    let start = Instant::now();
+    loop {
+        let m = get_text(&c, gw.admin_url("/metrics")).await;
+        let spent = m
+            .lines()
+            .find(|l| l.starts_with("floodgate_lease_permits_total{event=\"spent\",rule=\"hot\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        if spent >= n as u64 {
+            assert!(
+                m.contains("floodgate_lease_taken_total{rule=\"hot\"}"),
+                "{m}"
+            );
+            assert!(
+                m.contains("floodgate_lease_permits_total{event=\"leased\",rule=\"hot\"}"),
+                "{m}"
+            );
+            assert!(m.contains("floodgate_store_calls_per_request_count"), "{m}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "spent permits not counted: {spent}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,6 +282,7 @@ algorithm = "fixed_window"
 limit = 100
 window = "1d"
 lease = 20
+lease_ttl = "1h"
 on_store_error = "closed"
 
 [[rules]]
@@ -234,8 +295,18 @@ window = "1h"
 on_store_error = "closed"
 "#;
     let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    // Load the script first (a first EVALSHA meets NOSCRIPT and is sent again).
+    let warm = hammer(&[&gw], 1, 1, "/orders", &[("x-user", "warm")]).await;
+    assert_eq!(admitted(&warm), 1);
     let before = redis.command_calls("evalsha");
-    let counts = hammer(&[&gw], 40, 1, "/orders", &[("x-test", "both"), ("x-user", "u")]).await;
+    let counts = hammer(
+        &[&gw],
+        40,
+        1,
+        "/orders",
+        &[("x-test", "both"), ("x-user", "u")],
+    )
+    .await;
     let calls = redis.command_calls("evalsha") - before;
     assert_eq!(admitted(&counts), 10, "{counts:?}");
     assert!(calls <= 40, "at most one round trip per request: {calls}");
@@ -264,7 +335,12 @@ on_store_error = "closed"
     let c = client();
 
     // Reload: one request leases 40 permits (held for an hour); a reload gives back 39.
-    let r = c.get(a.url("/orders")).header("x-user", "r").send().await.unwrap();
+    let r = c
+        .get(a.url("/orders"))
+        .header("x-user", "r")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(fixed_window_count(&redis, "fg:fw:*"), 40, "leased");
     let r = c.post(a.admin_url("/reload")).send().await.unwrap();
@@ -275,7 +351,12 @@ on_store_error = "closed"
     .await;
 
     // Shutdown (SIGTERM): the lease taken again is given back before the process exits.
-    let r = c.get(a.url("/orders")).header("x-user", "r").send().await.unwrap();
+    let r = c
+        .get(a.url("/orders"))
+        .header("x-user", "r")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(fixed_window_count(&redis, "fg:fw:*"), 41);
     send_signal(a.pid(), "TERM");
@@ -318,7 +399,13 @@ on_store_error = "closed"
         now % 3000 < 300
     })
     .await;
-    let r = c.get(a.url("/orders")).header("x-user", "k").send().await.unwrap();
+    let first = window_index();
+    let r = c
+        .get(a.url("/orders"))
+        .header("x-user", "k")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     send_signal(a.pid(), "KILL");
     a.stop();
@@ -328,11 +415,7 @@ on_store_error = "closed"
     assert_eq!(admitted(&counts), 30, "{counts:?}");
     // They come back when the window ends: B gets the whole limit in the next window.
     eventually(Duration::from_secs(8), "the next window", || {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis();
-        now % 3000 < 500
+        window_index() > first
     })
     .await;
     let counts = hammer(&[&b], 60, 4, "/orders", &[("x-user", "k")]).await;
@@ -383,8 +466,8 @@ on_store_error = "closed"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_slot_is_renewed_while_its_request_runs() {
-    // The slot TTL shortened to 400 ms (an internal test hook; 300 s in production).
-    std::env::set_var("FLOODGATE_TEST_SLOT_TTL_MS", "400");
+    // The slot TTL shortened to 300 ms (an internal test hook; 300 s in production).
+    std::env::set_var("FLOODGATE_TEST_SLOT_TTL_MS", "300");
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
     let rules = r#"
@@ -395,14 +478,13 @@ algorithm = "concurrency"
 limit = 1
 on_store_error = "closed"
 "#;
-    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    // The upstream may take its time: the request under test lasts 4 s, past 13 slot TTLs.
+    let gw = Gateway::start(&format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\"]\nread_timeout = \"20s\"\n{}{ROUTES}{rules}",
+        api.addr,
+        store(&redis.url(), "")
+    ));
     let c = client();
-    let long = {
-        let req = c
-            .get(gw.url("/orders?delay_ms=3000"))
-            .header("x-user", "e");
-        tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) })
-    };
     let probe = || async {
         c.get(gw.url("/orders"))
             .header("x-user", "e")
@@ -411,23 +493,137 @@ on_store_error = "closed"
             .map(|r| r.status().as_u16())
             .unwrap_or(0)
     };
-    // Wait (bounded) until the long request holds the slot.
+    // Start the long request and wait (bounded) until it holds the slot. A probe may win the
+    // slot first, and the long request is then refused: start it again.
     let start = Instant::now();
-    while probe().await != 429 {
-        assert!(start.elapsed() < Duration::from_secs(2), "the long request never held its slot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut long = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the long request never held its slot"
+        );
+        let req = c.get(gw.url("/orders?delay_ms=4000")).header("x-user", "e");
+        let long = tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) });
+        let mut held = false;
+        while !long.is_finished() {
+            if probe().await == 429 {
+                held = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if held {
+            break long;
+        }
+    };
     let held_at = Instant::now();
-    // Well past the slot TTL, the running request still holds its slot.
-    while held_at.elapsed() < Duration::from_millis(1600) {
-        assert_eq!(probe().await, 429, "slot lost after {:?}", held_at.elapsed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // While it runs, far past the slot TTL, the slot stays taken. A probe admitted means the
+    // slot was freed: only the long request ending may do that.
+    let mut ended = None;
+    while ended.is_none() {
+        if long.is_finished() {
+            ended = Some((&mut long).await);
+            break;
+        }
+        let status = probe().await;
+        if status != 429 {
+            let done = tokio::time::timeout(Duration::from_secs(1), &mut long).await;
+            assert!(
+                done.is_ok(),
+                "probe got {status} {:?} after the slot was held, while the request still ran",
+                held_at.elapsed()
+            );
+            ended = done.ok();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(long.await.unwrap().unwrap(), 200);
+    assert!(
+        held_at.elapsed() >= Duration::from_millis(900),
+        "the request ended before three slot TTLs passed: nothing was shown"
+    );
+    assert_eq!(ended.unwrap().unwrap().unwrap(), 200);
     // It ended: the slot is free again.
     let start = Instant::now();
     while probe().await != 200 {
-        assert!(start.elapsed() < Duration::from_secs(2), "slot not released");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "slot not released"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[test]
+fn check_refuses_lease_where_it_cannot_be_exact_and_shows_it_where_it_is() {
+    let base = "[[upstreams]]\nname = \"orders\"\ntargets = [\"127.0.0.1:9\"]\n\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\n[[routes]]\nname = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\n";
+    for (algorithm, extra, reason) in [
+        (
+            "sliding_window_log",
+            "window = \"1m\"\n",
+            "sliding_window_log keeps one timestamp per request",
+        ),
+        ("concurrency", "", "concurrency counts requests in flight"),
+        (
+            "leaky_bucket",
+            "window = \"1s\"\nmode = \"shape\"\n",
+            "a shaping leaky bucket",
+        ),
+    ] {
+        let config = format!(
+            "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"{algorithm}\"\nlimit = 10\n{extra}lease = \"auto\"\n"
+        );
+        let (ok, _out, err) = check(&config, &[]);
+        assert!(!ok, "{algorithm}: lease accepted");
+        assert!(err.contains(reason), "{algorithm}: {err}");
+        // file:line:col of the lease value.
+        let line = config.lines().position(|l| l.starts_with("lease")).unwrap() + 1;
+        assert!(
+            err.contains(&format!("gateway.toml:{line}:9")),
+            "{algorithm}: {err}"
+        );
+    }
+    let config = format!(
+        "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nlease = 0\n"
+    );
+    let (ok, _out, err) = check(&config, &[]);
+    assert!(
+        !ok && err.contains("lease must be \"auto\" or a whole number"),
+        "{err}"
+    );
+    let config = format!(
+        "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nscope = \"local\"\nlease = 5\n"
+    );
+    let (ok, _out, err) = check(&config, &[]);
+    assert!(!ok && err.contains("global rules only"), "{err}");
+    let config = format!(
+        "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nlease = 5\nlease_ttl = \"250ms\"\n"
+    );
+    let (ok, out, err) = check(&config, &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("lease 5 for 250ms"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_in_hand_are_spent_while_redis_is_down_then_on_store_error_applies() {
+    let mut redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "fw"
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 100
+window = "1d"
+lease = 20
+lease_ttl = "1h"
+on_store_error = "closed"
+"#;
+    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    // One request leases 20 permits: its own and 19 in hand.
+    let counts = hammer(&[&gw], 1, 1, "/orders", &[("x-user", "d")]).await;
+    assert_eq!(admitted(&counts), 1, "{counts:?}");
+    redis.stop();
+    let counts = hammer(&[&gw], 30, 1, "/orders", &[("x-user", "d")]).await;
+    assert_eq!(admitted(&counts), 19, "the permits in hand: {counts:?}");
+    assert_eq!(counts.get(&503), Some(&11), "then closed: {counts:?}");
 }

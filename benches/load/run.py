@@ -11,6 +11,7 @@ wrk (one thread). The systems compared:
   fg-none         floodgate, no rules (against pingora-bare: the cost of floodgate's own work)
   fg-local        floodgate, one local token-bucket rule, everything allowed
   fg-global1      floodgate, one global token-bucket rule on Redis
+  fg-lease        fg-global1's rule with lease = "auto" (one hot key: every request from wrk)
   fg-global3      floodgate, three global token-bucket rules on Redis
   nginx-429       nginx limit_req, every request over its limit (429)
   fg-429          floodgate, every request over its limit (429)
@@ -598,7 +599,11 @@ auth = "none"
             closed = 'on_store_error = "closed"\n'  # a failing store shows as 503s, never as speed
             fg.insert(2, ("fg-global1", "floodgate, 1 global token-bucket rule (Redis)",
                           rule("g1", ["ip"], "global", extra=closed), store, 200, "fg-none"))
-            fg.insert(3, ("fg-global3", "floodgate, 3 global token-bucket rules (Redis)",
+            # The same global rule on the same hot key, leased: against fg-local (the issue's
+            # >= 0.95x) and fg-global1; Redis calls per request from commandstats.
+            fg.insert(3, ("fg-lease", "floodgate, 1 global token-bucket rule, lease = \"auto\" (Redis)",
+                          rule("g1", ["ip"], "global", extra=closed + 'lease = "auto"\n'), store, 200, "fg-local"))
+            fg.insert(4, ("fg-global3", "floodgate, 3 global token-bucket rules (Redis)",
                           rule("g1", ["ip"], "global", extra=closed) + rule("g2", ["route"], "global", extra=closed)
                           + rule("g3", ["method"], "global", extra=closed), store, 200, "fg-none"))
         for name, title, rules, store, expect, base in fg:
@@ -608,7 +613,7 @@ auth = "none"
             self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
                             baseline=base, admin=admin))
 
-        order = ["upstream", "nginx-limit", "pingora-bare", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-global3",
+        order = ["upstream", "nginx-limit", "pingora-bare", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3",
                  "nginx-429", "fg-429", "fg-concurrency"]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:
@@ -867,7 +872,7 @@ auth = "none"
         w("| # | system | -c | req/s | ratio | vs | p50 | p99 | Redis cmds/req | RSS | CPU/req |")
         w("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
         numbers = {"upstream": "1", "nginx-limit": "2", "pingora-bare": "3a", "fg-none": "3", "fg-log": "3b", "fg-local": "4",
-                   "fg-local-notop": "4a", "fg-global1": "5",
+                   "fg-local-notop": "4a", "fg-global1": "5", "fg-lease": "5a",
                    "fg-global3": "6", "nginx-429": "7", "fg-429": "7", "fg-concurrency": "8"}
         for n, s in self.systems.items():
             r = S[n]
@@ -998,6 +1003,12 @@ auth = "none"
             if S.get(n):
                 c = S[n]["commands_per_req"]
                 out.append(f"`{n}`: one Redis command per request: {c:.3f} — {verdict(abs(c - 1) < 0.01)}")
+        if S.get("fg-lease"):
+            c = S["fg-lease"]["commands_per_req"]
+            out.append(f"`fg-lease`: ≤ 0.05 Redis commands per request on a hot key: {c:.4f} — {verdict(c <= 0.05)}")
+            if S.get("fg-local"):
+                ratio = S["fg-lease"]["rps"] / S["fg-local"]["rps"]
+                out.append(f"`fg-lease` throughput ≥ 0.95× `fg-local`: {ratio:.2f}× — {verdict(ratio >= 0.95)}")
         if S.get("fg-429") and S.get("nginx-429"):
             ratio = S["fg-429"]["rps"] / S["nginx-429"]["rps"]
             out.append(f"429 path ≥ 0.8× nginx `limit_req`'s: {ratio:.2f}× — {verdict(ratio >= 0.8)}")

@@ -1219,7 +1219,10 @@ fn rule_lease(
         _ => None,
     };
     if let Some(why) = why_not {
-        return Err(src.err(span, format!("rule \"{name}\": lease is not allowed here: {why}")));
+        return Err(src.err(
+            span,
+            format!("rule \"{name}\": lease is not allowed here: {why}"),
+        ));
     }
     if scope == Scope::Local {
         return Err(src.err(

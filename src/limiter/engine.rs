@@ -10,6 +10,10 @@
 //! - When the shared store fails (error, timeout, open circuit) each global rule's
 //!   `on_store_error` decides: `open` admits (counted, logged), `closed` refuses with 503,
 //!   `local` decides in process with `limit / instances`.
+//! - Global rules with `lease` spend permits leased from the shared store in process (see
+//!   [`super::lease`]); only keys whose lease ran out join the request's one store call, which
+//!   leases more in the same script run. A request rejected by any rule puts the permits it
+//!   took back into the lease, uncharged.
 //! - Shadow rules are decided after the verdict, one by one, only for admitted requests, and
 //!   always in process (a shadow global rule counts per instance): they can never reject or
 //!   cost the request a round trip.
@@ -18,11 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::lease::{leasable, lease_metrics, LeaseTable, Take};
 use super::memory::MemoryStore;
 use super::policy::{FailureMode, Policy, Scope};
 use super::redis::RedisStore;
 use super::settings::{Backend, Store};
-use super::lease::{lease_metrics, LeaseTable, Take};
 use super::store::{Grant, SharedStore, StoreError};
 use super::{Algorithm, Check, Decision, LeakyMode};
 
@@ -160,15 +164,17 @@ impl Limiter {
     pub fn new(store: &Store) -> Self {
         let shared: Option<Arc<dyn SharedStore>> = match store.backend {
             Backend::Memory => None,
-            Backend::Redis | Backend::RedisCluster => match RedisStore::with_options(store, options_from_env()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    // Down for good, not absent: absent would make every global rule a
-                    // per-instance limit at the full limit while everything reported healthy.
-                    tracing::error!(error = %e, "cannot set up the Redis store; it counts as down and global rules apply on_store_error");
-                    Some(RedisStore::broken(store, e))
+            Backend::Redis | Backend::RedisCluster => {
+                match RedisStore::with_options(store, options_from_env()) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        // Down for good, not absent: absent would make every global rule a
+                        // per-instance limit at the full limit while everything reported healthy.
+                        tracing::error!(error = %e, "cannot set up the Redis store; it counts as down and global rules apply on_store_error");
+                        Some(RedisStore::broken(store, e))
+                    }
                 }
-            },
+            }
         };
         Limiter::with_shared(store.max_keys, shared)
     }
@@ -177,6 +183,8 @@ impl Limiter {
     /// in process), its in-process stores bounded to `max_keys`. [`Limiter::new`] passes the
     /// Redis store; tests pass a store of their own.
     pub fn with_shared(max_keys: usize, shared: Option<Arc<dyn SharedStore>>) -> Self {
+        // Registered up front, so /metrics lists them before the first lease.
+        lease_metrics();
         Limiter {
             local: Arc::new(MemoryStore::new(max_keys)),
             fallback: Arc::new(MemoryStore::new(max_keys)),
@@ -293,7 +301,12 @@ impl Limiter {
                 let mut denied = false;
                 for &i in &shared_idx {
                     let check = &enforcing[i];
-                    let Some(lease) = enforcing_rules[i].lease else {
+                    // Validation allows `lease` only where it is exact; hand-built policies
+                    // elsewhere are decided exactly.
+                    let Some(lease) = enforcing_rules[i]
+                        .lease
+                        .filter(|_| leasable(check.limit.algorithm(), check.limit.mode()))
+                    else {
                         call_idx.push(i);
                         wants.push(0);
                         guards.push(None);
@@ -348,7 +361,13 @@ impl Limiter {
                             .map(|ds| ds.into_iter().map(|d| (d, Grant::default())).collect())
                     } else {
                         shared
-                            .decide_leased(&call_checks, &wants, store.instances, lease, store.timeout)
+                            .decide_leased(
+                                &call_checks,
+                                &wants,
+                                store.instances,
+                                lease,
+                                store.timeout,
+                            )
                             .await
                     };
                     match answer {
@@ -361,9 +380,19 @@ impl Limiter {
                                 }
                             }
                             let mut ds = Vec::with_capacity(answers.len());
-                            for (((d, g), guard), &i) in answers.into_iter().zip(guards).zip(&call_idx) {
+                            for (((d, g), guard), &i) in
+                                answers.into_iter().zip(guards).zip(&call_idx)
+                            {
                                 if let Some((guard, l)) = guard {
-                                    self.leases.fill(guard, &enforcing[i], &l, &d, g, admitted, sent);
+                                    self.leases.fill(
+                                        guard,
+                                        &enforcing[i],
+                                        &l,
+                                        &d,
+                                        g,
+                                        admitted,
+                                        sent,
+                                    );
                                     if admitted && g.granted > 0 {
                                         filled.push(i);
                                     }

@@ -297,7 +297,6 @@ impl LeaseTable {
         admitted: bool,
         sent: Instant,
     ) {
-        let now = Instant::now();
         let mut spare = None;
         {
             let mut shard = self.shard(&guard.key).lock();
@@ -306,7 +305,8 @@ impl LeaseTable {
                 if grant.granted == 0 {
                     if !decision.allowed {
                         let wait = decision.retry_after.min(lease.ttl);
-                        e.denied = Some((now + wait, decision.clone()));
+                        // From the send: never longer than the store meant.
+                        e.denied = Some((sent + wait, decision.clone()));
                     }
                 } else {
                     let m = lease_metrics();
@@ -436,5 +436,129 @@ impl Entry {
         let want = (self.rate * ttl.as_secs_f64()).ceil();
         let cap = self.check.limit.limit().max(self.check.limit.burst());
         (want.min(cap as f64) as u64).max(cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Limit;
+
+    fn check(counter: u64) -> Check {
+        Check {
+            rule: "r".into(),
+            counter,
+            limit: Limit::police(Algorithm::TokenBucket, 1000, Duration::from_secs(1), 1000),
+            cost: 1,
+        }
+    }
+
+    const AUTO: Lease = Lease {
+        size: LeaseSize::Auto,
+        ttl: Duration::from_secs(1),
+    };
+
+    fn lease(t: &Arc<LeaseTable>, c: &Check, now: Instant) -> (u64, RefillGuard) {
+        match t.take(c, &AUTO, now) {
+            Take::Lease { want, guard } => (want, guard),
+            _ => panic!("expected to lease"),
+        }
+    }
+
+    fn granted(n: u64) -> Grant {
+        Grant {
+            granted: n,
+            ..Grant::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_first_request_leases_only_itself_and_waiters_share_the_call() {
+        let t = Arc::new(LeaseTable::default());
+        let c = check(1);
+        let now = Instant::now();
+        let (want, guard) = lease(&t, &c, now);
+        assert_eq!(
+            want, 1,
+            "a key never seen leases nothing beyond its request"
+        );
+        // A concurrent request for the key waits for that call instead of making its own.
+        let Take::Wait(mut rx) = t.take(&c, &AUTO, now) else {
+            panic!("expected to wait")
+        };
+        let d = Decision::unlimited(1000);
+        t.fill(guard, &c, &AUTO, &d, granted(5), true, now);
+        assert!(rx.changed().await.is_err(), "waiters are woken");
+        assert_eq!(t.held(&c), 4);
+        let Take::Spent(d) = t.take(&c, &AUTO, now) else {
+            panic!("expected to spend")
+        };
+        assert!(d.allowed);
+        assert_eq!(t.held(&c), 3);
+        // Another rule rejected the request: its permit goes back, uncharged.
+        t.put_back(&c);
+        assert_eq!(t.held(&c), 4);
+    }
+
+    #[test]
+    fn ended_leases_are_returned_and_refusals_are_remembered_briefly() {
+        let t = Arc::new(LeaseTable::default());
+        let c = check(2);
+        let now = Instant::now();
+        let (_, guard) = lease(&t, &c, now);
+        t.fill(
+            guard,
+            &c,
+            &AUTO,
+            &Decision::unlimited(1000),
+            granted(10),
+            true,
+            now,
+        );
+        assert!(t.due(false, now).is_empty(), "the lease still runs");
+        let later = now + Duration::from_secs(2);
+        let due = t.due(false, later);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].permits, 9);
+        assert_eq!(t.held(&c), 0);
+
+        let (_, guard) = lease(&t, &c, later);
+        let mut refused = Decision::unlimited(1000);
+        refused.allowed = false;
+        refused.retry_after = Duration::from_millis(200);
+        t.fill(guard, &c, &AUTO, &refused, granted(0), false, later);
+        assert!(matches!(t.take(&c, &AUTO, later), Take::Denied(_)));
+        let after = later + Duration::from_millis(250);
+        assert!(matches!(t.take(&c, &AUTO, after), Take::Lease { .. }));
+    }
+
+    #[test]
+    fn a_closed_table_decides_exactly_and_gives_everything_back() {
+        let t = Arc::new(LeaseTable::default());
+        let c = check(3);
+        let now = Instant::now();
+        let (_, guard) = lease(&t, &c, now);
+        t.fill(
+            guard,
+            &c,
+            &AUTO,
+            &Decision::unlimited(1000),
+            granted(7),
+            true,
+            now,
+        );
+        t.close();
+        assert!(matches!(t.take(&c, &AUTO, now), Take::Exact));
+        let due = t.due(true, now);
+        assert_eq!(due.iter().map(|r| r.permits).sum::<u64>(), 6);
+    }
+
+    #[test]
+    fn only_counting_algorithms_lease() {
+        assert!(leasable(Algorithm::FixedWindow, LeakyMode::Police));
+        assert!(leasable(Algorithm::LeakyBucket, LeakyMode::Police));
+        assert!(!leasable(Algorithm::LeakyBucket, LeakyMode::Shape));
+        assert!(!leasable(Algorithm::SlidingWindowLog, LeakyMode::Police));
+        assert!(!leasable(Algorithm::Concurrency, LeakyMode::Police));
     }
 }

@@ -78,3 +78,40 @@ pub fn class(status: u16) -> &'static str {
         _ => "error",
     }
 }
+
+/// One target's counters and histogram, looked up once (the request path then increments
+/// handles it holds instead of hashing labels per request).
+pub struct TargetMetrics {
+    /// By class: `1xx`, `2xx`, `3xx`, `4xx`, `5xx`, `error`.
+    classes: [prometheus::IntCounter; 6],
+    seconds: prometheus::Histogram,
+}
+
+impl std::fmt::Debug for TargetMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TargetMetrics")
+    }
+}
+
+const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+
+impl TargetMetrics {
+    /// The handles of (`upstream`, `target`).
+    pub fn new(upstream: &str, target: &str) -> TargetMetrics {
+        let m = upstream_metrics();
+        TargetMetrics {
+            classes: CLASSES.map(|c| m.responses.with_label_values(&[upstream, target, c])),
+            seconds: m.seconds.with_label_values(&[upstream, target]),
+        }
+    }
+
+    /// Counts one attempt: its status (`None`: no response) and time to the response header.
+    pub fn count(&self, status: Option<u16>, took: Option<std::time::Duration>) {
+        let class = class(status.unwrap_or(0));
+        let i = CLASSES.iter().position(|c| *c == class).unwrap_or(5);
+        self.classes[i].inc();
+        if let Some(d) = took {
+            self.seconds.observe(d.as_secs_f64());
+        }
+    }
+}

@@ -69,6 +69,8 @@ pub struct TargetState {
     ejected_until_ms: AtomicU64,
     /// The last active check: when, whether it passed, why not.
     pub last_check: Mutex<Option<CheckResult>>,
+    /// Its metric handles, looked up on first use.
+    metrics: std::sync::OnceLock<metrics::TargetMetrics>,
 }
 
 /// One active health check's outcome.
@@ -90,6 +92,17 @@ fn epoch() -> Instant {
 
 fn now_ms() -> u64 {
     epoch().elapsed().as_millis() as u64 + 1
+}
+
+impl TargetInfo {
+    /// Counts one attempt on this target of `upstream`: its status (`None`: no response) and
+    /// time to the response header.
+    pub fn count(&self, upstream: &str, status: Option<u16>, took: Option<Duration>) {
+        self.state
+            .metrics
+            .get_or_init(|| metrics::TargetMetrics::new(upstream, &self.label))
+            .count(status, took);
+    }
 }
 
 impl TargetState {

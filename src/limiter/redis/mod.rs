@@ -14,7 +14,8 @@
 //! `decide.lua`, which decides every check of a request against the stored state and charges
 //! all of them only if all admit. They are concatenated at compile time into ONE script
 //! ([`script::DECIDE_LUA`], one SHA) and run with `EVALSHA`; `release.lua` gives concurrency
-//! slots back. A `NOSCRIPT` answer (after `SCRIPT FLUSH` or a Redis restart) is met with
+//! slots back and `renew.lua` keeps the slots of a running request alive; `lease_return.lua`
+//! gives back the unspent permits of quota leases (`decide.lua` grants them). A `NOSCRIPT` answer (after `SCRIPT FLUSH` or a Redis restart) is met with
 //! `SCRIPT LOAD` (to every node, in a cluster) and the same `EVALSHA` again, so no caller ever
 //! sees it. Time comes from Redis `TIME` inside the script, never from a gateway
 //! clock, so gateways whose clocks disagree still share exact limits.
@@ -73,15 +74,15 @@ use breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
 use conn::{connect_loop, Conn, Target};
 pub use conn::{RedisClient, UrlError, CONNECT_TIMEOUT};
 use script::{
-    grant, hex16, holds_slot, sat, unpack_reply, Params, DECIDE, LEASE_RETURN, MAX_EXACT,
-    RELEASE, RENEW, REPLY_BYTES,
+    grant, hex16, holds_slot, sat, unpack_reply, Params, DECIDE, LEASE_RETURN, MAX_EXACT, RELEASE,
+    RENEW, REPLY_BYTES,
 };
 
-/// How long a global concurrency slot is held at most when its request never releases it (the
-/// gateway died mid-request, or the release could not reach Redis). Longer than any sane
-/// request, so that a live request never loses its slot; short enough that a crashed
-/// gateway's slots come back within minutes. A request held longer than this (a very long
-/// download) stops counting after it.
+/// How long a global concurrency slot (not a quota lease: the word is historical) counts when
+/// its request never releases it (the gateway died mid-request, or the release could not
+/// reach Redis): a crashed gateway's slots come back within minutes. A running request renews
+/// its slots every third of this, so a request longer than it (an export, a stream) keeps
+/// counting until it ends.
 pub const LEASE_TTL: Duration = Duration::from_secs(300);
 
 /// Budget of a release: it runs off the request path, and a release that is lost holds a slot
@@ -315,11 +316,8 @@ impl RedisStore {
                 .inc();
             return Err(StoreError::CircuitOpen);
         };
-        let outcome = tokio::time::timeout(
-            timeout,
-            inner.run(checks, wants, instances, lease, now_us),
-        )
-        .await;
+        let outcome =
+            tokio::time::timeout(timeout, inner.run(checks, wants, instances, lease, now_us)).await;
         let (error, kind) = match outcome {
             Ok(Ok((decisions, partial))) => {
                 ticket.success();

@@ -249,7 +249,11 @@ impl Params {
 /// every check of its call admitted, so the call charged.
 pub(super) fn grant(reply: &[u64; REPLY_FIELDS], charged: bool) -> Grant {
     Grant {
-        granted: if charged && reply[0] == 1 { reply[5] } else { 0 },
+        granted: if charged && reply[0] == 1 {
+            reply[5]
+        } else {
+            0
+        },
         window_left: Duration::from_nanos(reply[6]),
         window_end_us: reply[7],
     }
