@@ -520,6 +520,71 @@ async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
     );
 }
 
+#[tokio::test]
+async fn a_name_that_resolves_late_becomes_healthy_with_every_address() {
+    let port = free_port();
+    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let _a4 = Api::start("v4", v4, &[]);
+    let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    let a6 = std::net::TcpListener::bind(v6)
+        .ok()
+        .map(drop)
+        .map(|()| Api::start("v6", v6, &[]));
+    // The name is in no resolver yet: floodgate's own hosts file is empty.
+    let hosts_dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_dir.path().join("hosts");
+    std::fs::write(&hosts, "# filled in by the test\n").unwrap();
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"orders.late.test:{port}\"]\nresolve_interval = \"100ms\"\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n"
+    );
+    let gw = Gateway::start_env(
+        server_section,
+        &body,
+        &[],
+        &[("FLOODGATE_HOSTS_FILE", hosts.to_str().unwrap())],
+    );
+    let c = client();
+    let r = c.get(gw.url("/debug/x")).send().await.unwrap();
+    assert_eq!(r.status(), 503, "no address yet: no healthy target");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:floodgate:problem:no-healthy-upstream");
+
+    // The name starts resolving, to every address the test listens on.
+    let mut records = String::from("127.0.0.1 orders.late.test\n");
+    if a6.is_some() {
+        records.push_str("::1 orders.late.test\n");
+    }
+    std::fs::write(&hosts, records).unwrap();
+    let want: std::collections::BTreeSet<&str> = if a6.is_some() {
+        ["v4", "v6"].into()
+    } else {
+        ["v4"].into()
+    };
+    let mut served = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while served.len() < want.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the name never served from every address: {served:?}"
+        );
+        let r = c.get(gw.url("/debug/x")).send().await.unwrap();
+        if r.status() == 200 {
+            let by = r.headers()["x-served-by"].to_str().unwrap().to_string();
+            served.insert(by);
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(
+        served
+            .iter()
+            .map(String::as_str)
+            .collect::<std::collections::BTreeSet<_>>(),
+        want
+    );
+}
+
 #[test]
 fn check_never_resolves_names() {
     // A name no resolver knows passes `check`: it is syntax, not reachability.

@@ -35,11 +35,16 @@ struct Cli {
     /// Worker threads (floodgate's `[server] threads`).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Answer every request `429` with a small body in `request_filter` instead of proxying:
+    /// Pingora's floor for an answer made at the edge (floodgate's 429 path).
+    #[arg(long)]
+    reject: bool,
 }
 
-/// Sends every request to the same peer and does nothing else.
+/// Sends every request to the same peer (or answers it 429) and does nothing else.
 struct Bare {
     upstream: SocketAddr,
+    reject: bool,
 }
 
 #[async_trait]
@@ -47,6 +52,21 @@ impl ProxyHttp for Bare {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        if !self.reject {
+            return Ok(false);
+        }
+        const BODY: &[u8] = b"{\"status\":429}";
+        let mut resp = pingora::http::ResponseHeader::build(429, Some(2))?;
+        resp.insert_header("content-type", "application/problem+json")?;
+        resp.insert_header("content-length", BODY.len().to_string())?;
+        session.write_response_header(Box::new(resp), false).await?;
+        session
+            .write_response_body(Some(bytes::Bytes::from_static(BODY)), true)
+            .await?;
+        Ok(true)
+    }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Ok(Box::new(HttpPeer::new(self.upstream, false, String::new())))
@@ -70,6 +90,7 @@ fn main() {
         &server.configuration,
         Bare {
             upstream: cli.upstream,
+            reject: cli.reject,
         },
     );
     let mut opts = HttpServerOptions::default();

@@ -38,6 +38,74 @@ impl Resolver for SystemResolver {
     }
 }
 
+/// The environment variable naming a hosts file (hosts(5) format: an address, then names)
+/// that [`HostsFileResolver`] reads before asking the system resolver.
+pub const HOSTS_FILE_ENV: &str = "FLOODGATE_HOSTS_FILE";
+
+/// Names from a hosts file of floodgate's own first (re-read at every resolve, so an edit
+/// takes effect within `resolve_interval`), then the system resolver. For names a deployment
+/// cannot put in /etc/hosts or DNS (a sidecar's, a test's); without the file it is the
+/// system resolver alone.
+#[derive(Debug, Clone, Default)]
+pub struct HostsFileResolver {
+    file: Option<std::path::PathBuf>,
+}
+
+impl HostsFileResolver {
+    /// Reads the file named by `FLOODGATE_HOSTS_FILE`, if set.
+    pub fn from_env() -> HostsFileResolver {
+        HostsFileResolver {
+            file: std::env::var_os(HOSTS_FILE_ENV).map(Into::into),
+        }
+    }
+
+    /// The file's addresses for `host`, read now (for the blocking first resolution at start);
+    /// `None` when the file is not set, not readable or does not name `host`.
+    pub fn from_file(&self, host: &str, port: u16) -> Option<Vec<SocketAddr>> {
+        let text = std::fs::read_to_string(self.file.as_ref()?).ok()?;
+        let found = HostsFileResolver::lookup(&text, host);
+        (!found.is_empty()).then(|| {
+            found
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, port))
+                .collect()
+        })
+    }
+
+    /// Every address the file gives `host` (case-insensitive), in file order.
+    fn lookup(text: &str, host: &str) -> Vec<std::net::IpAddr> {
+        text.lines()
+            .filter_map(|line| {
+                let line = line.split('#').next().unwrap_or("");
+                let mut fields = line.split_whitespace();
+                let ip = fields.next()?.parse().ok()?;
+                fields
+                    .any(|name| name.eq_ignore_ascii_case(host))
+                    .then_some(ip)
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Resolver for HostsFileResolver {
+    async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+        if let Some(file) = &self.file {
+            // A missing or unreadable file is no answer: the system resolver decides.
+            if let Ok(text) = tokio::fs::read_to_string(file).await {
+                let found = HostsFileResolver::lookup(&text, host);
+                if !found.is_empty() {
+                    return Ok(found
+                        .into_iter()
+                        .map(|ip| SocketAddr::new(ip, port))
+                        .collect());
+                }
+            }
+        }
+        SystemResolver.resolve(host, port).await
+    }
+}
+
 /// What is known of one name.
 #[derive(Debug, Clone, Default)]
 pub struct Resolution {
@@ -172,6 +240,21 @@ impl ServiceDiscovery for Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_file_lines_give_every_address_of_a_name() {
+        let text = "# comment\n127.0.0.1 a.test b.test\n::1\tA.TEST # trailing\nbad line\n10.0.0.1 c.test\n";
+        let ips = |h| HostsFileResolver::lookup(text, h);
+        assert_eq!(
+            ips("a.test"),
+            [
+                "127.0.0.1".parse::<std::net::IpAddr>().unwrap(),
+                "::1".parse().unwrap()
+            ]
+        );
+        assert_eq!(ips("b.test").len(), 1);
+        assert!(ips("comment").is_empty() && ips("line").is_empty() && ips("d.test").is_empty());
+    }
 
     /// A resolver answering from a table the test changes (a stand-in for a hosts file).
     struct Table(Mutex<HashMap<String, Vec<SocketAddr>>>);

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::discovery::{self, Resolver, SystemResolver};
+use super::discovery::{self, HostsFileResolver, Resolver};
 use super::metrics::upstream_metrics;
 use super::pools;
 use crate::config::Config;
@@ -35,11 +35,11 @@ pub struct UpstreamService {
 }
 
 impl UpstreamService {
-    /// The service with the system resolver.
+    /// The service with the system resolver (after `FLOODGATE_HOSTS_FILE`, when set).
     pub fn new(gateway: Arc<Gateway>) -> UpstreamService {
         UpstreamService {
             gateway,
-            resolver: Arc::new(SystemResolver),
+            resolver: Arc::new(HostsFileResolver::from_env()),
         }
     }
 }
@@ -149,9 +149,12 @@ pub fn prime(config: &Config, limit: Duration) {
             let (tx, name, t) = (tx.clone(), u.name.clone(), t.clone());
             pending += 1;
             std::thread::spawn(move || {
-                let answer = (&*t.host, t.port)
-                    .to_socket_addrs()
-                    .map(|a| a.collect::<Vec<_>>());
+                let answer = match HostsFileResolver::from_env().from_file(&t.host, t.port) {
+                    Some(addrs) => Ok(addrs),
+                    None => (&*t.host, t.port)
+                        .to_socket_addrs()
+                        .map(|a| a.collect::<Vec<_>>()),
+                };
                 let _ = tx.send((name, t, answer));
             });
         }

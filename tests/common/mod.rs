@@ -173,6 +173,17 @@ pub fn spawn_floodgate_logging(
     extra: &[&str],
     rust_log: &str,
 ) -> Child {
+    spawn_floodgate_env(config, dir, log, extra, &[("RUST_LOG", rust_log)])
+}
+
+/// [`spawn_floodgate`] with environment variables `env` (`RUST_LOG` defaults to `info`).
+pub fn spawn_floodgate_env(
+    config: &Path,
+    dir: &Path,
+    log: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     let log_file = std::fs::File::create(log).expect("log file");
     Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .arg("-c")
@@ -182,7 +193,8 @@ pub fn spawn_floodgate_logging(
         .arg("--upgrade-sock")
         .arg(dir.join("upgrade.sock"))
         .args(extra)
-        .env("RUST_LOG", rust_log)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(log_file)
         .spawn()
@@ -419,6 +431,16 @@ impl Gateway {
         files: &[(&str, &str)],
         rust_log: &str,
     ) -> Gateway {
+        Gateway::start_env(server, body, files, &[("RUST_LOG", rust_log)])
+    }
+
+    /// [`Gateway::start_custom`] with environment variables `env`.
+    pub fn start_env(
+        server: impl FnOnce(SocketAddr, SocketAddr) -> String,
+        body: &str,
+        files: &[(&str, &str)],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let dir = tempfile::tempdir().expect("temp dir");
         for (name, content) in files {
             std::fs::write(dir.path().join(name), content).expect("write file");
@@ -429,7 +451,7 @@ impl Gateway {
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config).expect("write config");
         let log = dir.path().join("floodgate.log");
-        let child = spawn_floodgate_logging(&path, dir.path(), &log, &[], rust_log);
+        let child = spawn_floodgate_env(&path, dir.path(), &log, &[], env);
         let mut gw = Gateway {
             child,
             dir,
