@@ -219,7 +219,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
 /// The request's host, normalized (`crate::normalize::host`): the target's authority when it
 /// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
 /// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
-fn request_host(req: &Request<'_>) -> Result<Option<String>, String> {
+fn request_host<'r>(req: &Request<'r>) -> Result<Option<std::borrow::Cow<'r, str>>, String> {
     let raw = match req.uri.authority() {
         Some(a) => a.as_str(),
         // Pingora has checked that a Host header, if any, equals this authority.
@@ -239,8 +239,9 @@ fn request_host(req: &Request<'_>) -> Result<Option<String>, String> {
             }
         },
     };
+    // Borrowed when the host is already in normal form (the usual case): no allocation.
     crate::normalize::host(raw)
-        .map(|h| Some(h.into_owned()))
+        .map(Some)
         .map_err(|e| e.to_string())
 }
 

@@ -265,11 +265,47 @@ impl Pool {
             (Balancer::RoundRobin(lb), Balance::LeastRequests) => {
                 return self.least_requests(lb, tried);
             }
+            (Balancer::RoundRobin(lb), Balance::RoundRobin) => return self.round_robin(lb, tried),
             (Balancer::RoundRobin(lb), _) => lb.select_with(key, MAX_ITERATIONS, accept),
             (Balancer::Random(lb), _) => lb.select_with(key, MAX_ITERATIONS, accept),
             (Balancer::Consistent(lb), _) => lb.select_with(key, MAX_ITERATIONS, accept),
         };
         chosen.as_ref().and_then(info).cloned()
+    }
+
+    /// Weighted round robin over the available targets, without allocating: the crate's
+    /// `select_with` builds a set of the backends it has tried and clones the chosen one on
+    /// every request (about 0.4 µs of a proxied request's CPU in a profile). A target of
+    /// weight w is chosen w times per turn; one that is not available passes its turn on.
+    fn round_robin(
+        &self,
+        lb: &LoadBalancer<RoundRobin>,
+        tried: &[SocketAddr],
+    ) -> Option<Arc<TargetInfo>> {
+        let backends = lb.backends();
+        let all = backends.get_backend();
+        let total: usize = all.iter().map(|b| b.weight.max(1)).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut turn = self.ties.fetch_add(1, Ordering::Relaxed) % total;
+        let mut first = 0;
+        for (i, b) in all.iter().enumerate() {
+            let w = b.weight.max(1);
+            if turn < w {
+                first = i;
+                break;
+            }
+            turn -= w;
+        }
+        all.iter()
+            .cycle()
+            .skip(first)
+            .take(all.len())
+            .filter(|b| backends.ready(b))
+            .filter_map(info)
+            .find(|i| !tried.contains(&i.addr) && !i.state.ejected())
+            .cloned()
     }
 
     /// The available target with the fewest requests in flight per unit of weight; ties
