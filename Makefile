@@ -42,7 +42,7 @@ deps: deps-build
 check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
 
-## Load benchmark (docs/benchmarks.md): wrk, nginx and redis-server on loopback, about 12
+## Load benchmark (docs/benchmarks.md): wrk, nginx and redis-server on loopback, about 20
 ## minutes. Writes target/bench/results.md and results.json. BENCH_ARGS passes options
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
 bench: deps-build
