@@ -249,6 +249,32 @@ impl Metrics {
     }
 }
 
+/// `floodgate_requests_total{route,status}` of one route, resolved per status on first use and
+/// kept: the request path then finds its counter by a short scan instead of hashing both
+/// labels and taking the registry's lock (`with_label_values`) for every request.
+#[derive(Debug, Default)]
+pub struct RouteRequests {
+    by_status: parking_lot::RwLock<Vec<(u16, IntCounter)>>,
+}
+
+impl RouteRequests {
+    /// Counts one request of `route` answered with `status`.
+    pub fn inc(&self, route: &str, status: u16) {
+        if let Some((_, c)) = self.by_status.read().iter().find(|(s, _)| *s == status) {
+            c.inc();
+            return;
+        }
+        let mut digits = String::with_capacity(3);
+        crate::text::push_u64(&mut digits, u64::from(status));
+        let counter = metrics().requests.with_label_values(&[route, &digits]);
+        counter.inc();
+        let mut by_status = self.by_status.write();
+        if !by_status.iter().any(|(s, _)| *s == status) {
+            by_status.push((status, counter));
+        }
+    }
+}
+
 /// One rule's decision counters.
 ///
 /// Built with the rule while a config is validated, but registered in the registry only when

@@ -335,7 +335,7 @@ impl ProxyHttp for Proxy {
         ctx.upstream_start = Some(Instant::now());
         upstream_request
             .insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
-        upstream_request.insert_header("x-request-id", &ctx.request_id)?;
+        upstream_request.insert_header("x-request-id", request_id_value(&ctx.request_id))?;
         // Identity headers are ours alone: a client must not be able to claim one.
         for h in ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"] {
             upstream_request.remove_header(h);
@@ -373,9 +373,9 @@ impl ProxyHttp for Proxy {
     ) -> Result<()> {
         ctx.responded = true;
         if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
-            metrics()
-                .upstream_seconds
-                .with_label_values(&[&*upstream.name])
+            upstream
+                .pool()
+                .duration
                 .observe(start.elapsed().as_secs_f64());
             if let Some(t) = &ctx.target {
                 let status = upstream_response.status.as_u16();
@@ -413,7 +413,7 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        resp.insert_header("x-request-id", &ctx.request_id)?;
+        resp.insert_header("x-request-id", request_id_value(&ctx.request_id))?;
         if let Some(h) = &ctx.headers {
             h.apply(resp)?;
         }
@@ -468,17 +468,22 @@ impl ProxyHttp for Proxy {
         ctx.leases = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let req = session.req_header();
-        let route: &str = ctx
+        let route = ctx
             .config
             .as_ref()
             .zip(ctx.route)
-            .and_then(|(c, i)| c.routes.get(i))
-            .map_or("-", |r| &r.name);
-        let mut status_buf = itoa_status(status);
-        metrics()
-            .requests
-            .with_label_values(&[route, status_str(&mut status_buf)])
-            .inc();
+            .and_then(|(c, i)| c.routes.get(i));
+        match route {
+            Some(r) => r.requests.inc(&r.name, status),
+            None => {
+                let mut status_buf = itoa_status(status);
+                metrics()
+                    .requests
+                    .with_label_values(&["-", status_str(&mut status_buf)])
+                    .inc();
+            }
+        }
+        let route: &str = route.map_or("-", |r| &r.name);
         if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
             return;
         }
@@ -520,6 +525,12 @@ impl Proxy {
         session.write_response_body(Some(body), true).await?;
         Ok(())
     }
+}
+
+/// The request id as a header value (`client::request_id` keeps it to visible ASCII; a value
+/// that ever failed would go out empty rather than fail the request).
+fn request_id_value(id: &str) -> http::HeaderValue {
+    http::HeaderValue::from_str(id).unwrap_or_else(|_| http::HeaderValue::from_static(""))
 }
 
 /// A status code's three digits without allocating (this runs for every request).

@@ -209,6 +209,9 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
     /// Key requirement.
     pub auth: AuthMode,
+    /// Its `floodgate_requests_total` series, resolved on first use (validation registers
+    /// nothing).
+    pub requests: crate::metrics::RouteRequests,
 }
 
 impl Route {

@@ -930,6 +930,7 @@ fn routes(
             },
             upstream,
             auth,
+            requests: Default::default(),
         });
     }
     Ok(out)

@@ -177,6 +177,8 @@ pub struct Pool {
     ties: AtomicUsize,
     /// Separates this upstream's pooled connections from every other's (see [`tls::peer`]).
     pub group_key: u64,
+    /// `floodgate_upstream_duration_seconds{upstream}`, resolved once (not per request).
+    pub duration: prometheus::Histogram,
 }
 
 impl std::fmt::Debug for Pool {
@@ -207,7 +209,11 @@ impl Pool {
             (&*name, settings.health_fingerprint()).hash(&mut h);
             h.finish()
         };
+        let duration = crate::metrics::metrics()
+            .upstream_seconds
+            .with_label_values(&[&*name]);
         let pool = Pool {
+            duration,
             group_key,
             name,
             settings,
