@@ -8,54 +8,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{gateway, hammer, store, RedisCluster, RedisServer, ROUTES};
 use common::*;
 
-const ROUTES: &str = "\n[[routes]]\nname = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\nauth = \"none\"\n";
-
-/// A `[store]` table for `url`.
-fn store(url: &str, extra: &str) -> String {
-    format!("\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"250ms\"\n{extra}\n")
-}
-
-fn gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start(&format!(
-        "{}{store}{ROUTES}{rules}",
-        orders_upstream(&[api])
-    ))
-}
-
-/// Sends `n` requests spread round robin over `gws`, `parallel` at a time; counts statuses.
-async fn hammer(
-    gws: &[&Gateway],
-    n: usize,
-    parallel: usize,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> BTreeMap<u16, usize> {
-    let c = client();
-    let sem = Arc::new(tokio::sync::Semaphore::new(parallel));
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let mut req = c.get(gws[i % gws.len()].url(path));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let permit = sem.clone().acquire_owned().await.unwrap();
-        tasks.push(tokio::spawn(async move {
-            let status = req.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
-            drop(permit);
-            status
-        }));
-    }
-    let mut counts = BTreeMap::new();
-    for t in tasks {
-        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
-    }
-    counts
+/// A `[store]` table for `url` with the decision budget these tests use.
+fn leasing_store(url: &str, extra: &str) -> String {
+    store(url, "250ms", extra)
 }
 
 fn admitted(counts: &BTreeMap<u16, usize>) -> usize {
@@ -114,7 +74,7 @@ async fn three_instances_never_admit_more_than_the_limit() {
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
     let limit = 90;
-    let s = store(&redis.url(), "instances = 3");
+    let s = leasing_store(&redis.url(), "instances = 3");
     let rules = leased_rules(limit, "\"auto\"");
     let gws: Vec<Gateway> = (0..3).map(|_| gateway(api.addr, &s, &rules)).collect();
     let refs: Vec<&Gateway> = gws.iter().collect();
@@ -173,7 +133,7 @@ window = "1m"
 lease = "auto"
 lease_ttl = "50ms"
 "#;
-    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    let gw = gateway(api.addr, &leasing_store(&redis.url(), ""), rules);
     let c = client();
     // Warm the connection and load the script (a first EVALSHA meets NOSCRIPT and is sent
     // again).
@@ -294,7 +254,7 @@ limit = 10
 window = "1h"
 on_store_error = "closed"
 "#;
-    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    let gw = gateway(api.addr, &leasing_store(&redis.url(), ""), rules);
     // Load the script first (a first EVALSHA meets NOSCRIPT and is sent again).
     let warm = hammer(&[&gw], 1, 1, "/orders", &[("x-user", "warm")]).await;
     assert_eq!(admitted(&warm), 1);
@@ -330,7 +290,7 @@ lease = 40
 lease_ttl = "1h"
 on_store_error = "closed"
 "#;
-    let s = store(&redis.url(), "key_prefix = \"fg:\"");
+    let s = leasing_store(&redis.url(), "key_prefix = \"fg:\"");
     let a = gateway(api.addr, &s, rules);
     let c = client();
 
@@ -386,7 +346,7 @@ lease = 20
 lease_ttl = "10s"
 on_store_error = "closed"
 "#;
-    let s = store(&redis.url(), "key_prefix = \"fg:\"");
+    let s = leasing_store(&redis.url(), "key_prefix = \"fg:\"");
     let mut a = gateway(api.addr, &s, rules);
     let b = gateway(api.addr, &s, rules);
     let c = client();
@@ -482,7 +442,7 @@ on_store_error = "closed"
     let gw = Gateway::start(&format!(
         "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\"]\nread_timeout = \"20s\"\n{}{ROUTES}{rules}",
         api.addr,
-        store(&redis.url(), "")
+        leasing_store(&redis.url(), "")
     ));
     let c = client();
     let probe = || async {
@@ -618,7 +578,7 @@ lease = 20
 lease_ttl = "1h"
 on_store_error = "closed"
 "#;
-    let gw = gateway(api.addr, &store(&redis.url(), ""), rules);
+    let gw = gateway(api.addr, &leasing_store(&redis.url(), ""), rules);
     // One request leases 20 permits: its own and 19 in hand.
     let counts = hammer(&[&gw], 1, 1, "/orders", &[("x-user", "d")]).await;
     assert_eq!(admitted(&counts), 1, "{counts:?}");

@@ -5,55 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{gateway, hammer, store, RedisCluster, RedisServer};
 use common::*;
-
-const ROUTES: &str = "\n[[routes]]\nname = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\nauth = \"none\"\n";
-
-/// A `[store]` table for `url` with a decision budget of `timeout`.
-fn store(url: &str, timeout: &str, extra: &str) -> String {
-    format!("\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"{timeout}\"\n{extra}\n")
-}
-
-fn gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start(&format!(
-        "{}{store}{ROUTES}{rules}",
-        orders_upstream(&[api])
-    ))
-}
-
-/// Sends `n` requests spread round robin over `gws`, `parallel` at a time; counts statuses.
-async fn hammer(
-    gws: &[&Gateway],
-    n: usize,
-    parallel: usize,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> BTreeMap<u16, usize> {
-    let c = client();
-    let sem = Arc::new(tokio::sync::Semaphore::new(parallel));
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let mut req = c.get(gws[i % gws.len()].url(path));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let permit = sem.clone().acquire_owned().await.unwrap();
-        tasks.push(tokio::spawn(async move {
-            let status = req.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
-            drop(permit);
-            status
-        }));
-    }
-    let mut counts = BTreeMap::new();
-    for t in tasks {
-        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
-    }
-    counts
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_admit_exactly_the_limit() {

@@ -290,3 +290,49 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("no master owns {key}"))
     }
 }
+
+/// The one route the Redis end-to-end tests use: `/orders` to the orders upstream, no key.
+pub const ROUTES: &str = "\n[[routes]]\nname = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\nauth = \"none\"\n";
+
+/// A `[store]` table for `url` with a decision budget of `timeout`.
+pub fn store(url: &str, timeout: &str, extra: &str) -> String {
+    format!("\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"{timeout}\"\n{extra}\n")
+}
+
+/// A gateway in front of `api` with `store` (see [`store`]), [`ROUTES`] and `rules`.
+pub fn gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> super::Gateway {
+    super::Gateway::start(&format!(
+        "{}{store}{ROUTES}{rules}",
+        super::orders_upstream(&[api])
+    ))
+}
+
+/// Sends `n` requests spread round robin over `gws`, `parallel` at a time; counts statuses.
+pub async fn hammer(
+    gws: &[&super::Gateway],
+    n: usize,
+    parallel: usize,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::collections::BTreeMap<u16, usize> {
+    let c = super::client();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut req = c.get(gws[i % gws.len()].url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let permit = sem.clone().acquire_owned().await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let status = req.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+            drop(permit);
+            status
+        }));
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    for t in tasks {
+        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    counts
+}
