@@ -258,6 +258,13 @@ pub struct RouteRequests {
 }
 
 impl RouteRequests {
+    /// No series resolved yet (a `static` can hold one).
+    pub const fn new() -> RouteRequests {
+        RouteRequests {
+            by_status: parking_lot::const_rwlock(Vec::new()),
+        }
+    }
+
     /// Counts one request of `route` answered with `status`.
     pub fn inc(&self, route: &str, status: u16) {
         if let Some((_, c)) = self.by_status.read().iter().find(|(s, _)| *s == status) {

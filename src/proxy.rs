@@ -25,9 +25,9 @@ use crate::client::request_id;
 use crate::config::{AuthMode, Config, Upstream};
 use crate::gateway::Gateway;
 use crate::limiter::engine::Leases;
-use crate::metrics::metrics;
 use crate::response::{Answer, Problem, RateLimitHeaders};
-use crate::upstream::{HashPart, TargetInfo, TargetState};
+use crate::rules::{query_param, KeyPart};
+use crate::upstream::{TargetInfo, TargetState};
 
 /// The proxy service.
 pub struct Proxy {
@@ -335,7 +335,7 @@ impl ProxyHttp for Proxy {
         ctx.upstream_start = Some(Instant::now());
         upstream_request
             .insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
-        upstream_request.insert_header("x-request-id", request_id_value(&ctx.request_id))?;
+        upstream_request.insert_header("x-request-id", &ctx.request_id)?;
         // Identity headers are ours alone: a client must not be able to claim one.
         for h in ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"] {
             upstream_request.remove_header(h);
@@ -413,7 +413,7 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        resp.insert_header("x-request-id", request_id_value(&ctx.request_id))?;
+        resp.insert_header("x-request-id", &ctx.request_id)?;
         if let Some(h) = &ctx.headers {
             h.apply(resp)?;
         }
@@ -475,13 +475,7 @@ impl ProxyHttp for Proxy {
             .and_then(|(c, i)| c.routes.get(i));
         match route {
             Some(r) => r.requests.inc(&r.name, status),
-            None => {
-                let mut status_buf = itoa_status(status);
-                metrics()
-                    .requests
-                    .with_label_values(&["-", status_str(&mut status_buf)])
-                    .inc();
-            }
+            None => NO_ROUTE.inc("-", status),
         }
         let route: &str = route.map_or("-", |r| &r.name);
         if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
@@ -527,25 +521,8 @@ impl Proxy {
     }
 }
 
-/// The request id as a header value (`client::request_id` keeps it to visible ASCII; a value
-/// that ever failed would go out empty rather than fail the request).
-fn request_id_value(id: &str) -> http::HeaderValue {
-    http::HeaderValue::from_str(id).unwrap_or_else(|_| http::HeaderValue::from_static(""))
-}
-
-/// A status code's three digits without allocating (this runs for every request).
-fn itoa_status(status: u16) -> [u8; 3] {
-    let s = status.min(999);
-    [
-        b'0' + (s / 100) as u8,
-        b'0' + (s / 10 % 10) as u8,
-        b'0' + (s % 10) as u8,
-    ]
-}
-
-fn status_str(buf: &mut [u8; 3]) -> &str {
-    std::str::from_utf8(buf).unwrap_or("000")
-}
+/// `floodgate_requests_total{route="-"}`: requests no route matched.
+static NO_ROUTE: crate::metrics::RouteRequests = crate::metrics::RouteRequests::new();
 
 /// One attempt counted in its target's in-flight requests until dropped (the next attempt
 /// replaces it; the context's end drops it).
@@ -566,32 +543,32 @@ impl Drop for InFlight {
 
 /// The consistent-hashing key of a request: its `hash_key` parts (the client IP when none),
 /// each followed by a separator so that ("ab", "c") and ("a", "bc") differ.
-fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[HashPart]) -> Vec<u8> {
+fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8> {
     let mut key = Vec::with_capacity(64);
-    let ip = [HashPart::Ip];
+    let ip = [KeyPart::Ip];
     let parts = if parts.is_empty() { &ip[..] } else { parts };
     for p in parts {
         match p {
-            HashPart::Ip => match ctx.client_ip {
+            KeyPart::Ip => match ctx.client_ip {
                 IpAddr::V4(a) => key.extend_from_slice(&a.octets()),
                 IpAddr::V6(a) => key.extend_from_slice(&a.octets()),
             },
-            HashPart::ApiKey => {
+            KeyPart::ApiKey => {
                 if let Some(i) = &ctx.identity {
                     key.extend_from_slice(i.id.as_bytes());
                 }
             }
-            HashPart::User => {
+            KeyPart::User => {
                 if let Some(i) = &ctx.identity {
                     key.extend_from_slice(i.user.as_bytes());
                 }
             }
-            HashPart::Plan => {
+            KeyPart::Plan => {
                 if let Some(plan) = ctx.identity.as_ref().and_then(|i| i.plan.as_ref()) {
                     key.extend_from_slice(plan.as_bytes());
                 }
             }
-            HashPart::Route => {
+            KeyPart::Route => {
                 if let Some(r) = ctx
                     .config
                     .as_ref()
@@ -601,19 +578,15 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[HashPart]) -> Vec<u8
                     key.extend_from_slice(r.name.as_bytes());
                 }
             }
-            HashPart::Method => key.extend_from_slice(req.method.as_str().as_bytes()),
-            HashPart::Path => key.extend_from_slice(req.uri.path().as_bytes()),
-            HashPart::Header(h) => {
+            KeyPart::Method => key.extend_from_slice(req.method.as_str().as_bytes()),
+            KeyPart::Path => key.extend_from_slice(req.uri.path().as_bytes()),
+            KeyPart::Header(h) => {
                 if let Some(v) = req.headers.get(h) {
                     key.extend_from_slice(v.as_bytes());
                 }
             }
-            HashPart::Query(name) => {
-                let v = req.uri.query().and_then(|q| {
-                    q.split('&')
-                        .find_map(|kv| kv.strip_prefix(name.as_str())?.strip_prefix('='))
-                });
-                if let Some(v) = v {
+            KeyPart::Query(name) => {
+                if let Some(v) = req.uri.query().and_then(|q| query_param(q, name)) {
                     key.extend_from_slice(v.as_bytes());
                 }
             }

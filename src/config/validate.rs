@@ -602,7 +602,7 @@ fn upstream_settings(
             ));
         }
         for p in list.get_ref() {
-            hash_key.push(HashPart::parse(p.get_ref()).ok_or_else(|| {
+            hash_key.push(KeyPart::parse(p.get_ref()).map_err(|_| {
                 src.err(
                     p.span(),
                     format!(

@@ -37,7 +37,7 @@ use parking_lot::Mutex;
 use pingora::lb::selection::{Consistent, Random, RoundRobin};
 use pingora::lb::{Backend, Backends, HealthRegistry, LoadBalancer};
 
-pub use settings::{Balance, HashPart, Settings, Target, Targets};
+pub use settings::{Balance, Settings, Target, Targets};
 
 /// Bound on the candidates one selection looks at (Ketama walks the ring linearly).
 const MAX_ITERATIONS: usize = 256;

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderName;
+use crate::rules::KeyPart;
 use pingora::tls::CertificateDer;
 use pingora::utils::tls::{CertKey, WrappedX509};
 
@@ -35,53 +35,6 @@ impl Balance {
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
         crate::names::name_of(Self::NAMES, self)
-    }
-}
-
-/// One part of a consistent-hashing key (the rule key parts).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HashPart {
-    /// The client IP.
-    Ip,
-    /// The API key's id.
-    ApiKey,
-    /// The key's user.
-    User,
-    /// The key's plan.
-    Plan,
-    /// The route's name.
-    Route,
-    /// The request method.
-    Method,
-    /// The request path.
-    Path,
-    /// A request header's value.
-    Header(HeaderName),
-    /// A query parameter's value.
-    Query(String),
-}
-
-impl HashPart {
-    /// Parses a part as written in `hash_key`; `None` if it is not one.
-    pub fn parse(s: &str) -> Option<HashPart> {
-        Some(match s {
-            "ip" => HashPart::Ip,
-            "api_key" => HashPart::ApiKey,
-            "user" => HashPart::User,
-            "plan" => HashPart::Plan,
-            "route" => HashPart::Route,
-            "method" => HashPart::Method,
-            "path" => HashPart::Path,
-            _ => {
-                if let Some(h) = s.strip_prefix("header:") {
-                    HashPart::Header(HeaderName::from_bytes(h.as_bytes()).ok()?)
-                } else if let Some(q) = s.strip_prefix("query:").filter(|q| !q.is_empty()) {
-                    HashPart::Query(q.to_string())
-                } else {
-                    return None;
-                }
-            }
-        })
     }
 }
 
@@ -226,8 +179,8 @@ pub struct Settings {
     pub targets: Targets,
     /// How a target is chosen.
     pub balance: Balance,
-    /// Consistent hashing key (empty: the client IP).
-    pub hash_key: Vec<HashPart>,
+    /// Consistent hashing key: rule key parts, read as rules read them (empty: the client IP).
+    pub hash_key: Vec<KeyPart>,
     /// TLS to the upstream, if on.
     pub tls: Option<UpstreamTls>,
     /// HTTP/2 to the upstream (ALPN h2; needs TLS).
