@@ -101,11 +101,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         Ok(p) => p,
         Err(e) => return Admission::answer(ip, None, Problem::bad_request(e.to_string()), id),
     };
-    let Some(route_idx) = cfg
-        .routes
-        .iter()
-        .position(|r| r.matches(host.as_deref(), req.method, &path))
-    else {
+    let Some(route_idx) = cfg.route_for(host.as_deref(), req.method, &path) else {
         return Admission::answer(ip, None, Problem::not_found(&path), id);
     };
     let route = &cfg.routes[route_idx];

@@ -246,8 +246,11 @@ impl Config {
         validate::validate(path, text)
     }
 
-    /// Finds the first route matching the request.
-    pub fn route_for(&self, host: Option<&str>, method: &Method, path: &str) -> Option<&Route> {
-        self.routes.iter().find(|r| r.matches(host, method, path))
+    /// The index in `routes` of the first route matching a request (its normalized host and
+    /// path): the first match wins.
+    pub fn route_for(&self, host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
+        self.routes
+            .iter()
+            .position(|r| r.matches(host, method, path))
     }
 }
