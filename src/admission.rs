@@ -170,7 +170,9 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         return admission;
     }
     let started = Instant::now();
-    let outcome = limiter.decide(applying, &cfg.store).await;
+    // Boxed: the decision's future (a kilobyte or more with the Redis store's) would otherwise
+    // sit inside every request's admission future, rules or not, and be moved with it.
+    let outcome = Box::pin(limiter.decide(applying, &cfg.store)).await;
     metrics()
         .decision_seconds
         .observe(started.elapsed().as_secs_f64());

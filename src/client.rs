@@ -3,8 +3,14 @@
 
 use std::net::IpAddr;
 
-use http::HeaderMap;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
+
+/// `X-Forwarded-For`, as a name the header map need not parse for each lookup.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Request-Id`, likewise.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The client IP. The peer address is the truth unless the peer is a trusted proxy; then
 /// `X-Forwarded-For` is read from the right, skipping trusted hops, and the first address that
@@ -20,7 +26,7 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         return peer;
     }
     let mut client = peer;
-    for value in headers.get_all("x-forwarded-for").iter().rev() {
+    for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
         let Ok(text) = value.to_str() else {
             return client;
         };
@@ -56,29 +62,114 @@ fn parse_hop_as_written(hop: &str) -> Option<IpAddr> {
 /// Longest request id kept from a client.
 pub const MAX_REQUEST_ID: usize = 128;
 
-/// The client's `X-Request-Id` if it is sane (short, visible ASCII without separators that
-/// could break log lines), else a fresh random one.
-pub fn request_id(headers: &HeaderMap) -> String {
-    if let Some(v) = headers.get("x-request-id") {
-        let b = v.as_bytes();
-        if !b.is_empty()
-            && b.len() <= MAX_REQUEST_ID
-            && b.iter()
-                .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
-        {
-            // Checked to be ASCII above.
-            return String::from_utf8_lossy(b).into_owned();
+/// The id that follows a request through logs, answers and the upstream: the client's
+/// `X-Request-Id` if it is sane (short, visible ASCII without separators that could break log
+/// lines), else a fresh random one.
+///
+/// Kept as a header value: it is written into two or three headers per request, and a clone
+/// shares the bytes instead of copying and re-validating them each time.
+#[derive(Debug, Clone)]
+pub struct RequestId {
+    value: HeaderValue,
+    from_client: bool,
+}
+
+impl Default for RequestId {
+    fn default() -> Self {
+        RequestId {
+            value: HeaderValue::from_static(""),
+            from_client: false,
         }
     }
-    new_request_id()
+}
+
+impl RequestId {
+    /// The request's id, from its headers or fresh.
+    pub fn of(headers: &HeaderMap) -> RequestId {
+        let mut sent = headers.get_all(&X_REQUEST_ID).iter();
+        if let (Some(v), None) = (sent.next(), sent.next()) {
+            let b = v.as_bytes();
+            if !b.is_empty()
+                && b.len() <= MAX_REQUEST_ID
+                && b.iter()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
+            {
+                return RequestId {
+                    value: v.clone(),
+                    from_client: true,
+                };
+            }
+        }
+        RequestId {
+            value: new_request_id(),
+            from_client: false,
+        }
+    }
+
+    /// The id as text (always plain ASCII: checked or generated so).
+    pub fn as_str(&self) -> &str {
+        self.value.to_str().unwrap_or_default()
+    }
+
+    /// The id as a header value.
+    pub fn header_value(&self) -> &HeaderValue {
+        &self.value
+    }
+
+    /// Whether the request arrived with exactly this id as its one `X-Request-Id` (so a copy
+    /// of the request's headers already carries it).
+    pub fn from_client(&self) -> bool {
+        self.from_client
+    }
 }
 
 /// A random 128-bit id in hex.
-pub fn new_request_id() -> String {
+fn new_request_id() -> HeaderValue {
     let mut id = String::with_capacity(32);
     crate::text::push_hex16(&mut id, fastrand::u64(..));
     crate::text::push_hex16(&mut id, fastrand::u64(..));
-    id
+    HeaderValue::from_maybe_shared(Bytes::from(id)).expect("hex digits are a header value")
+}
+
+/// The `X-Forwarded-For` to send upstream: the chain the client sent (when it is text) with
+/// the peer appended. Built in one buffer: this runs for every proxied request.
+pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
+    let previous = sent
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.trim().is_empty());
+    let mut out = Vec::with_capacity(previous.map_or(0, |p| p.len() + 2) + 39);
+    if let Some(p) = previous {
+        out.extend_from_slice(p.as_bytes());
+        out.extend_from_slice(b", ");
+    }
+    push_ip(&mut out, peer.to_canonical());
+    // Visible ASCII from a header value, a separator and an address: always a header value.
+    HeaderValue::from_maybe_shared(Bytes::from(out))
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+/// Appends `ip` as text (IPv4 without `core::fmt`, which costs more than the rest of this).
+fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::io::Write;
+            let _ = write!(out, "{v6}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -136,9 +227,37 @@ mod tests {
     fn request_id_kept_when_sane() {
         let mut h = HeaderMap::new();
         h.insert("x-request-id", "abc-123".parse().unwrap());
-        assert_eq!(request_id(&h), "abc-123");
+        let kept = RequestId::of(&h);
+        assert_eq!(kept.as_str(), "abc-123");
+        assert!(kept.from_client());
         h.insert("x-request-id", "bad id with spaces".parse().unwrap());
-        let generated = request_id(&h);
-        assert_eq!(generated.len(), 32);
+        let generated = RequestId::of(&h);
+        assert_eq!(generated.as_str().len(), 32);
+        assert!(generated.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert!(!generated.from_client());
+        // Two ids: neither is the request's (a fresh one replaces both upstream).
+        h.insert("x-request-id", "one".parse().unwrap());
+        h.append("x-request-id", "two".parse().unwrap());
+        let fresh = RequestId::of(&h);
+        assert!(!fresh.from_client() && fresh.as_str().len() == 32);
+        assert_ne!(RequestId::of(&HeaderMap::new()).as_str(), fresh.as_str());
+    }
+
+    #[test]
+    fn forwarded_for_appends_the_peer() {
+        let v4: IpAddr = "203.0.113.9".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.255".parse().unwrap();
+        let sent: HeaderValue = "1.2.3.4".parse().unwrap();
+        assert_eq!(forwarded_for(None, v4), "203.0.113.9");
+        assert_eq!(forwarded_for(Some(&sent), v4), "1.2.3.4, 203.0.113.9");
+        assert_eq!(forwarded_for(Some(&sent), v6), "1.2.3.4, 2001:db8::1");
+        assert_eq!(forwarded_for(None, mapped), "10.0.0.255");
+        let blank: HeaderValue = "  ".parse().unwrap();
+        assert_eq!(forwarded_for(Some(&blank), v4), "203.0.113.9");
+        for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "127.0.0.1"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(forwarded_for(None, ip), ip.to_string().as_str());
+        }
     }
 }

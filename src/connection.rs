@@ -145,13 +145,23 @@ impl<A> GuardedApp<A> {
     }
 }
 
-#[async_trait]
+/// What `process_new` returns (the signature `#[async_trait]` gives the trait method).
+type ProcessNew<'a> = Pin<Box<dyn Future<Output = Option<Stream>> + Send + 'a>>;
+
+// Written out instead of with `#[async_trait]`: the admission at accept is synchronous, and
+// handing back the inner app's future itself (rather than an `async` block awaiting it) keeps
+// one layer of future out of every wake-up of every connection.
 impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
-    async fn process_new(
-        self: &Arc<Self>,
+    fn process_new<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
         stream: Stream,
-        shutdown: &ShutdownWatch,
-    ) -> Option<Stream> {
+        shutdown: &'life1 ShutdownWatch,
+    ) -> ProcessNew<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
         let limits = self.gateway.config.load().server.connections.clone();
         let ip = stream
             .get_socket_digest()
@@ -166,16 +176,23 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
                     .inc();
                 // Dropping the stream closes it: nothing is read from or written to a client
                 // over a cap.
-                return None;
+                drop(stream);
+                return Box::pin(std::future::ready(None));
             }
         };
         let guarded = GuardedStream::new(stream, &limits, slot);
         // The HTTP app loops over kept-alive requests itself and never hands a stream back.
-        self.inner.process_new(Box::new(guarded), shutdown).await
+        self.inner.process_new(Box::new(guarded), shutdown)
     }
 
-    async fn cleanup(&self) {
-        self.inner.cleanup().await;
+    fn cleanup<'life0, 'async_trait>(
+        &'life0 self,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.inner.cleanup()
     }
 }
 
@@ -193,9 +210,15 @@ pub struct GuardedStream {
     timed_exchange: u32,
     header_timeout: Duration,
     keepalive_timeout: Duration,
-    deadline: Instant,
+    /// When the awaited head is late; `None`: not set yet, it is set by the first read that
+    /// has to wait (from then: `keepalive_timeout` before any byte, `header_timeout` after).
+    /// Most reads of a kept-alive connection find their bytes there and never read the clock.
+    deadline: Option<Instant>,
     /// Bytes of the awaited head have arrived (a timeout then answers 408).
     received: bool,
+    /// Armed at or before `deadline`: a deadline that moves later is not re-armed (a timer
+    /// reset per request costs a timer-wheel update); the timer fires early and is re-armed
+    /// then.
     timer: Option<Pin<Box<Sleep>>>,
     /// Bytes read while peeking for the h2 preface, handed out by the next reads.
     peeked: Vec<u8>,
@@ -222,7 +245,7 @@ impl GuardedStream {
             timed_exchange: 0,
             header_timeout: limits.header_timeout,
             keepalive_timeout: limits.keepalive_timeout,
-            deadline: Instant::now() + limits.header_timeout,
+            deadline: Some(Instant::now() + limits.header_timeout),
             received: false,
             timer: None,
             peeked: Vec::new(),
@@ -244,16 +267,33 @@ impl GuardedStream {
         );
     }
 
-    /// Whether the deadline has passed (registering the waker for it when not).
+    /// Whether the deadline has passed (registering the waker for it when not). Sets the
+    /// deadline first if this is the wait's first pending read.
     fn deadline_passed(&mut self, cx: &mut Context<'_>) -> bool {
-        let deadline = self.deadline;
+        let deadline = *self.deadline.get_or_insert_with(|| {
+            let allowed = if self.received {
+                self.header_timeout
+            } else {
+                self.keepalive_timeout
+            };
+            Instant::now() + allowed
+        });
         let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.deadline() != deadline {
+        if timer.deadline() > deadline {
             timer.as_mut().reset(deadline);
         }
-        timer.as_mut().poll(cx).is_ready()
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if timer.deadline() >= deadline {
+                return true;
+            }
+            // It fired for an earlier deadline than the one that holds now.
+            timer.as_mut().reset(deadline);
+        }
     }
 }
 
@@ -282,7 +322,7 @@ impl AsyncRead for GuardedStream {
             // A new wait after a response: idle until the first byte.
             this.timed_exchange = exchange;
             this.received = false;
-            this.deadline = Instant::now() + this.keepalive_timeout;
+            this.deadline = None;
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
@@ -290,7 +330,9 @@ impl AsyncRead for GuardedStream {
                 if buf.filled().len() > before && !this.received {
                     this.received = true;
                     if exchange != 0 {
-                        this.deadline = Instant::now() + this.header_timeout;
+                        // The rest of the head within `header_timeout`: set when a read has
+                        // to wait for it (microseconds after this byte at most).
+                        this.deadline = None;
                     }
                 }
                 Poll::Ready(Ok(()))
@@ -417,8 +459,11 @@ impl Peek for GuardedStream {
         use tokio::io::AsyncReadExt;
         let want = buf.len().min(H2_PREFACE.len());
         let mut chunk = [0u8; 64];
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + self.header_timeout);
         while self.peeked.len() < want && H2_PREFACE.starts_with(&self.peeked) {
-            match tokio::time::timeout_at(self.deadline, self.inner.read(&mut chunk)).await {
+            match tokio::time::timeout_at(deadline, self.inner.read(&mut chunk)).await {
                 Ok(Ok(0)) if self.peeked.is_empty() => {
                     return Err(io::ErrorKind::UnexpectedEof.into())
                 }

@@ -14,14 +14,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
+use smallvec::SmallVec;
 
 use crate::admission::{self, Next};
 use crate::auth::Identity;
-use crate::client::request_id;
+use crate::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
 use crate::config::{AuthMode, Config, Upstream};
 use crate::gateway::Gateway;
 use crate::limiter::engine::Leases;
@@ -37,13 +39,16 @@ pub struct Proxy {
 
 /// Per-request state, carried across phases.
 pub struct RequestCtx {
-    start: Instant,
+    /// When admission began (kept only for the access log's latency).
+    start: Option<Instant>,
     /// The config the request started with: a reload mid-request does not change its route.
     config: Option<Arc<Config>>,
     route: Option<usize>,
-    request_id: String,
+    request_id: RequestId,
     identity: Option<Arc<Identity>>,
     client_ip: IpAddr,
+    /// The connection's peer (what `X-Forwarded-For` gets appended).
+    peer: IpAddr,
     tls: bool,
     headers: Option<RateLimitHeaders>,
     rejected_by: Option<String>,
@@ -55,8 +60,9 @@ pub struct RequestCtx {
     upstream_start: Option<Instant>,
     /// The upstream target of the current attempt.
     target: Option<Arc<TargetInfo>>,
-    /// Targets this request has tried: a retry always goes to another.
-    tried: Vec<SocketAddr>,
+    /// Targets this request has tried: a retry always goes to another (inline: most requests
+    /// try one).
+    tried: SmallVec<[SocketAddr; 2]>,
     /// Counts the attempt in its target's in-flight requests (least_requests, /upstreams).
     target_in_flight: Option<InFlight>,
     /// When the upstream's total `timeout` runs out.
@@ -84,12 +90,13 @@ impl ProxyHttp for Proxy {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
-            start: Instant::now(),
+            start: None,
             config: None,
             route: None,
-            request_id: String::new(),
+            request_id: RequestId::default(),
             identity: None,
             client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            peer: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             tls: false,
             headers: None,
             rejected_by: None,
@@ -98,7 +105,7 @@ impl ProxyHttp for Proxy {
             attempts: 0,
             upstream_start: None,
             target: None,
-            tried: Vec::new(),
+            tried: SmallVec::new(),
             target_in_flight: None,
             deadline: None,
             responded: false,
@@ -122,12 +129,16 @@ impl ProxyHttp for Proxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let cfg = self.gateway.config.load_full();
+        if cfg.server.access_log {
+            ctx.start = Some(Instant::now());
+        }
         ctx.config = Some(cfg.clone());
-        ctx.request_id = request_id(&session.req_header().headers);
+        ctx.request_id = RequestId::of(&session.req_header().headers);
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        ctx.peer = peer;
         ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let req = session.req_header();
         let request = admission::Request {
@@ -136,7 +147,7 @@ impl ProxyHttp for Proxy {
             raw_target: req.raw_path(),
             headers: &req.headers,
             peer,
-            request_id: &ctx.request_id,
+            request_id: ctx.request_id.as_str(),
         };
         let admitted = admission::admit(&cfg, &self.gateway.limiter, &request).await;
         ctx.client_ip = admitted.client_ip;
@@ -154,7 +165,9 @@ impl ProxyHttp for Proxy {
                 Ok(false)
             }
             Next::Answer(answer) => {
-                self.send(session, ctx, &answer).await?;
+                // Boxed: Pingora's write futures are large, and inline they would make every
+                // request's `request_filter` future (allocated and moved per request) larger.
+                Box::pin(self.send(session, ctx, &answer)).await?;
                 Ok(true)
             }
         }
@@ -297,29 +310,20 @@ impl ProxyHttp for Proxy {
 
     async fn upstream_request_filter(
         &self,
-        session: &mut Session,
+        _session: &mut Session,
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let Some(cfg) = ctx.config.clone() else {
             return Ok(());
         };
+        // Header work here runs on every proxied request, and each insert through Pingora's
+        // case-preserving header map parses and copies the name: values are built once
+        // (`forwarded_for`, the request id) and nothing is inserted that is already there.
         // The peer is appended to the chain it sent (which we trust only as far as configured).
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip().to_canonical().to_string());
-        if let Some(peer) = peer {
-            let chain = match upstream_request
-                .headers
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-            {
-                Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
-                _ => peer,
-            };
-            upstream_request.insert_header("x-forwarded-for", chain)?;
-        }
+        let sent = upstream_request.headers.get(&X_FORWARDED_FOR);
+        let xff = forwarded_for(sent, ctx.peer);
+        upstream_request.insert_header("x-forwarded-for", xff)?;
         if let Some(target) = ctx.forward_target.take() {
             upstream_request.set_uri(target);
         }
@@ -333,19 +337,29 @@ impl ProxyHttp for Proxy {
             upstream_request.insert_header(http::header::HOST, host)?;
         }
         ctx.upstream_start = Some(Instant::now());
-        upstream_request
-            .insert_header("x-forwarded-proto", if ctx.tls { "https" } else { "http" })?;
-        upstream_request.insert_header("x-request-id", &ctx.request_id)?;
-        // Identity headers are ours alone: a client must not be able to claim one.
-        for h in ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"] {
-            upstream_request.remove_header(h);
+        let proto = if ctx.tls { "https" } else { "http" };
+        upstream_request.insert_header("x-forwarded-proto", HeaderValue::from_static(proto))?;
+        if !ctx.request_id.from_client() {
+            let id = ctx.request_id.header_value().clone();
+            upstream_request.insert_header("x-request-id", id)?;
+        }
+        // Identity headers are ours alone: a client must not be able to claim one. (One pass
+        // over the names finds them; three lookups would cost more on every request.)
+        let claimed = upstream_request
+            .headers
+            .keys()
+            .any(|k| k.as_str().starts_with(IDENTITY_PREFIX));
+        if claimed {
+            for h in IDENTITY_HEADERS {
+                upstream_request.remove_header(h);
+            }
         }
         if let Some(id) = &ctx.identity {
             // Checked to be header values when the config was loaded: these cannot fail.
-            upstream_request.insert_header("x-floodgate-key-id", id.id.header_value().clone())?;
-            upstream_request.insert_header("x-floodgate-user", id.user.header_value().clone())?;
+            upstream_request.insert_header(IDENTITY_HEADERS[0], id.id.header_value().clone())?;
+            upstream_request.insert_header(IDENTITY_HEADERS[1], id.user.header_value().clone())?;
             if let Some(plan) = &id.plan {
-                upstream_request.insert_header("x-floodgate-plan", plan.header_value().clone())?;
+                upstream_request.insert_header(IDENTITY_HEADERS[2], plan.header_value().clone())?;
             }
         }
         // Every header that can carry a key goes, whichever one authenticated: a client that
@@ -373,13 +387,11 @@ impl ProxyHttp for Proxy {
     ) -> Result<()> {
         ctx.responded = true;
         if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
-            upstream
-                .pool()
-                .duration
-                .observe(start.elapsed().as_secs_f64());
+            let took = start.elapsed();
+            upstream.pool().duration.observe(took.as_secs_f64());
             if let Some(t) = &ctx.target {
                 let status = upstream_response.status.as_u16();
-                t.count(&upstream.name, Some(status), Some(start.elapsed()));
+                t.count(&upstream.name, Some(status), Some(took));
                 if status >= 500 {
                     upstream.pool().failed(t);
                 } else {
@@ -394,11 +406,12 @@ impl ProxyHttp for Proxy {
         &self,
         _session: &mut Session,
         _body: &mut Option<bytes::Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
         // The total `timeout` covers the whole body; each read is also capped by read_timeout.
-        if ctx.deadline.is_some_and(|d| Instant::now() > d) {
+        // The last piece has arrived in time whatever the clock says now.
+        if !end_of_stream && ctx.deadline.is_some_and(|d| Instant::now() > d) {
             return Err(Error::explain(
                 ErrorType::ReadTimedout,
                 "the upstream's total timeout ran out",
@@ -413,7 +426,7 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        resp.insert_header("x-request-id", &ctx.request_id)?;
+        resp.insert_header("x-request-id", ctx.request_id.header_value().clone())?;
         if let Some(h) = &ctx.headers {
             h.apply(resp)?;
         }
@@ -446,7 +459,7 @@ impl ProxyHttp for Proxy {
                 (400, _) => Problem::bad_request("the request could not be read"),
                 _ => Problem::internal(),
             };
-            problem.request_id = Some(ctx.request_id.clone());
+            problem.request_id = Some(ctx.request_id.as_str().to_owned());
             let mut answer = problem.answer();
             // Pingora will not reuse this connection: say so, or a keep-alive client may send
             // its next request into a socket that is being closed.
@@ -490,8 +503,10 @@ impl ProxyHttp for Proxy {
             key_id: ctx.identity.as_ref().map(|i| i.id.to_string()),
             client_ip: ctx.client_ip,
             rejected_by: ctx.rejected_by.clone(),
-            request_id: ctx.request_id.clone(),
-            latency_ms: ctx.start.elapsed().as_secs_f64() * 1000.0,
+            request_id: ctx.request_id.as_str().to_owned(),
+            latency_ms: ctx
+                .start
+                .map_or(0.0, |s| s.elapsed().as_secs_f64() * 1000.0),
             error: e.map(|e| e.etype().as_str()).unwrap_or("-"),
         });
     }
@@ -512,7 +527,7 @@ impl Proxy {
             session.set_keepalive(None);
         }
         let body = answer.problem.to_body();
-        let header = answer.header(&ctx.request_id, body.len())?;
+        let header = answer.header(ctx.request_id.header_value(), body.len())?;
         session
             .write_response_header(Box::new(header), false)
             .await?;
@@ -520,6 +535,11 @@ impl Proxy {
         Ok(())
     }
 }
+
+/// The identity headers (key id, user, plan): set by floodgate only, never by a client.
+const IDENTITY_HEADERS: [&str; 3] = ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"];
+/// What the identity headers' names start with.
+const IDENTITY_PREFIX: &str = "x-floodgate-";
 
 /// `floodgate_requests_total{route="-"}`: requests no route matched.
 static NO_ROUTE: crate::metrics::RouteRequests = crate::metrics::RouteRequests::new();

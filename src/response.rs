@@ -5,11 +5,12 @@
 //! Bodies are written by hand rather than through `serde_json` (a 429 under attack is the
 //! gateway's hottest answer): static text is appended as it is, and only the values that come
 //! from the request (a path, a detail) go through [`push_json_str`]. Rule names and request ids
-//! need no escaping: validation and [`crate::client::request_id`] keep them to plain ASCII.
+//! need no escaping: validation and [`crate::client::RequestId`] keep them to plain ASCII.
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 
@@ -256,14 +257,14 @@ pub struct Answer {
 
 impl Answer {
     /// The response header, Content-Length set for `body_len` bytes of body.
-    pub fn header(&self, request_id: &str, body_len: usize) -> Result<ResponseHeader> {
+    pub fn header(&self, request_id: &HeaderValue, body_len: usize) -> Result<ResponseHeader> {
         let mut resp = ResponseHeader::build(self.status, Some(7))?;
         let mut len = String::with_capacity(8);
         push_u64(&mut len, body_len as u64);
         resp.insert_header(http::header::CONTENT_TYPE, PROBLEM_JSON)?;
         resp.insert_header(http::header::CONTENT_LENGTH, len)?;
         resp.insert_header(http::header::CACHE_CONTROL, "no-store")?;
-        resp.insert_header("x-request-id", request_id)?;
+        resp.insert_header("x-request-id", request_id.clone())?;
         if let Some(secs) = self.retry_after {
             let mut v = String::with_capacity(8);
             push_u64(&mut v, secs);
@@ -514,7 +515,7 @@ mod tests {
             let a = p.answer();
             assert_eq!(a.status, status);
             assert_eq!(a.close, close, "{status}");
-            let h = a.header("id-1", 10).unwrap();
+            let h = a.header(&HeaderValue::from_static("id-1"), 10).unwrap();
             assert_eq!(h.status.as_u16(), status);
             assert_eq!(h.headers["content-type"], PROBLEM_JSON);
             assert_eq!(h.headers["content-length"], "10");

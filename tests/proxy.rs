@@ -176,9 +176,34 @@ async fn identity_headers_and_key_stripping() {
     assert_eq!(h["x-floodgate-key-id"], "globex-partner");
     assert_eq!(h["x-request-id"], id.as_str());
 
-    // Anonymous on an optional route: no identity headers at all.
-    let h = echoed_headers(c.get(gw.url("/debug/headers")).send().await.unwrap()).await;
+    // Anonymous on an optional route: no identity headers at all, claimed ones stripped.
+    let r = c
+        .get(gw.url("/debug/headers"))
+        .header("x-floodgate-plan", "enterprise")
+        .header("x-forwarded-for", "198.51.100.4")
+        .send()
+        .await
+        .unwrap();
+    let h = echoed_headers(r).await;
     assert!(!h.contains_key("x-floodgate-key-id"));
+    assert!(!h.contains_key("x-floodgate-plan"), "{h:?}");
+    // The chain the client sent, the peer appended (the peer is not a trusted proxy: the
+    // chain is passed on, not believed).
+    assert_eq!(h["x-forwarded-for"], "198.51.100.4, 127.0.0.1");
+
+    // Two ids are no id: a fresh one replaces both, upstream and in the answer alike.
+    let r = c
+        .get(gw.url("/debug/headers"))
+        .header("x-request-id", "first")
+        .header("x-request-id", "second")
+        .send()
+        .await
+        .unwrap();
+    let id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(id.len(), 32, "{id}");
+    assert_eq!(r.headers().get_all("x-request-id").iter().count(), 1);
+    let h = echoed_headers(r).await;
+    assert_eq!(h["x-request-id"], id.as_str(), "exactly one id upstream");
 }
 
 #[tokio::test]

@@ -8,10 +8,13 @@
 //! `bare-proxy --listen 127.0.0.1:8081 --upstream 127.0.0.1:9000 --threads 1`
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
+use http::HeaderValue;
 use pingora::apps::HttpServerOptions;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::{HttpPeer, ProxyHttp, Result, Session};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
@@ -39,26 +42,55 @@ struct Cli {
     /// Pingora's floor for an answer made at the edge (floodgate's 429 path).
     #[arg(long)]
     reject: bool,
+    /// Do, and only do, what floodgate's contract asks of every proxied request (README, "What
+    /// the upstream receives" and the `[[upstreams]]` timeout defaults): append the peer to
+    /// `X-Forwarded-For`, set `X-Forwarded-Proto`, send a fresh 128-bit `X-Request-Id` upstream
+    /// and back to the client, and give the upstream peer floodgate's default connect, read,
+    /// write and idle timeouts. Pingora's own cost for that work: the floor under floodgate
+    /// without rules.
+    #[arg(long)]
+    contract: bool,
 }
 
 /// Sends every request to the same peer (or answers it 429) and does nothing else.
 struct Bare {
     upstream: SocketAddr,
     reject: bool,
+    contract: bool,
+}
+
+/// A request id as 32 hex digits.
+fn fresh_id() -> HeaderValue {
+    let n = fastrand::u128(..);
+    let mut hex = [0u8; 32];
+    for (i, d) in hex.iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[((n >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&hex).expect("hex digits")
 }
 
 #[async_trait]
 impl ProxyHttp for Bare {
-    type CTX = ();
+    /// The request id (`--contract`).
+    type CTX = Option<HeaderValue>;
 
-    fn new_ctx(&self) {}
+    fn new_ctx(&self) -> Option<HeaderValue> {
+        None
+    }
 
-    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut Option<HeaderValue>,
+    ) -> Result<bool> {
+        if self.contract {
+            *ctx = Some(fresh_id());
+        }
         if !self.reject {
             return Ok(false);
         }
         const BODY: &[u8] = b"{\"status\":429}";
-        let mut resp = pingora::http::ResponseHeader::build(429, Some(2))?;
+        let mut resp = ResponseHeader::build(429, Some(2))?;
         resp.insert_header("content-type", "application/problem+json")?;
         resp.insert_header("content-length", BODY.len().to_string())?;
         session.write_response_header(Box::new(resp), false).await?;
@@ -68,8 +100,61 @@ impl ProxyHttp for Bare {
         Ok(true)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(self.upstream, false, String::new())))
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut Option<HeaderValue>,
+    ) -> Result<Box<HttpPeer>> {
+        let mut peer = HttpPeer::new(self.upstream, false, String::new());
+        if self.contract {
+            let o = &mut peer.options;
+            o.connection_timeout = Some(Duration::from_secs(1));
+            o.read_timeout = Some(Duration::from_secs(30));
+            o.write_timeout = Some(Duration::from_secs(30));
+            o.idle_timeout = Some(Duration::from_secs(60));
+        }
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        req: &mut RequestHeader,
+        ctx: &mut Option<HeaderValue>,
+    ) -> Result<()> {
+        let Some(id) = ctx else {
+            return Ok(());
+        };
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        let chain = match req.headers.get("x-forwarded-for") {
+            Some(sent) => {
+                let mut v = sent.as_bytes().to_vec();
+                v.extend_from_slice(b", ");
+                v.extend_from_slice(peer.as_bytes());
+                v
+            }
+            None => peer.into_bytes(),
+        };
+        req.insert_header("x-forwarded-for", chain)?;
+        req.insert_header("x-forwarded-proto", HeaderValue::from_static("http"))?;
+        req.insert_header("x-request-id", id.clone())?;
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Option<HeaderValue>,
+    ) -> Result<()> {
+        if let Some(id) = ctx {
+            resp.insert_header("x-request-id", id.clone())?;
+        }
+        Ok(())
     }
 }
 
@@ -91,6 +176,7 @@ fn main() {
         Bare {
             upstream: cli.upstream,
             reject: cli.reject,
+            contract: cli.contract,
         },
     );
     let mut opts = HttpServerOptions::default();

@@ -103,16 +103,19 @@ impl ServeHttp for OrdersApi {
             .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("delay_ms=")))
             .and_then(|v| v.parse::<u64>().ok())
             .map(|ms| ms.min(60_000));
-        let headers: BTreeMap<String, String> = req
-            .headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_string(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        // A header sent more than once is echoed once, its values joined with ", " (so that
+        // a test can see a duplicate).
+        let mut headers: BTreeMap<String, String> = BTreeMap::new();
+        for (k, v) in req.headers.iter() {
+            let v = String::from_utf8_lossy(v.as_bytes());
+            headers
+                .entry(k.as_str().to_string())
+                .and_modify(|e| {
+                    e.push_str(", ");
+                    e.push_str(&v);
+                })
+                .or_insert_with(|| v.into_owned());
+        }
         if let Some(ms) = delay {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }

@@ -148,6 +148,40 @@ async fn idle_keepalive_connection_is_closed_and_a_busy_one_is_not() {
 }
 
 #[tokio::test]
+async fn a_stalled_second_head_gets_408_after_header_timeout_not_keepalive_timeout() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start_with(
+        "header_timeout = \"1s\"\nkeepalive_timeout = \"30s\"\n",
+        &config(api.addr),
+        &[],
+    );
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    conn.write_all(GET).await.unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // Idle for a moment (the connection now waits under the 30 s keepalive deadline), then
+    // half a head and nothing more: the deadline is header_timeout from the first byte.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    conn.write_all(b"GET /orders HTTP/1.1\r\nhost: flood")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (got, closed) = read_until_close(&mut conn, Duration::from_secs(20)).await;
+    let took = started.elapsed();
+    assert!(closed, "a stalled head must be cut off");
+    assert!(got.starts_with("HTTP/1.1 408"), "{got:?}");
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "held to keepalive_timeout: {took:?}"
+    );
+}
+
+#[tokio::test]
 async fn caps_close_new_connections_and_spare_everyone_else() {
     let api = OrdersApi::start("orders-1");
     let gw = Gateway::start_with(
