@@ -324,8 +324,9 @@ impl ProxyHttp for Proxy {
         let sent = upstream_request.headers.get(&X_FORWARDED_FOR);
         let xff = forwarded_for(sent, ctx.peer);
         upstream_request.insert_header("x-forwarded-for", xff)?;
-        if let Some(target) = ctx.forward_target.take() {
-            upstream_request.set_uri(target);
+        // Cloned, not taken: a retry's upstream_peer hashes the normalized path again.
+        if let Some(target) = &ctx.forward_target {
+            upstream_request.set_uri(target.clone());
         }
         if let Some(host) = &ctx.forward_host {
             upstream_request.insert_header(http::header::HOST, host.as_str())?;
@@ -599,7 +600,14 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
                 }
             }
             KeyPart::Method => key.extend_from_slice(req.method.as_str().as_bytes()),
-            KeyPart::Path => key.extend_from_slice(req.uri.path().as_bytes()),
+            // The normalized path, as rules see it: a re-spelled path hashes the same.
+            KeyPart::Path => {
+                let path = ctx
+                    .forward_target
+                    .as_ref()
+                    .map_or(req.uri.path(), |t| t.path());
+                key.extend_from_slice(path.as_bytes());
+            }
             KeyPart::Header(h) => {
                 if let Some(v) = req.headers.get(h) {
                     key.extend_from_slice(v.as_bytes());

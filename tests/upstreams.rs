@@ -437,6 +437,53 @@ async fn passive_ejection_of_a_target_answering_500() {
 }
 
 #[tokio::test]
+async fn consistent_hashing_on_the_normalized_path() {
+    let apis = [
+        Api::start("orders-a", local(), &[]),
+        Api::start("orders-b", local(), &[]),
+        Api::start("orders-c", local(), &[]),
+    ];
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\", \"{}\"]\n\
+         balance = \"consistent\"\nhash_key = [\"path\"]\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n",
+        apis[0].addr, apis[1].addr, apis[2].addr
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    let served_by = |path: &'static str| {
+        let (c, url) = (c.clone(), gw.url(path));
+        async move {
+            let r = c.get(url).send().await.expect("gateway answers");
+            assert_eq!(r.status(), 200, "{path}");
+            r.headers()["x-served-by"].to_str().unwrap().to_string()
+        }
+    };
+    // One path, one target, however often and however it is spelled: a client cannot move
+    // its requests to another target (or spread them) by re-spelling the path.
+    let home = served_by("/debug/items/42").await;
+    for path in [
+        "/debug/items/42",
+        "/debug/items/./42",
+        "/debug/x/../items/42",
+        "/debug/items/%34%32",
+    ] {
+        for _ in 0..5 {
+            assert_eq!(served_by(path).await, home, "{path}");
+        }
+    }
+    // Different paths spread over the targets.
+    let mut seen = std::collections::BTreeSet::new();
+    for path in [
+        "/debug/a", "/debug/b", "/debug/c", "/debug/d", "/debug/e", "/debug/f", "/debug/g",
+        "/debug/h", "/debug/i", "/debug/j", "/debug/k", "/debug/l",
+    ] {
+        seen.insert(served_by(path).await);
+    }
+    assert!(seen.len() >= 2, "twelve paths all on one target: {seen:?}");
+}
+
+#[tokio::test]
 async fn every_target_down_is_503_with_retry_after() {
     let dead = local();
     let body = format!(

@@ -3,9 +3,11 @@
 //! everything else is what floodgate runs with — Pingora 0.9, jemalloc as the global allocator,
 //! one single-threaded runtime per thread (`work_stealing: false`), h2c on the plain listener —
 //! so that floodgate without rules against this shows the cost of floodgate's own work per
-//! request.
+//! request. Two variants are floors of their own: `--reject` answers every request 429 at the
+//! edge (`pingora-429`), `--contract` does only the per-request work floodgate's contract asks
+//! for, forwarding headers and upstream timeouts (`pingora-contract`).
 //!
-//! `bare-proxy --listen 127.0.0.1:8081 --upstream 127.0.0.1:9000 --threads 1`
+//! `bare-proxy --listen 127.0.0.1:8081 --upstream 127.0.0.1:9000 --threads 1 [--reject | --contract]`
 
 use std::net::SocketAddr;
 use std::time::Duration;

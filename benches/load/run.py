@@ -8,6 +8,9 @@ wrk (one thread). The systems compared:
   nginx-limit     nginx proxy with limit_req, everything allowed -> upstream (the peer)
   pingora-bare    a bare Pingora proxy (benches/load/bare_proxy.rs: a ProxyHttp that only picks
                   the peer; same Pingora, allocator and thread settings as floodgate)
+  pingora-contract  the bare Pingora proxy doing only what floodgate's contract asks of every
+                  proxied request (`bare-proxy --contract`: X-Forwarded-For/-Proto, X-Request-Id
+                  both ways, floodgate's default upstream timeouts): the floor under fg-none
   fg-none         floodgate, no rules (against pingora-bare: the cost of floodgate's own work)
   fg-local        floodgate, one local token-bucket rule, everything allowed
   fg-global1      floodgate, one global token-bucket rule on Redis
@@ -574,6 +577,8 @@ auth = "none"
         # The bare Pingora proxy: what floodgate without rules is compared with.
         if not a.only or "pingora-bare" in a.only:
             self.start_bare_proxy(up_port)
+        if not a.only or "pingora-contract" in a.only:
+            self.start_bare_proxy(up_port, contract=True)
         if not a.only or "pingora-429" in a.only:
             self.start_bare_proxy(up_port, reject=True)
 
@@ -617,7 +622,7 @@ auth = "none"
             self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
                             baseline=base, admin=admin))
 
-        order = ["upstream", "nginx-limit", "pingora-bare", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3",
+        order = ["upstream", "nginx-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3",
                  "nginx-429", "pingora-429", "fg-429", "fg-concurrency"]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:
@@ -626,12 +631,15 @@ auth = "none"
     def add(self, s: System) -> None:
         self.systems[s.name] = s
 
-    def start_bare_proxy(self, upstream: int, reject: bool = False) -> None:
+    def start_bare_proxy(self, upstream: int, reject: bool = False, contract: bool = False) -> None:
         """benches/load/bare_proxy.rs on the servers' CPU with one thread, as the gateways; left
         out of the table (with the reason) when it has not been built. With `reject`, it answers
-        every request 429 at the edge (`pingora-429`: Pingora's floor for floodgate's 429 path)."""
-        name = "pingora-429" if reject else "pingora-bare"
+        every request 429 at the edge (`pingora-429`: Pingora's floor for floodgate's 429 path);
+        with `contract`, it does only the per-request work floodgate's contract requires
+        (`pingora-contract`: Pingora's floor for floodgate without rules)."""
+        name = "pingora-429" if reject else "pingora-contract" if contract else "pingora-bare"
         title = ("bare Pingora, every request answered 429 in `request_filter`" if reject
+                 else "bare Pingora proxy doing the contract's forwarding headers and upstream timeouts" if contract
                  else "bare Pingora proxy, `upstream_peer` only")
         if self.bare_proxy_mtime is None:
             why = f"{os.path.relpath(self.bare_proxy, ROOT)} not found (cargo build --release --bin bare-proxy)"
@@ -642,9 +650,10 @@ auth = "none"
         port = free_port()
         p = self.spawn(name, [self.bare_proxy, "--listen", f"127.0.0.1:{port}",
                               "--upstream", f"127.0.0.1:{upstream}", "--threads", "1"]
-                       + (["--reject"] if reject else []))
+                       + (["--reject"] if reject else []) + (["--contract"] if contract else []))
         self.wait_http(name, p, port)
-        self.add(System(name, title, port, p.pid, "pingora", baseline="nginx-429" if reject else "upstream",
+        base = "nginx-429" if reject else "pingora-bare" if contract else "upstream"
+        self.add(System(name, title, port, p.pid, "pingora", baseline=base,
                         expect=429 if reject else 200))
 
     def probe(self) -> None:
@@ -881,7 +890,7 @@ auth = "none"
         w("")
         w("| # | system | -c | req/s | ratio | vs | p50 | p99 | Redis cmds/req | RSS | CPU/req |")
         w("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
-        numbers = {"upstream": "1", "nginx-limit": "2", "pingora-bare": "3a", "fg-none": "3", "fg-log": "3b", "fg-local": "4",
+        numbers = {"upstream": "1", "nginx-limit": "2", "pingora-bare": "3a", "pingora-contract": "3c", "fg-none": "3", "fg-log": "3b", "fg-local": "4",
                    "fg-local-notop": "4a", "fg-global1": "5", "fg-lease": "5a",
                    "fg-global3": "6", "nginx-429": "7", "pingora-429": "7a", "fg-429": "7", "fg-concurrency": "8"}
         for n, s in self.systems.items():
@@ -1001,6 +1010,12 @@ auth = "none"
             r = own["rps_ratio"]
             out.append(f"`fg-none` throughput ≥ 0.9× `pingora-bare` (floodgate no rules / bare Pingora): "
                        f"{r:.2f}× — {verdict(r >= 0.9)}")
+            c, bare = S.get("pingora-contract"), S.get("pingora-bare")
+            if c and bare:
+                out.append(f"  bound: bare Pingora doing only the contract's per-request work (`pingora-contract`) runs at "
+                           f"{c['rps'] / bare['rps']:.2f}× bare Pingora; floodgate without rules at "
+                           f"{none['rps'] / c['rps']:.2f}× of it ({none['cpu_us_per_req']:.1f} µs against "
+                           f"{c['cpu_us_per_req']:.1f} µs CPU per request; bare: {bare['cpu_us_per_req']:.1f} µs)")
         else:
             out.append("`fg-none` throughput ≥ 0.9× `pingora-bare`: not measured")
         for n, need in (("fg-global1", 0.9), ("fg-global3", 0.85)):

@@ -617,7 +617,7 @@ impl Limiter {
 
 /// The Redis store's options: the defaults, but for the slot TTL that tests of long requests
 /// shorten through the internal `FLOODGATE_TEST_SLOT_TTL_MS` environment variable (300 s is
-/// too long to wait for in a test). Not a setting: undocumented on purpose.
+/// too long to wait for in a test). Not a setting (README, "Running the tests").
 fn options_from_env() -> super::redis::Options {
     let mut options = super::redis::Options::default();
     if let Some(ms) = std::env::var("FLOODGATE_TEST_SLOT_TTL_MS")
