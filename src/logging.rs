@@ -26,7 +26,12 @@ pub fn init(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Access lines reach stderr through the access log's buffer (crate::access_log).
-    let fmt = tracing_subscriber::fmt::layer().with_writer(crate::access_log::LogWriter);
+    // Colours only for a person at a terminal: escape codes in a log file or a collector are
+    // noise to read and to parse (and formatting them is a fifth of the access log's cost).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .with_writer(crate::access_log::LogWriter);
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Json => registry

@@ -491,7 +491,7 @@ impl ProxyHttp for Proxy {
             Some(r) => r.requests.inc(&r.name, status),
             None => NO_ROUTE.inc("-", status),
         }
-        let route: &str = route.map_or("-", |r| &r.name);
+        let route = route.map_or_else(|| NO_ROUTE_NAME.clone(), |r| r.name.clone());
         if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
             return;
         }
@@ -499,12 +499,12 @@ impl ProxyHttp for Proxy {
             method: req.method.clone(),
             path: req.uri.path().to_owned(),
             status,
-            route: route.to_owned(),
+            route,
             upstream: ctx.upstream().map(|u| u.name.clone()),
-            key_id: ctx.identity.as_ref().map(|i| i.id.to_string()),
+            identity: ctx.identity.clone(),
             client_ip: ctx.client_ip,
             rejected_by: ctx.rejected_by.clone(),
-            request_id: ctx.request_id.as_str().to_owned(),
+            request_id: ctx.request_id.clone(),
             latency_ms: ctx
                 .start
                 .map_or(0.0, |s| s.elapsed().as_secs_f64() * 1000.0),
@@ -541,6 +541,9 @@ impl Proxy {
 const IDENTITY_HEADERS: [&str; 3] = ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"];
 /// What the identity headers' names start with.
 const IDENTITY_PREFIX: &str = "x-floodgate-";
+
+/// The access log's route for a request no route matched.
+static NO_ROUTE_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));
 
 /// `floodgate_requests_total{route="-"}`: requests no route matched.
 static NO_ROUTE: crate::metrics::RouteRequests = crate::metrics::RouteRequests::new();
