@@ -40,7 +40,7 @@ pub struct Problem {
     /// The request's id (as in `X-Request-Id`), to quote to support.
     pub request_id: Option<String>,
     /// Rate-limit rules that rejected the request.
-    pub violated_rules: Vec<String>,
+    pub violated_rules: Vec<std::sync::Arc<str>>,
     /// Seconds to wait before retrying (also in `Retry-After`).
     pub retry_after: Option<u64>,
     /// `WWW-Authenticate` to send with it (a 401), not part of the body.
@@ -127,7 +127,7 @@ impl Problem {
         detail.push_str("rate limit exceeded for rule(s) ");
         push_joined(&mut detail, rules);
         let mut p = Problem::new("urn:floodgate:problem:rate-limited", title, status, detail);
-        p.violated_rules = rules.iter().map(|r| r.to_string()).collect();
+        p.violated_rules = rules.to_vec();
         p.retry_after = Some(retry_after);
         p
     }
@@ -144,7 +144,7 @@ impl Problem {
             503,
             detail,
         );
-        p.violated_rules = rules.iter().map(|r| r.to_string()).collect();
+        p.violated_rules = rules.to_vec();
         p.retry_after = Some(retry_after);
         p
     }
