@@ -450,14 +450,26 @@ async fn consistent_hashing_on_the_normalized_path() {
         apis[0].addr, apis[1].addr, apis[2].addr
     );
     let gw = Gateway::start(&body);
-    let c = client();
-    let served_by = |path: &'static str| {
-        let (c, url) = (c.clone(), gw.url(path));
-        async move {
-            let r = c.get(url).send().await.expect("gateway answers");
-            assert_eq!(r.status(), 200, "{path}");
-            r.headers()["x-served-by"].to_str().unwrap().to_string()
-        }
+    // Raw requests: an HTTP client library would clean the dot segments itself.
+    let addr = gw.addr;
+    let served_by = |path: &'static str| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head =
+            format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n");
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer))
+            .await
+            .expect("answer in time")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        answer
+            .lines()
+            .find_map(|l| l.strip_prefix("x-served-by: "))
+            .unwrap_or_else(|| panic!("{path}: no x-served-by in {answer}"))
+            .to_string()
     };
     // One path, one target, however often and however it is spelled: a client cannot move
     // its requests to another target (or spread them) by re-spelling the path.
@@ -466,9 +478,13 @@ async fn consistent_hashing_on_the_normalized_path() {
         "/debug/items/42",
         "/debug/items/./42",
         "/debug/x/../items/42",
+        "/debug//items/42",
         "/debug/items/%34%32",
+        "/debug/%69tems/42",
+        "/debug/it%65ms/4%32",
+        "/debug/%69%74%65%6D%73/%34%32",
     ] {
-        for _ in 0..5 {
+        for _ in 0..3 {
             assert_eq!(served_by(path).await, home, "{path}");
         }
     }

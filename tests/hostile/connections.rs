@@ -163,9 +163,11 @@ async fn a_stalled_second_head_gets_408_after_header_timeout_not_keepalive_timeo
         .expect("response in time")
         .unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
-    // Idle for a moment (the connection now waits under the 30 s keepalive deadline), then
-    // half a head and nothing more: the deadline is header_timeout from the first byte.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Idle past header_timeout (the connection now waits under the 30 s keepalive deadline,
+    // and whatever timer the first request armed has fired and been re-armed to it), then half
+    // a head and nothing more: the deadline is header_timeout from the first byte, earlier
+    // than the armed timer.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     conn.write_all(b"GET /orders HTTP/1.1\r\nhost: flood")
         .await
         .unwrap();
