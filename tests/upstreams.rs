@@ -500,6 +500,67 @@ async fn consistent_hashing_on_the_normalized_path() {
 }
 
 #[tokio::test]
+async fn a_retry_forwards_the_normalized_path() {
+    // A target that accepts each connection and closes it without a byte of answer (after
+    // the request was sent: the request had already been prepared for it) and one that answers:
+    // every request the round robin sends to the first is retried on the second, which must
+    // receive the path as normalized, like a request that went there at once.
+    let live = Api::start("orders-live", local(), &[]);
+    let closer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = closer.local_addr().unwrap();
+    let closing = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        while let Ok((mut conn, _)) = closer.accept().await {
+            // Read what comes (the request), then close without answering.
+            let mut buf = [0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await;
+        }
+    });
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{dead}\", \"{}\"]\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n",
+        live.addr
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    for _ in 0..4 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        conn.write_all(
+            b"GET /debug/x/../echo HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer))
+            .await
+            .expect("answer in time")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let body = &answer[answer.find("\r\n\r\n").expect("a body") + 4..];
+        let echoed: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(echoed["path"], "/debug/echo", "{answer}");
+    }
+    // The closing target was tried (and failed) at least once: the retry path ran.
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let failed: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("floodgate_upstream_target_responses_total{")
+                && l.contains("class=\"error\"")
+                && l.contains(&dead.to_string())
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        failed >= 1.0,
+        "no attempt on the closing target:\n{metrics}"
+    );
+    closing.abort();
+}
+
+#[tokio::test]
 async fn every_target_down_is_503_with_retry_after() {
     let dead = local();
     let body = format!(
