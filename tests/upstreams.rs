@@ -451,19 +451,9 @@ async fn consistent_hashing_on_the_normalized_path() {
     );
     let gw = Gateway::start(&body);
     // Raw requests: an HTTP client library would clean the dot segments itself.
-    let addr = gw.addr;
-    let served_by = |path: &'static str| async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head =
-            format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n");
-        conn.write_all(head.as_bytes()).await.unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer))
-            .await
-            .expect("answer in time")
-            .unwrap();
-        let answer = String::from_utf8_lossy(&answer).into_owned();
+    let served_by = |path: &str| {
+        let answer = http_get_raw(gw.addr, path, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
         assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
         answer
             .lines()
@@ -473,7 +463,7 @@ async fn consistent_hashing_on_the_normalized_path() {
     };
     // One path, one target, however often and however it is spelled: a client cannot move
     // its requests to another target (or spread them) by re-spelling the path.
-    let home = served_by("/debug/items/42").await;
+    let home = served_by("/debug/items/42");
     for path in [
         "/debug/items/42",
         "/debug/items/./42",
@@ -485,7 +475,7 @@ async fn consistent_hashing_on_the_normalized_path() {
         "/debug/%69%74%65%6D%73/%34%32",
     ] {
         for _ in 0..3 {
-            assert_eq!(served_by(path).await, home, "{path}");
+            assert_eq!(served_by(path), home, "{path}");
         }
     }
     // Different paths spread over the targets.
@@ -494,7 +484,7 @@ async fn consistent_hashing_on_the_normalized_path() {
         "/debug/a", "/debug/b", "/debug/c", "/debug/d", "/debug/e", "/debug/f", "/debug/g",
         "/debug/h", "/debug/i", "/debug/j", "/debug/k", "/debug/l",
     ] {
-        seen.insert(served_by(path).await);
+        seen.insert(served_by(path));
     }
     assert!(seen.len() >= 2, "twelve paths all on one target: {seen:?}");
 }
@@ -524,23 +514,17 @@ async fn a_retry_forwards_the_normalized_path() {
     let gw = Gateway::start(&body);
     let c = client();
     for _ in 0..4 {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-        conn.write_all(
-            b"GET /debug/x/../echo HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n",
-        )
+        // Off the runtime's thread: the closing target above runs on it.
+        let addr = gw.addr;
+        let (status, body) = tokio::task::spawn_blocking(move || {
+            http_get(addr, "/debug/x/../echo", Duration::from_secs(10))
+        })
         .await
-        .unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer))
-            .await
-            .expect("answer in time")
-            .unwrap();
-        let answer = String::from_utf8_lossy(&answer).into_owned();
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        let body = &answer[answer.find("\r\n\r\n").expect("a body") + 4..];
-        let echoed: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        assert_eq!(echoed["path"], "/debug/echo", "{answer}");
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(status, 200, "{body}");
+        let echoed: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(echoed["path"], "/debug/echo", "{body}");
     }
     // The closing target was tried (and failed) at least once: the retry path ran.
     let metrics = get_text(&c, gw.admin_url("/metrics")).await;

@@ -326,13 +326,32 @@ pub async fn get_json(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_
 }
 
 /// One `GET path` on a fresh `connection: close` connection, by hand (no client library that
-/// might retry or pool): (status, body), or what went wrong. Reads give up after
-/// `read_timeout`.
+/// might retry, pool, or clean up the path): (status, body), or what went wrong. Reads give up
+/// after `read_timeout`.
 pub fn http_get(
     addr: SocketAddr,
     path: &str,
     read_timeout: Duration,
 ) -> Result<(u16, String), String> {
+    let text = http_get_raw(addr, path, read_timeout)?;
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// [`http_get`]'s exchange, the whole answer as text (status line, headers and body).
+pub fn http_get_raw(
+    addr: SocketAddr,
+    path: &str,
+    read_timeout: Duration,
+) -> Result<String, String> {
     use std::io::Read as _;
     let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("connect: {e}"))?;
@@ -346,17 +365,7 @@ pub fn http_get(
     let mut raw = Vec::new();
     conn.read_to_end(&mut raw)
         .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status line in {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(String::from_utf8_lossy(&raw).into_owned())
 }
 
 /// A reqwest client with no proxy settings from the environment.
