@@ -137,39 +137,30 @@ pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
     let previous = sent
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.trim().is_empty());
-    let mut out = Vec::with_capacity(previous.map_or(0, |p| p.len() + 2) + 39);
+    let mut out = String::with_capacity(previous.map_or(0, |p| p.len() + 2) + 39);
     if let Some(p) = previous {
-        out.extend_from_slice(p.as_bytes());
-        out.extend_from_slice(b", ");
+        out.push_str(p);
+        out.push_str(", ");
     }
-    push_ip(&mut out, peer.to_canonical());
-    // Visible ASCII from a header value, a separator and an address: always a header value.
-    HeaderValue::from_maybe_shared(Bytes::from(out))
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-}
-
-/// Appends `ip` as text (IPv4 without `core::fmt`, which costs more than the rest of this).
-fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
-    match ip {
+    match peer.to_canonical() {
+        // IPv4 through the digit writer the rest of the request path uses: `core::fmt` costs
+        // more than the rest of this function.
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push(b'.');
+                    out.push('.');
                 }
-                if octet >= 100 {
-                    out.push(b'0' + octet / 100);
-                }
-                if octet >= 10 {
-                    out.push(b'0' + octet / 10 % 10);
-                }
-                out.push(b'0' + octet % 10);
+                crate::text::push_u64(&mut out, u64::from(octet));
             }
         }
         IpAddr::V6(v6) => {
-            use std::io::Write;
+            use std::fmt::Write;
             let _ = write!(out, "{v6}");
         }
     }
+    // Visible ASCII from a header value, a separator and an address: always a header value.
+    HeaderValue::from_maybe_shared(Bytes::from(out))
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 #[cfg(test)]
