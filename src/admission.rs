@@ -16,7 +16,7 @@ use http::{HeaderMap, Method, Uri};
 use crate::auth::{presented_key, Identity};
 use crate::client::client_ip;
 use crate::config::{AuthMode, Config};
-use crate::limiter::engine::{Leases, Limiter, Verdict};
+use crate::limiter::engine::{Limiter, Slots, Verdict};
 use crate::metrics::metrics;
 use crate::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
 use crate::rules::RequestView;
@@ -52,7 +52,7 @@ pub struct Admission {
     /// The `Host` to forward when the client sent an absolute-form target without one.
     pub host: Option<String>,
     /// Concurrency slots held for the exchange: dropping them releases them.
-    pub leases: Option<Leases>,
+    pub leases: Option<Slots>,
     /// Forward or answer.
     pub next: Next,
 }
@@ -93,7 +93,8 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
 
     // One spelling per resource: routes, rules and the upstream all see the normalized host
     // and path, so a re-spelled request is charged as what it is.
-    let host = match request_host(req) {
+    let absolute = absolute_form_authority(req.raw_target);
+    let host = match request_host(req, absolute) {
         Ok(h) => h,
         Err(detail) => return Admission::answer(ip, None, Problem::bad_request(detail), id),
     };
@@ -124,7 +125,6 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
 
     // The upstream gets the normalized path. An HTTP/1.1 absolute-form target goes upstream in
     // origin form, its authority as the Host; HTTP/2 keeps its `:authority`.
-    let absolute = absolute_form_authority(req.raw_target);
     let target = (path != req.uri.path() || absolute.is_some())
         .then(|| forward_target(req.uri, &path, absolute.is_some()));
     let forward_host = if req.headers.contains_key(http::header::HOST) {
@@ -217,11 +217,15 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
 /// The request's host, normalized (`crate::normalize::host`): the target's authority when it
 /// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
 /// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
-fn request_host<'r>(req: &Request<'r>) -> Result<Option<std::borrow::Cow<'r, str>>, String> {
+/// `absolute` is the target's authority when it is in absolute form ([`absolute_form_authority`]).
+fn request_host<'r>(
+    req: &Request<'r>,
+    absolute: Option<&'r str>,
+) -> Result<Option<std::borrow::Cow<'r, str>>, String> {
     let raw = match req.uri.authority() {
         Some(a) => a.as_str(),
         // Pingora has checked that a Host header, if any, equals this authority.
-        None => match absolute_form_authority(req.raw_target) {
+        None => match absolute {
             Some(a) => a,
             None => {
                 let mut hosts = req.headers.get_all(http::header::HOST).iter();

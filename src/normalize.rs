@@ -37,10 +37,7 @@ impl EscapedSlashes {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(_, mode)| *mode == self)
-            .map_or("reject", |(name, _)| name)
+        crate::names::name_of(Self::NAMES, self)
     }
 
     /// The mode a gateway.toml name stands for, `None` for any other text.

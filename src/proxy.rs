@@ -24,9 +24,9 @@ use smallvec::SmallVec;
 use crate::admission::{self, Next};
 use crate::auth::Identity;
 use crate::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
-use crate::config::{AuthMode, Config, Upstream};
+use crate::config::{AuthMode, Config, Route, Upstream};
 use crate::gateway::Gateway;
-use crate::limiter::engine::Leases;
+use crate::limiter::engine::Slots;
 use crate::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::{query_param, KeyPart};
 use crate::upstream::{TargetInfo, TargetState};
@@ -72,15 +72,19 @@ pub struct RequestCtx {
     /// Set when no target was available: the 503's Retry-After.
     no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
-    leases: Option<Leases>,
+    leases: Option<Slots>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
 
 impl RequestCtx {
+    /// The matched route, in the config the request started with.
+    fn route(&self) -> Option<&Route> {
+        self.config.as_ref()?.routes.get(self.route?)
+    }
+
     fn upstream(&self) -> Option<&Arc<Upstream>> {
-        let cfg = self.config.as_ref()?;
-        Some(&cfg.routes.get(self.route?)?.upstream)
+        Some(&self.route()?.upstream)
     }
 }
 
@@ -365,12 +369,7 @@ impl ProxyHttp for Proxy {
         }
         // Every header that can carry a key goes, whichever one authenticated: a client that
         // sends an empty x-api-key beside a Bearer token must not get the token forwarded.
-        let reads_keys = ctx
-            .config
-            .as_ref()
-            .zip(ctx.route)
-            .and_then(|(c, i)| c.routes.get(i))
-            .is_some_and(|r| r.auth != AuthMode::None);
+        let reads_keys = ctx.route().is_some_and(|r| r.auth != AuthMode::None);
         if !cfg.auth.forward_key && reads_keys {
             upstream_request.remove_header(&cfg.auth.header);
             if crate::auth::is_bearer(&upstream_request.headers) {
@@ -482,11 +481,7 @@ impl ProxyHttp for Proxy {
         ctx.leases = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let req = session.req_header();
-        let route = ctx
-            .config
-            .as_ref()
-            .zip(ctx.route)
-            .and_then(|(c, i)| c.routes.get(i));
+        let route = ctx.route();
         match route {
             Some(r) => r.requests.inc(&r.name, status),
             None => NO_ROUTE.inc("-", status),
@@ -593,12 +588,7 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
                 }
             }
             KeyPart::Route => {
-                if let Some(r) = ctx
-                    .config
-                    .as_ref()
-                    .zip(ctx.route)
-                    .and_then(|(c, i)| c.routes.get(i))
-                {
+                if let Some(r) = ctx.route() {
                     key.extend_from_slice(r.name.as_bytes());
                 }
             }

@@ -225,11 +225,6 @@ impl Limiter {
         give_back(&self.leases, self.shared.as_ref(), true).await
     }
 
-    /// The quota leases this instance holds (tests).
-    pub fn lease_table(&self) -> &LeaseTable {
-        &self.leases
-    }
-
     /// A background service that sweeps idle keys out of the in-process stores.
     pub fn sweeper(&self) -> Sweeper {
         Sweeper {
@@ -678,10 +673,6 @@ fn log_store_failure(error: &StoreError, rule: &str, mode: &str) {
         );
     }
 }
-
-/// The old name of [`Slots`] (concurrency slots were called leases before quota leasing
-/// took the word).
-pub type Leases = Slots;
 
 /// Concurrency slots held by one request (not quota leases: see [`super::lease`]). Dropping it
 /// releases them, so a slot is given back however the exchange ends: finished, upstream error,
