@@ -123,25 +123,21 @@ impl Waiting {
     fn reserve(&self, rules: &[&Arc<str>], now: Instant, delay: Duration) -> Result<(), usize> {
         let caps = self.caps.read();
         let mut map = self.rules.lock();
-        for (i, rule) in rules.iter().enumerate() {
-            if let Some(heap) = map.get_mut(&***rule) {
-                while heap.peek().is_some_and(|r| r.0 <= now) {
-                    heap.pop();
-                }
-                let cap = caps.get(&***rule).copied().unwrap_or(MAX_WAITING_PER_RULE);
-                if heap.len() >= cap.max(1) {
-                    return Err(i);
-                }
-            }
-        }
-        // Rules without a waiting request hold no entry, so the map stays as small as the
-        // number of rules holding requests right now.
+        // Waits that have ended go first. Rules without a waiting request hold no entry, so
+        // the map stays as small as the number of rules holding requests right now.
         map.retain(|_, heap| {
             while heap.peek().is_some_and(|r| r.0 <= now) {
                 heap.pop();
             }
             !heap.is_empty()
         });
+        for (i, rule) in rules.iter().enumerate() {
+            let waiting = map.get(&***rule).map_or(0, |heap| heap.len());
+            let cap = caps.get(&***rule).copied().unwrap_or(MAX_WAITING_PER_RULE);
+            if waiting >= cap.max(1) {
+                return Err(i);
+            }
+        }
         for rule in rules {
             map.entry((*rule).clone())
                 .or_default()

@@ -74,8 +74,8 @@ use breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
 use conn::{connect_loop, Conn, Target};
 pub use conn::{RedisClient, UrlError, CONNECT_TIMEOUT};
 use script::{
-    grant, hex16, holds_slot, sat, unpack_reply, Params, DECIDE, LEASE_RETURN, MAX_EXACT, RELEASE,
-    RENEW, REPLY_BYTES,
+    grant, hex16, holds_slot, sat, unpack_reply, Lua, Params, DECIDE, LEASE_RETURN, MAX_EXACT,
+    RELEASE, RENEW, REPLY_BYTES,
 };
 
 /// How long a global concurrency slot (not a quota lease: the word is historical) counts when
@@ -282,9 +282,21 @@ impl RedisStore {
         timeout: Duration,
         now_us: u64,
     ) -> Result<Vec<Decision>, StoreError> {
+        self.decide_exact(checks, lease, timeout, Some(now_us))
+            .await
+    }
+
+    /// Exact checks only (no lease wanted), at Redis' clock or at `now_us`.
+    async fn decide_exact(
+        &self,
+        checks: &[Check],
+        lease: u64,
+        timeout: Duration,
+        now_us: Option<u64>,
+    ) -> Result<Vec<Decision>, StoreError> {
         let wants = vec![0; checks.len()];
         let ds = self
-            .decide_inner(checks, &wants, 1, lease, timeout, Some(now_us))
+            .decide_inner(checks, &wants, 1, lease, timeout, now_us)
             .await?;
         Ok(ds.into_iter().map(|(d, _)| d).collect())
     }
@@ -371,11 +383,7 @@ impl SharedStore for RedisStore {
         lease: u64,
         timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        let wants = vec![0; checks.len()];
-        let ds = self
-            .decide_inner(checks, &wants, 1, lease, timeout, None)
-            .await?;
-        Ok(ds.into_iter().map(|(d, _)| d).collect())
+        self.decide_exact(checks, lease, timeout, None).await
     }
 
     /// [`SharedStore::decide`] with quota leases, in the same single call (per cluster slot):
@@ -592,71 +600,63 @@ impl Inner {
     }
 
     async fn renew(&self, checks: &[Check], lease: u64) {
-        let held: Vec<&Check> = checks.iter().filter(|c| holds_slot(c)).collect();
-        if held.is_empty() {
-            return;
-        }
-        let Some(conn) = self.conn.borrow().clone() else {
-            return;
-        };
-        let keys: Vec<String> = held.iter().map(|c| self.redis_key(c)).collect();
-        let lease = hex16(lease);
         let ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
-        let calls = self.groups(&keys).into_iter().map(|group| {
-            let mut cmd = RENEW.evalsha(group.len());
-            for &i in &group {
-                cmd.arg(keys[i].as_str());
-            }
-            cmd.arg(lease.as_str()).arg(ttl_us);
-            for &i in &group {
-                cmd.arg(held[i].cost);
-            }
-            let conn = conn.clone();
-            async move { conn.eval::<i64>(&RENEW, &cmd).await }
-        });
-        if tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls))
-            .await
-            .is_err()
-        {
+        if let Some(Err(_)) = self.slot_calls(&RENEW, checks, lease, Some(ttl_us)).await {
             tracing::debug!("concurrency slot renewal timed out; it is retried");
         }
     }
 
     async fn release(&self, checks: &[Check], lease: u64) {
-        let held: Vec<&Check> = checks.iter().filter(|c| holds_slot(c)).collect();
-        if held.is_empty() {
-            return;
-        }
-        // Not connected yet: nothing can have been acquired through this store.
-        let Some(conn) = self.conn.borrow().clone() else {
-            return;
-        };
-        let keys: Vec<String> = held.iter().map(|c| self.redis_key(c)).collect();
-        let lease = hex16(lease);
-        let calls = self.groups(&keys).into_iter().map(|group| {
-            let mut cmd = RELEASE.evalsha(group.len());
-            for &i in &group {
-                cmd.arg(keys[i].as_str());
-            }
-            cmd.arg(lease.as_str());
-            for &i in &group {
-                cmd.arg(held[i].cost);
-            }
-            let conn = conn.clone();
-            async move { conn.eval::<i64>(&RELEASE, &cmd).await }
-        });
-        match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
-            Ok(results) => {
+        match self.slot_calls(&RELEASE, checks, lease, None).await {
+            Some(Ok(results)) => {
                 for r in results {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "concurrency release failed; the lease will expire");
                     }
                 }
             }
-            Err(_) => {
+            Some(Err(_)) => {
                 tracing::debug!("concurrency release timed out; the lease will expire");
             }
+            None => {}
         }
+    }
+
+    /// Runs `script` (release.lua or renew.lua) on the Redis keys of the checks that hold a
+    /// concurrency slot, one call per cluster slot group, bounded by [`RELEASE_TIMEOUT`]:
+    /// KEYS are the keys; ARGV the lease id, `ttl_us` when given, then each check's cost.
+    /// `None` when there is nothing to do: no slot held, or not connected yet (so nothing can
+    /// have been acquired through this store).
+    async fn slot_calls(
+        &self,
+        script: &'static Lua,
+        checks: &[Check],
+        lease: u64,
+        ttl_us: Option<u64>,
+    ) -> Option<Result<Vec<redis::RedisResult<i64>>, tokio::time::error::Elapsed>> {
+        let held: Vec<&Check> = checks.iter().filter(|c| holds_slot(c)).collect();
+        if held.is_empty() {
+            return None;
+        }
+        let conn = self.conn.borrow().clone()?;
+        let keys: Vec<String> = held.iter().map(|c| self.redis_key(c)).collect();
+        let lease = hex16(lease);
+        let calls = self.groups(&keys).into_iter().map(|group| {
+            let mut cmd = script.evalsha(group.len());
+            for &i in &group {
+                cmd.arg(keys[i].as_str());
+            }
+            cmd.arg(lease.as_str());
+            if let Some(ttl) = ttl_us {
+                cmd.arg(ttl);
+            }
+            for &i in &group {
+                cmd.arg(held[i].cost);
+            }
+            let conn = conn.clone();
+            async move { conn.eval::<i64>(script, &cmd).await }
+        });
+        Some(tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await)
     }
 }
 
