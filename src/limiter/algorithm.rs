@@ -601,7 +601,7 @@ fn nanos(ns: u128) -> Duration {
     Duration::from_nanos(sat(ns))
 }
 
-fn sat(value: u128) -> u64 {
+pub(in crate::limiter) fn sat(value: u128) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }
 
@@ -611,12 +611,12 @@ fn duration_ns(duration: Duration) -> u64 {
 
 /// The window in nanoseconds; never 0 (a concurrency limit has no window), so that no
 /// division by it can fail.
-fn window_ns(limit: &Limit) -> u64 {
+pub(in crate::limiter) fn window_ns(limit: &Limit) -> u64 {
     duration_ns(limit.window).max(1)
 }
 
 /// Time per unit for the buckets, rounded up so that the rate is never exceeded.
-fn interval_ns(limit: &Limit) -> u64 {
+pub(in crate::limiter) fn interval_ns(limit: &Limit) -> u64 {
     // `Limit` keeps `limit` at least 1.
     window_ns(limit).div_ceil(limit.limit)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Script};
 
-use super::super::algorithm::MAX_SLIDING_LOG_LIMIT;
+use super::super::algorithm::{self, MAX_SLIDING_LOG_LIMIT};
 use super::super::store::Grant;
 use super::super::{Algorithm, Check, Decision, LeakyMode};
 use crate::text::push_hex16;
@@ -138,9 +138,9 @@ impl Params {
     /// The script's numbers for `check`.
     pub(super) fn of(check: &Check) -> Params {
         let l = &check.limit;
-        // Exactly as the reference computes them (algorithm::window_ns / interval_ns).
-        let window_ns = sat(l.window.as_nanos()).max(1);
-        let interval_ns = window_ns.div_ceil(l.limit);
+        // Exactly as the reference computes them.
+        let window_ns = algorithm::window_ns(l);
+        let interval_ns = algorithm::interval_ns(l);
         let bucket = sat(u128::from(l.burst) * u128::from(interval_ns));
         let (limit, cap_ns, quota) = match (l.algorithm, l.mode) {
             (Algorithm::FixedWindow, _) => (l.limit, 0, l.limit),
@@ -185,25 +185,20 @@ impl Params {
     /// The window the script returns with a lease, and what a lease return must send: the
     /// algorithm's code and the numbers `lease_return.lua` needs.
     pub(super) fn return_packed(&self, permits: u64, window_end_us: u64) -> [u8; RETURN_BYTES] {
-        let mut out = [0; RETURN_BYTES];
-        out[0] = self.code;
-        let numbers = [
-            permits.min(MAX_EXACT),
-            self.interval_ns,
-            self.window_us,
-            window_end_us.min(MAX_EXACT),
-        ];
-        for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
-            slot.copy_from_slice(&(n as f64).to_le_bytes());
-        }
-        out
+        pack(
+            self.code,
+            [
+                permits.min(MAX_EXACT),
+                self.interval_ns,
+                self.window_us,
+                window_end_us.min(MAX_EXACT),
+            ],
+        )
     }
 
     /// The check as `decide.lua` reads it: the algorithm's number, then cost, limit, window,
     /// burst, interval and cap as little-endian doubles (exact: all are capped below 2^53).
     pub(super) fn packed(&self) -> [u8; PACKED_BYTES] {
-        let mut out = [0; PACKED_BYTES];
-        out[0] = self.code;
         let numbers: [u64; PACKED_NUMBERS] = [
             self.cost,
             self.limit,
@@ -214,10 +209,7 @@ impl Params {
             self.lease,
             self.share,
         ];
-        for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
-            slot.copy_from_slice(&(n as f64).to_le_bytes());
-        }
-        out
+        pack(self.code, numbers)
     }
 
     /// The decision from the script's numbers for this check (the first five; the lease's
@@ -288,8 +280,21 @@ pub(super) fn holds_slot(check: &Check) -> bool {
 }
 
 /// `v` as a `u64`, saturating.
-pub(super) fn sat(v: u128) -> u64 {
-    u64::try_from(v).unwrap_or(u64::MAX)
+pub(super) use crate::limiter::algorithm::sat;
+
+/// `code` as one byte, then `numbers` as little-endian doubles (exact below 2^53): the layout
+/// of a packed check and of a lease return, as the scripts unpack them (`struct.unpack`).
+/// `BYTES` must be 1 + 8 x the count of numbers.
+fn pack<const BYTES: usize, const NUMBERS: usize>(
+    code: u8,
+    numbers: [u64; NUMBERS],
+) -> [u8; BYTES] {
+    let mut out = [0; BYTES];
+    out[0] = code;
+    for (slot, n) in out[1..].chunks_exact_mut(8).zip(numbers) {
+        slot.copy_from_slice(&(n as f64).to_le_bytes());
+    }
+    out
 }
 
 #[cfg(test)]
