@@ -187,6 +187,12 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+/// Whether `target` may take this attempt: not already `tried` by the request and not
+/// ejected (readiness by health check is the balancer's to say).
+fn usable(target: &TargetInfo, tried: &[SocketAddr]) -> bool {
+    !tried.contains(&target.addr) && !target.state.ejected()
+}
+
 fn info(b: &Backend) -> Option<&Arc<TargetInfo>> {
     b.ext.get::<Arc<TargetInfo>>()
 }
@@ -255,24 +261,22 @@ impl Pool {
     /// Whether a target other than those `tried` may get traffic now (worth a retry).
     pub fn has_other(&self, tried: &[SocketAddr]) -> bool {
         let backends = self.balancer.backends();
-        backends.get_backend().iter().any(|b| {
-            backends.ready(b)
-                && info(b).is_some_and(|i| !tried.contains(&i.addr) && !i.state.ejected())
-        })
+        backends
+            .get_backend()
+            .iter()
+            .any(|b| backends.ready(b) && info(b).is_some_and(|i| usable(i, tried)))
     }
 
     /// Picks the target for an attempt: healthy, not ejected, not `tried` by this request.
     /// `key` feeds consistent hashing. `None`: nothing is available.
     pub fn select(&self, key: &[u8], tried: &[SocketAddr]) -> Option<Arc<TargetInfo>> {
-        let accept = |b: &Backend, ready: bool| {
-            ready && info(b).is_some_and(|i| !tried.contains(&i.addr) && !i.state.ejected())
-        };
+        let accept = |b: &Backend, ready: bool| ready && info(b).is_some_and(|i| usable(i, tried));
         let chosen = match (&self.balancer, self.settings.balance) {
             (Balancer::RoundRobin(lb), Balance::LeastRequests) => {
                 return self.least_requests(lb, tried);
             }
-            (Balancer::RoundRobin(lb), Balance::RoundRobin) => return self.round_robin(lb, tried),
-            (Balancer::RoundRobin(lb), _) => lb.select_with(key, MAX_ITERATIONS, accept),
+            // The RoundRobin balancer is built for round_robin and least_requests only.
+            (Balancer::RoundRobin(lb), _) => return self.round_robin(lb, tried),
             (Balancer::Random(lb), _) => lb.select_with(key, MAX_ITERATIONS, accept),
             (Balancer::Consistent(lb), _) => lb.select_with(key, MAX_ITERATIONS, accept),
         };
@@ -310,7 +314,7 @@ impl Pool {
             .take(all.len())
             .filter(|b| backends.ready(b))
             .filter_map(info)
-            .find(|i| !tried.contains(&i.addr) && !i.state.ejected())
+            .find(|i| usable(i, tried))
             .cloned()
     }
 
@@ -329,7 +333,7 @@ impl Pool {
         let mut best: Option<(usize, &Arc<TargetInfo>)> = None;
         for b in all.iter().cycle().skip(start).take(n) {
             let Some(i) = info(b) else { continue };
-            if !backends.ready(b) || tried.contains(&i.addr) || i.state.ejected() {
+            if !backends.ready(b) || !usable(i, tried) {
                 continue;
             }
             let load = i.state.in_flight.load(Ordering::Relaxed) * 1000 / b.weight.max(1);
