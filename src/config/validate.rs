@@ -38,6 +38,23 @@ impl Src<'_> {
         parse_duration(v.get_ref()).map_err(|m| self.err(v.span(), m))
     }
 
+    /// A duration longer than 0 (`what` names it in the error), `default` when absent.
+    fn nonzero_duration_or(
+        &self,
+        v: &Option<Spanned<String>>,
+        default: Duration,
+        what: &str,
+    ) -> Result<Duration, ConfigError> {
+        let Some(d) = v else {
+            return Ok(default);
+        };
+        let got = self.duration(d)?;
+        if got.is_zero() {
+            return Err(self.err(d.span(), format!("{what} must be longer than 0")));
+        }
+        Ok(got)
+    }
+
     fn positive(&self, v: &Spanned<i64>, what: &str) -> Result<u64, ConfigError> {
         match u64::try_from(*v.get_ref()) {
             Ok(n) if n > 0 => Ok(n),
@@ -579,16 +596,6 @@ fn upstream_settings(
             format!("upstream \"{name}\" needs at least one target"),
         )
     })?;
-    let duration_or = |v: &Option<Spanned<String>>, default: Duration, what: &str| match v {
-        Some(d) => {
-            let got = src.duration(d)?;
-            if got.is_zero() {
-                return Err(src.err(d.span(), format!("{what} must be longer than 0")));
-            }
-            Ok(got)
-        }
-        None => Ok(default),
-    };
     let balance = match &u.balance {
         Some(b) => src.one_of(b, "upstream balance", Balance::NAMES)?,
         None => Balance::RoundRobin,
@@ -731,7 +738,7 @@ fn upstream_settings(
                         .map_err(|_| src.err(n.span(), "consecutive_failures is too large"))?,
                     None => 5,
                 },
-                eject: duration_or(&p.eject, Duration::from_secs(30), "eject")?,
+                eject: src.nonzero_duration_or(&p.eject, Duration::from_secs(30), "eject")?,
             })
         }
         None => None,
@@ -743,17 +750,29 @@ fn upstream_settings(
         tls,
         http2,
         host_header,
-        connect_timeout: duration_or(
+        connect_timeout: src.nonzero_duration_or(
             &u.connect_timeout,
             Duration::from_secs(1),
             "connect_timeout",
         )?,
-        read_timeout: duration_or(&u.read_timeout, Duration::from_secs(30), "read_timeout")?,
-        write_timeout: duration_or(&u.write_timeout, Duration::from_secs(30), "write_timeout")?,
-        idle_timeout: duration_or(&u.idle_timeout, Duration::from_secs(60), "idle_timeout")?,
-        timeout: duration_or(&u.timeout, Duration::from_secs(60), "timeout")?,
+        read_timeout: src.nonzero_duration_or(
+            &u.read_timeout,
+            Duration::from_secs(30),
+            "read_timeout",
+        )?,
+        write_timeout: src.nonzero_duration_or(
+            &u.write_timeout,
+            Duration::from_secs(30),
+            "write_timeout",
+        )?,
+        idle_timeout: src.nonzero_duration_or(
+            &u.idle_timeout,
+            Duration::from_secs(60),
+            "idle_timeout",
+        )?,
+        timeout: src.nonzero_duration_or(&u.timeout, Duration::from_secs(60), "timeout")?,
         retries,
-        resolve_interval: duration_or(
+        resolve_interval: src.nonzero_duration_or(
             &u.resolve_interval,
             Duration::from_secs(30),
             "resolve_interval",
@@ -852,19 +871,6 @@ fn health_check(
         Some(p) => p.get_ref().clone(),
         None => "/healthz".to_string(),
     };
-    let dur = |v: &Option<Spanned<String>>, default: Duration, what: &str| match v {
-        Some(d) => {
-            let got = src.duration(d)?;
-            if got.is_zero() {
-                return Err(src.err(
-                    d.span(),
-                    format!("health_check {what} must be longer than 0"),
-                ));
-            }
-            Ok(got)
-        }
-        None => Ok(default),
-    };
     let threshold = |v: &Option<Spanned<i64>>, default: usize, what: &str| match v {
         Some(n) => Ok(src.positive(n, what)? as usize),
         None => Ok(default),
@@ -882,8 +888,16 @@ fn health_check(
     Ok(HealthCheck {
         kind,
         path,
-        interval: dur(&h.interval, Duration::from_secs(5), "interval")?,
-        timeout: dur(&h.timeout, Duration::from_secs(1), "timeout")?,
+        interval: src.nonzero_duration_or(
+            &h.interval,
+            Duration::from_secs(5),
+            "health_check interval",
+        )?,
+        timeout: src.nonzero_duration_or(
+            &h.timeout,
+            Duration::from_secs(1),
+            "health_check timeout",
+        )?,
         healthy_threshold: threshold(&h.healthy_threshold, 2, "healthy_threshold")?,
         unhealthy_threshold: threshold(&h.unhealthy_threshold, 3, "unhealthy_threshold")?,
         expect_status,
