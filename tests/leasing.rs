@@ -205,12 +205,12 @@ lease_ttl = "50ms"
     let start = Instant::now();
     loop {
         let m = get_text(&c, gw.admin_url("/metrics")).await;
-        let spent = m
-            .lines()
-            .find(|l| l.starts_with("floodgate_lease_permits_total{event=\"spent\",rule=\"hot\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        if spent >= n as u64 {
+        let spent = metric_value(
+            &m,
+            "floodgate_lease_permits_total{event=\"spent\",rule=\"hot\"}",
+        )
+        .unwrap_or(0.0);
+        if spent >= n as f64 {
             assert!(
                 m.contains("floodgate_lease_taken_total{rule=\"hot\"}"),
                 "{m}"

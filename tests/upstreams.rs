@@ -207,7 +207,7 @@ async fn tls_to_upstreams_with_a_private_ca() {
     // Log lines reach stderr through the log writer's queue: wait for the last one.
     let deadline = Instant::now() + Duration::from_secs(10);
     let logs = loop {
-        let logs = plain(&gw.logs());
+        let logs = gw.logs();
         if logs.contains("TLS to upstream target failed upstream=nocert")
             || Instant::now() > deadline
         {
@@ -239,24 +239,6 @@ async fn tls_to_upstreams_with_a_private_ca() {
         !logs.contains("failed to acquire reusable stream"),
         "Pingora's pool message is not an error line"
     );
-}
-
-/// Log text without the terminal colour codes.
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// GETs spread over `tasks` concurrent loops until `stop` says so; returns the statuses seen,
@@ -356,7 +338,7 @@ async fn a_killed_target_is_taken_out_and_comes_back() {
         "{metrics}"
     );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !plain(&gw.logs()).contains(&format!(
+    while !gw.logs().contains(&format!(
         "upstream \"orders\" target {} ({}) becomes unhealthy",
         a.addr, a.addr
     )) {

@@ -368,6 +368,16 @@ pub fn http_get_raw(
     Ok(String::from_utf8_lossy(&raw).into_owned())
 }
 
+/// The value of one series in a Prometheus text exposition: the line `series value`, where
+/// `series` is the name with its labels as exposed (`name{a="x",b="y"}`, labels in name
+/// order). `None` when the series is not there.
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// A reqwest client with no proxy settings from the environment.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

@@ -40,6 +40,18 @@ async fn read_until_close(conn: &mut TcpStream, limit: Duration) -> (String, boo
 
 const GET: &[u8] = b"GET /orders HTTP/1.1\r\nhost: floodgate.test\r\n\r\n";
 
+/// Sends [`GET`] on a kept-alive connection and checks the answer is a 200 (one read: the
+/// answer is small).
+async fn get_200(conn: &mut TcpStream) {
+    conn.write_all(GET).await.unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}
+
 #[tokio::test]
 async fn silent_and_slow_clients_are_cut_off_by_header_timeout() {
     let api = OrdersApi::start("orders-1");
@@ -126,13 +138,7 @@ async fn idle_keepalive_connection_is_closed_and_a_busy_one_is_not() {
         if i > 0 {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        busy.write_all(GET).await.unwrap();
-        let mut buf = vec![0u8; 8192];
-        let n = tokio::time::timeout(Duration::from_secs(10), busy.read(&mut buf))
-            .await
-            .expect("response in time")
-            .unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        get_200(&mut busy).await;
     }
     // Then it goes idle: closed after about keepalive_timeout, without a 408.
     let started = Instant::now();
@@ -156,13 +162,7 @@ async fn a_stalled_second_head_gets_408_after_header_timeout_not_keepalive_timeo
         &[],
     );
     let mut conn = TcpStream::connect(gw.addr).await.unwrap();
-    conn.write_all(GET).await.unwrap();
-    let mut buf = vec![0u8; 8192];
-    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
-        .await
-        .expect("response in time")
-        .unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    get_200(&mut conn).await;
     // Idle past header_timeout (the connection now waits under the 30 s keepalive deadline,
     // and whatever timer the first request armed has fired and been re-armed to it), then half
     // a head and nothing more: the deadline is header_timeout from the first byte, earlier
@@ -199,10 +199,7 @@ async fn caps_close_new_connections_and_spare_everyone_else() {
     // The slots are taken when Pingora hands the connections over: a served request on a
     // held connection proves the first three are in.
     for conn in &mut held {
-        conn.write_all(GET).await.unwrap();
-        let mut buf = vec![0u8; 8192];
-        let n = conn.read(&mut buf).await.unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        get_200(conn).await;
     }
     let mut over = connect_from("127.0.0.2", gw.addr).await.unwrap();
     let _ = over.write_all(GET).await;
@@ -214,18 +211,13 @@ async fn caps_close_new_connections_and_spare_everyone_else() {
 
     // Another client is still served.
     let mut other = connect_from("127.0.0.3", gw.addr).await.unwrap();
-    other.write_all(GET).await.unwrap();
-    let mut buf = vec![0u8; 8192];
-    let n = other.read(&mut buf).await.unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    get_200(&mut other).await;
     held.push(other);
 
     // Two more from other IPs reach max_connections (6); the next one is closed.
     for ip in ["127.0.0.4", "127.0.0.5"] {
         let mut c = connect_from(ip, gw.addr).await.unwrap();
-        c.write_all(GET).await.unwrap();
-        let n = c.read(&mut buf).await.unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        get_200(&mut c).await;
         held.push(c);
     }
     let mut over = connect_from("127.0.0.6", gw.addr).await.unwrap();

@@ -10,11 +10,7 @@ const FLOOD: usize = 3_000;
 
 /// The value of `metric{rule="<rule>"}` in a Prometheus text exposition, if present.
 fn rule_series(metrics: &str, metric: &str, rule: &str) -> Option<f64> {
-    let prefix = format!("{metric}{{rule=\"{rule}\"}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
+    metric_value(metrics, &format!("{metric}{{rule=\"{rule}\"}}"))
 }
 
 #[tokio::test]
