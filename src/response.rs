@@ -224,9 +224,6 @@ impl Problem {
     /// The whole answer: this problem with the headers its status calls for.
     pub fn answer(self) -> Answer {
         Answer {
-            status: self.status,
-            retry_after: self.retry_after,
-            challenge: self.challenge,
             ratelimit: None,
             rejected_by: (!self.violated_rules.is_empty()).then(|| self.violated_rules.join(",")),
             close: self.status == 400,
@@ -238,14 +235,9 @@ impl Problem {
 /// A complete answer floodgate makes itself, ready for the proxy to write.
 #[derive(Debug, Clone)]
 pub struct Answer {
-    /// The status.
-    pub status: u16,
-    /// The body's problem document.
+    /// The body's problem document (its status, `Retry-After` and `WWW-Authenticate` are the
+    /// answer's).
     pub problem: Problem,
-    /// `Retry-After` seconds.
-    pub retry_after: Option<u64>,
-    /// `WWW-Authenticate` (401).
-    pub challenge: Option<&'static str>,
     /// RateLimit header fields of the rules that applied.
     pub ratelimit: Option<RateLimitHeaders>,
     /// The rules that refused the request, for the access log.
@@ -256,21 +248,36 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The status.
+    pub fn status(&self) -> u16 {
+        self.problem.status
+    }
+
+    /// `Retry-After` seconds.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.problem.retry_after
+    }
+
+    /// `WWW-Authenticate` (401).
+    pub fn challenge(&self) -> Option<&'static str> {
+        self.problem.challenge
+    }
+
     /// The response header, Content-Length set for `body_len` bytes of body.
     pub fn header(&self, request_id: &HeaderValue, body_len: usize) -> Result<ResponseHeader> {
-        let mut resp = ResponseHeader::build(self.status, Some(7))?;
+        let mut resp = ResponseHeader::build(self.status(), Some(7))?;
         let mut len = String::with_capacity(8);
         push_u64(&mut len, body_len as u64);
         resp.insert_header(http::header::CONTENT_TYPE, PROBLEM_JSON)?;
         resp.insert_header(http::header::CONTENT_LENGTH, len)?;
         resp.insert_header(http::header::CACHE_CONTROL, "no-store")?;
         resp.insert_header("x-request-id", request_id.clone())?;
-        if let Some(secs) = self.retry_after {
+        if let Some(secs) = self.retry_after() {
             let mut v = String::with_capacity(8);
             push_u64(&mut v, secs);
             resp.insert_header(http::header::RETRY_AFTER, v)?;
         }
-        if let Some(c) = self.challenge {
+        if let Some(c) = self.challenge() {
             resp.insert_header(http::header::WWW_AUTHENTICATE, c)?;
         }
         if let Some(h) = &self.ratelimit {
@@ -513,7 +520,7 @@ mod tests {
         for (p, status, close) in cases {
             assert_eq!(json(&p)["status"], status);
             let a = p.answer();
-            assert_eq!(a.status, status);
+            assert_eq!(a.status(), status);
             assert_eq!(a.close, close, "{status}");
             let h = a.header(&HeaderValue::from_static("id-1"), 10).unwrap();
             assert_eq!(h.status.as_u16(), status);
@@ -527,7 +534,7 @@ mod tests {
             assert_eq!(h.headers.contains_key("www-authenticate"), status == 401);
         }
         assert_eq!(
-            Problem::unauthorized(false).answer().challenge,
+            Problem::unauthorized(false).answer().challenge(),
             Some(CHALLENGE_INVALID)
         );
     }

@@ -164,7 +164,7 @@ async fn routes_first_match_and_404() {
     let f = fixture(CONFIG);
     let a = f.admit(&req("/nowhere", &[("host", "x")])).await;
     let ans = answer(&a);
-    assert_eq!(ans.status, 404);
+    assert_eq!(ans.status(), 404);
     assert_eq!(body(ans)["detail"], "no route matches /nowhere");
     assert_eq!(body(ans)["request_id"], "req-1");
     assert_eq!(a.route, None);
@@ -183,14 +183,14 @@ async fn auth_modes() {
     let f = fixture(CONFIG);
     // required: missing, wrong, right (header or bearer)
     let a = f.admit(&req("/orders", &[])).await;
-    assert_eq!(answer(&a).status, 401);
+    assert_eq!(answer(&a).status(), 401);
     assert_eq!(
-        answer(&a).challenge,
+        answer(&a).challenge(),
         Some(crate::response::CHALLENGE_MISSING)
     );
     let a = f.admit(&req("/orders", &[("x-api-key", "nope")])).await;
     assert_eq!(
-        answer(&a).challenge,
+        answer(&a).challenge(),
         Some(crate::response::CHALLENGE_INVALID)
     );
     let a = f
@@ -210,7 +210,7 @@ async fn auth_modes() {
     let a = f.admit(&req("/catalog/1", &[])).await;
     assert!(forwarded(&a) && a.identity.is_none());
     let a = f.admit(&req("/catalog/1", &[("x-api-key", "nope")])).await;
-    assert_eq!(answer(&a).status, 401);
+    assert_eq!(answer(&a).status(), 401);
     // none: keys are not even read
     let a = f.admit(&req("/open/x", &[("x-api-key", "nope")])).await;
     assert!(forwarded(&a) && a.identity.is_none());
@@ -228,7 +228,7 @@ async fn malformed_hosts_and_paths_are_400_and_close() {
     ] {
         let a = f.admit(&r).await;
         let ans = answer(&a);
-        assert_eq!(ans.status, 400, "{}", r.raw);
+        assert_eq!(ans.status(), 400, "{}", r.raw);
         assert!(ans.close);
         assert_eq!(body(ans)["type"], "urn:floodgate:problem:bad-request");
     }
@@ -239,7 +239,7 @@ async fn normalized_targets_and_absolute_form() {
     let f = fixture(CONFIG);
     // A re-spelled path is routed (and authenticated) as what it is, and forwarded normalized.
     let a = f.admit(&req("//x/../orders/1?a=b", &[])).await;
-    assert_eq!(answer(&a).status, 401);
+    assert_eq!(answer(&a).status(), 401);
     let a = f.admit(&req("/open//x/./y/", &[])).await;
     assert_eq!(a.target.as_ref().unwrap(), "/open/x/y/");
     // Absolute form without Host: the authority is the host for routes and rules, and the
@@ -252,7 +252,7 @@ async fn normalized_targets_and_absolute_form() {
         .admit(&req("/hosted/1", &[("host", "api.example.com.:8080")]))
         .await;
     assert_eq!(
-        answer(&a).status,
+        answer(&a).status(),
         429,
         "the host rule counts both spellings"
     );
@@ -274,15 +274,15 @@ async fn rule_outcomes() {
     }
     let a = f.admit(&req("/orders", &key)).await;
     let ans = answer(&a);
-    assert_eq!(ans.status, 429);
-    assert!(ans.retry_after.unwrap() >= 1);
+    assert_eq!(ans.status(), 429);
+    assert!(ans.retry_after().unwrap() >= 1);
     assert_eq!(ans.rejected_by.as_deref(), Some("orders-per-key"));
     assert!(ans.ratelimit.as_ref().unwrap().state.contains("r=0"));
     assert_eq!(body(ans)["violated_rules"][0], "orders-per-key");
     // A rule's own status.
     assert!(forwarded(&f.admit(&req("/open/strict", &[])).await));
     let a = f.admit(&req("/open/strict", &[])).await;
-    assert_eq!(answer(&a).status, 403);
+    assert_eq!(answer(&a).status(), 403);
     assert_eq!(body(answer(&a))["title"], "Request Rejected");
     // Shadow rules never reject.
     for _ in 0..3 {
@@ -297,7 +297,7 @@ async fn concurrency_slots_are_held_until_the_leases_drop() {
     assert!(forwarded(&first));
     assert!(first.leases.is_some());
     let second = f.admit(&req("/catalog/1", &[])).await;
-    assert_eq!(answer(&second).status, 429);
+    assert_eq!(answer(&second).status(), 429);
     drop(first);
     assert!(forwarded(&f.admit(&req("/catalog/1", &[])).await));
 }
@@ -333,11 +333,11 @@ on_store_error = "closed"
     );
     let a = f.admit(&req("/x", &[])).await;
     let ans = answer(&a);
-    assert_eq!(ans.status, 503);
+    assert_eq!(ans.status(), 503);
     assert_eq!(
         body(ans)["type"],
         "urn:floodgate:problem:limiter-unavailable"
     );
-    assert!(ans.retry_after.is_some());
+    assert!(ans.retry_after().is_some());
     assert_eq!(ans.rejected_by.as_deref(), Some("strict"));
 }
