@@ -27,7 +27,7 @@ use super::memory::MemoryStore;
 use super::policy::{FailureMode, Policy, Scope};
 use super::redis::RedisStore;
 use super::settings::{Backend, Store};
-use super::store::{Grant, SharedStore, StoreError};
+use super::store::{SharedStore, StoreError};
 use super::{Algorithm, Check, Decision, LeakyMode};
 
 /// `Retry-After` of a 503 caused by a failing store: the circuit breaker's cool-down scale.
@@ -345,22 +345,10 @@ impl Limiter {
                     let lease = fastrand::u64(..);
                     let sent = Instant::now();
                     calls = 1.0;
-                    let answer = if wants.iter().all(|&w| w == 0) {
-                        shared
-                            .decide(&call_checks, lease, store.timeout)
-                            .await
-                            .map(|ds| ds.into_iter().map(|d| (d, Grant::default())).collect())
-                    } else {
-                        shared
-                            .decide_leased(
-                                &call_checks,
-                                &wants,
-                                store.instances,
-                                lease,
-                                store.timeout,
-                            )
-                            .await
-                    };
+                    // Exact checks want 0 permits: the same call decides them exactly.
+                    let answer = shared
+                        .decide_leased(&call_checks, &wants, store.instances, lease, store.timeout)
+                        .await;
                     match answer {
                         Ok(answers) => {
                             admitted = answers.iter().all(|(d, _)| d.allowed);
