@@ -21,7 +21,6 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -196,7 +195,7 @@ impl<L: Clone> SpaceSaving<L> {
 /// The readable key parts of one client under one rule, as `(part, value)`: `("ip",
 /// "10.0.0.7")`, `("api_key", "acme-prod")` (the key id, never the secret). Values of
 /// `header:` and `query:` parts that carry credentials are shown as a digest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Client {
     /// The parts in the rule's key order.
     pub parts: Vec<(String, String)>,
@@ -448,7 +447,6 @@ impl RuleTop {
 /// Every rule's [`RuleTop`], by rule name, and the process-wide request totals.
 pub struct Top {
     rules: RwLock<HashMap<Arc<str>, Arc<Mutex<RuleTop>>>>,
-    hasher: ahash::RandomState,
     started: Instant,
     started_unix: u64,
     /// Requests that had at least one applying rule decided.
@@ -461,7 +459,6 @@ pub struct Top {
 
 static TOP: LazyLock<Top> = LazyLock::new(|| Top {
     rules: RwLock::new(HashMap::new()),
-    hasher: ahash::RandomState::new(),
     started: Instant::now(),
     started_unix: SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -499,39 +496,6 @@ impl Top {
         self.rules
             .write()
             .retain(|name, _| config.rules.iter().any(|r| r.name == *name));
-    }
-
-    /// A hash of `rule`'s key values for this request (the same values its counter key is
-    /// built from), or `None` when a part is absent.
-    fn client_hash(&self, rule: &Rule, view: &RequestView<'_>) -> Option<u64> {
-        let mut h = self.hasher.build_hasher();
-        for part in &rule.key_parts {
-            let mut ip = [0u8; 16];
-            let value: &[u8] = match part {
-                KeyPart::Ip => match view.ip {
-                    IpAddr::V4(v4) => {
-                        ip[..4].copy_from_slice(&v4.octets());
-                        &ip[..4]
-                    }
-                    IpAddr::V6(v6) => {
-                        ip = v6.octets();
-                        &ip
-                    }
-                },
-                KeyPart::ApiKey => view.identity?.id.as_bytes(),
-                KeyPart::User => view.identity?.user.as_bytes(),
-                KeyPart::Plan => view.identity?.plan.as_deref()?.as_bytes(),
-                KeyPart::Route => view.route.as_bytes(),
-                KeyPart::Method => view.method.as_str().as_bytes(),
-                KeyPart::Path => crate::normalize::trim_trailing_slash(view.path).as_bytes(),
-                KeyPart::Header(name) => view.headers.get(name)?.as_bytes(),
-                KeyPart::Query(name) => query_param(view.query?, name)?.as_bytes(),
-            };
-            let value = &value[..value.len().min(MAX_KEY_VALUE)];
-            h.write_usize(value.len());
-            h.write(value);
-        }
-        Some(h.finish())
     }
 }
 
@@ -639,21 +603,20 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
             // Rejected by another rule: this one neither admitted nor rejected it.
             continue;
         }
-        // The outcome names each rule's policy; its key parts are on the rule itself.
-        let Some(rule) = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule)) else {
-            continue;
-        };
-        let Some(hash) = t.client_hash(rule, view) else {
-            continue;
-        };
+        // The client is the counter the request charged: the digest of the rule's key values.
         let state = t.rule_or_new(&a.rule.name);
         let mut label: Option<Arc<Client>> = None;
         let mut make = || {
             label
-                .get_or_insert_with(|| Arc::new(client_label(cfg, rule, view)))
+                .get_or_insert_with(|| {
+                    // Only for a client the sketch is about to list: the rule's key parts are
+                    // on the rule, which the outcome names by its policy.
+                    let rule = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule));
+                    Arc::new(rule.map_or_else(Client::default, |r| client_label(cfg, r, view)))
+                })
                 .clone()
         };
-        state.lock().record(now, hash, admitted, &mut make);
+        state.lock().record(now, a.counter, admitted, &mut make);
     }
 }
 

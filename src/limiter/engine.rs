@@ -64,6 +64,8 @@ pub enum Verdict {
 pub struct Applied {
     /// The rule.
     pub rule: Arc<Policy>,
+    /// The counter the request charged ([`Check::counter`]): who the client is to this rule.
+    pub counter: u64,
     /// Its decision.
     pub decision: Decision,
 }
@@ -460,10 +462,12 @@ impl Limiter {
 
         let applied: Vec<Applied> = enforcing_rules
             .iter()
+            .zip(&enforcing)
             .zip(decisions)
-            .filter_map(|(rule, d)| {
+            .filter_map(|((rule, check), d)| {
                 d.map(|decision| Applied {
                     rule: rule.clone(),
+                    counter: check.counter,
                     decision,
                 })
             })
