@@ -42,6 +42,7 @@ fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm)
             status: 429,
             counters: RuleCounters::for_rule(name),
             lease: None,
+            max_waiting: floodgate::limiter::engine::MAX_WAITING_PER_RULE,
         }),
     }
 }

@@ -48,7 +48,6 @@ impl Gateway {
     /// A gateway running `config`.
     pub fn new(config: Config) -> Self {
         let limiter = Limiter::new(&config.store);
-        limiter.set_max_waiting(config.max_waiting.clone());
         let path = config.path.clone();
         let config = Arc::new(config);
         register_rule_series(&config);
@@ -98,7 +97,6 @@ impl Gateway {
                 if !restart.is_empty() {
                     tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
                 }
-                self.limiter.set_max_waiting(new.max_waiting.clone());
                 register_rule_series(&new);
                 // Top clients are kept by rule name: a removed rule's go with it.
                 crate::top::top().retain_rules(&new);

@@ -271,6 +271,7 @@ mod tests {
                 status: 429,
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rule"),
                 lease: None,
+                max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
             }),
         }
     }

@@ -889,6 +889,7 @@ fn rule_of(a: &Applied) -> Policy {
         status: 429,
         counters: RuleCounters::for_rule("fuzz"),
         lease: None,
+        max_waiting: floodgate::limiter::engine::MAX_WAITING_PER_RULE,
     }
 }
 

@@ -43,9 +43,6 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
-    /// `max_waiting` of each shaping rule, by rule name: how many requests it may hold at once
-    /// (the limiter enforces it; see `limiter::engine::MAX_WAITING_PER_RULE`).
-    pub max_waiting: std::collections::HashMap<Arc<str>, usize>,
     /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
     /// reloader compares files against it to tell a real change from a no-op event.
     pub fingerprint: [u8; 32],

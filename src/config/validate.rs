@@ -153,7 +153,6 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let upstreams = upstreams(&src, &raw.upstreams, &dir, &mut warnings)?;
     let routes = routes(&src, &raw.routes, &upstreams)?;
     let rules = rules(&src, &raw.rules, &routes)?;
-    let max_waiting = max_waiting(&src, &raw.rules)?;
     if routes.is_empty() {
         // Checked last, so that a file with other mistakes names those first. A zero-byte or truncated file parses as TOML; in force it would answer 404 to
         // everything while looking healthy.
@@ -175,7 +174,6 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         routes,
         rules,
-        max_waiting,
         fingerprint: match keys_text {
             // The same files, in the same order, as the reloader fingerprints: a keys file
             // only when one is named (an extra empty entry made every start reload once).
@@ -950,31 +948,6 @@ fn routes(
     Ok(out)
 }
 
-/// Each shaping rule's `max_waiting` (default [`MAX_WAITING_PER_RULE`]); the key is refused on
-/// any other rule. Runs after `rules`, which has checked algorithm and mode.
-fn max_waiting(
-    src: &Src,
-    raw: &[RawRule],
-) -> Result<std::collections::HashMap<Arc<str>, usize>, ConfigError> {
-    let mut out = std::collections::HashMap::new();
-    for r in raw {
-        let shaping = r.algorithm.get_ref() == "leaky_bucket"
-            && r.mode.as_ref().is_some_and(|m| m.get_ref() == "shape");
-        let cap = match &r.max_waiting {
-            Some(m) if shaping => src.positive(m, "max_waiting")? as usize,
-            Some(m) => {
-                let name = r.name.get_ref();
-                let why = "max_waiting applies to leaky_bucket with mode = \"shape\" only";
-                return Err(src.err(m.span(), format!("rule \"{name}\": {why}")));
-            }
-            None if shaping => MAX_WAITING_PER_RULE,
-            None => continue,
-        };
-        out.insert(Arc::from(r.name.get_ref().as_str()), cap);
-    }
-    Ok(out)
-}
-
 /// The longest a shaping leaky bucket may hold a request (`max_delay`, and the default of
 /// `window` is capped to it): every held request keeps its client's connection open.
 pub const MAX_SHAPING_DELAY: Duration = Duration::from_secs(60);
@@ -1130,6 +1103,15 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             None => 429,
         };
         let lease = rule_lease(src, r, name, algorithm, mode, scope, cost)?;
+        let shaping = algorithm == Algorithm::LeakyBucket && mode == LeakyMode::Shape;
+        let max_waiting = match &r.max_waiting {
+            Some(m) if shaping => src.positive(m, "max_waiting")? as usize,
+            Some(m) => {
+                let why = "max_waiting applies to leaky_bucket with mode = \"shape\" only";
+                return Err(src.err(m.span(), format!("rule \"{name}\": {why}")));
+            }
+            None => MAX_WAITING_PER_RULE,
+        };
         let m = &r.matcher;
         if let Some(route) = &m.route {
             if !routes.iter().any(|rt| &*rt.name == route.get_ref()) {
@@ -1181,6 +1163,7 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
                 status,
                 counters: crate::metrics::RuleCounters::for_rule(name),
                 lease,
+                max_waiting,
             }),
         }));
     }

@@ -109,8 +109,6 @@ pub const MAX_WAITING_PER_RULE: usize = 1000;
 /// waiting. Bounded: at most each rule's cap of entries per rule.
 #[derive(Default)]
 struct Waiting {
-    /// Each rule's cap (its `max_waiting`), from the config in force.
-    caps: parking_lot::RwLock<std::collections::HashMap<Arc<str>, usize>>,
     rules: parking_lot::Mutex<
         std::collections::HashMap<
             Arc<str>,
@@ -120,10 +118,14 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// Takes a waiting place until `now + delay` in each of `rules`, all or none. `Err(i)`:
-    /// `rules[i]` is full.
-    fn reserve(&self, rules: &[&Arc<str>], now: Instant, delay: Duration) -> Result<(), usize> {
-        let caps = self.caps.read();
+    /// Takes a waiting place until `now + delay` in each of `rules` (name, `max_waiting`), all
+    /// or none. `Err(i)`: `rules[i]` is full.
+    fn reserve(
+        &self,
+        rules: &[(&Arc<str>, usize)],
+        now: Instant,
+        delay: Duration,
+    ) -> Result<(), usize> {
         let mut map = self.rules.lock();
         // Waits that have ended go first. Rules without a waiting request hold no entry, so
         // the map stays as small as the number of rules holding requests right now.
@@ -133,14 +135,13 @@ impl Waiting {
             }
             !heap.is_empty()
         });
-        for (i, rule) in rules.iter().enumerate() {
+        for (i, (rule, cap)) in rules.iter().enumerate() {
             let waiting = map.get(&***rule).map_or(0, |heap| heap.len());
-            let cap = caps.get(&***rule).copied().unwrap_or(MAX_WAITING_PER_RULE);
-            if waiting >= cap.max(1) {
+            if waiting >= (*cap).max(1) {
                 return Err(i);
             }
         }
-        for rule in rules {
+        for (rule, _) in rules {
             map.entry((*rule).clone())
                 .or_default()
                 .push(std::cmp::Reverse(now + delay));
@@ -190,12 +191,6 @@ impl Limiter {
             waiting: Waiting::default(),
             leases: Arc::new(LeaseTable::default()),
         }
-    }
-
-    /// Sets each shaping rule's `max_waiting` (by rule name) from the config coming into
-    /// force; rules not named keep [`MAX_WAITING_PER_RULE`].
-    pub fn set_max_waiting(&self, caps: std::collections::HashMap<Arc<str>, usize>) {
-        *self.waiting.caps.write() = caps;
     }
 
     /// The in-process store (for metrics and tests).
@@ -431,9 +426,11 @@ impl Limiter {
                     .filter_map(|&i| decisions[i].as_ref().map(|d| d.delay))
                     .max()
                     .unwrap_or_default();
-                let names: Vec<&Arc<str>> =
-                    holding.iter().map(|&i| &enforcing_rules[i].name).collect();
-                if let Err(full) = self.waiting.reserve(&names, Instant::now(), delay) {
+                let caps: Vec<(&Arc<str>, usize)> = holding
+                    .iter()
+                    .map(|&i| (&enforcing_rules[i].name, enforcing_rules[i].max_waiting))
+                    .collect();
+                if let Err(full) = self.waiting.reserve(&caps, Instant::now(), delay) {
                     let i = holding[full];
                     if let Some(d) = decisions[i].as_mut() {
                         d.allowed = false;

@@ -32,6 +32,9 @@ pub struct Policy {
     /// Quota leasing (`lease`, `lease_ttl`): global rules of leasable algorithms only (see
     /// [`super::lease`]); `None`: every request is decided by the shared store.
     pub lease: Option<Lease>,
+    /// How many requests a shaping rule may hold at once (`max_waiting`); other rules hold
+    /// none, and leave it at the default.
+    pub max_waiting: usize,
 }
 
 /// Where a rule's counters live.
