@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use common::redis::{RedisCluster, RedisServer};
 use floodgate::config::{Backend, Store};
 use floodgate::limiter::algorithm::{self, State};
@@ -58,22 +59,6 @@ fn secs(s: u64) -> Duration {
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// Polls `f` until it returns `Some`, or panics after `limit` naming `what`.
-async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(ms(20)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

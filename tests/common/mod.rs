@@ -368,6 +368,22 @@ pub fn http_get_raw(
     Ok(String::from_utf8_lossy(&raw).into_owned())
 }
 
+/// Polls `f` every 20 ms until it returns `Some`, or panics after `limit` naming `what`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The value of one series in a Prometheus text exposition: the line `series value`, where
 /// `series` is the name with its labels as exposed (`name{a="x",b="y"}`, labels in name
 /// order). `None` when the series is not there.
