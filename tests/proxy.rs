@@ -304,7 +304,7 @@ window = "1h"
 async fn round_robin_skips_refusing_targets_and_reports_502_504() {
     let a = OrdersApi::start("orders-a");
     let b = OrdersApi::start("orders-b");
-    let dead: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let dead = free_addr();
     let gw = Gateway::start(&base(&[a.addr, dead, b.addr]));
     let c = client();
     let mut served = std::collections::BTreeMap::new();

@@ -6,48 +6,11 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use serde_json::Value;
-
-/// An orders-api started with extra flags (TLS, `--status`), on a chosen address so that a
-/// test can restart it where it was.
-struct Api {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Api {
-    fn start(name: &str, addr: SocketAddr, extra: &[&str]) -> Api {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
-            .args(["--listen", &addr.to_string(), "--name", name])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start orders-api");
-        wait_for_port(addr, Duration::from_secs(20), &mut child, "orders-api");
-        Api { child, addr }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        stop(&mut self.child);
-    }
-}
-
-fn local() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port()).parse().unwrap()
-}
 
 /// A private CA and what it signs.
 struct Ca {
@@ -120,15 +83,15 @@ async fn tls_to_upstreams_with_a_private_ca() {
     let ca_path = write(dir, "ca.pem", &ca_pem);
 
     let tls = ["--tls-cert", &cert, "--tls-key", &key];
-    let good = Api::start("good", local(), &tls);
-    let expired = Api::start(
+    let good = OrdersApi::start_at("good", free_addr(), &tls);
+    let expired = OrdersApi::start_at(
         "expired",
-        local(),
+        free_addr(),
         &["--tls-cert", &old_cert, "--tls-key", &old_key],
     );
-    let mtls = Api::start(
+    let mtls = OrdersApi::start_at(
         "mtls",
-        local(),
+        free_addr(),
         &[
             "--tls-cert",
             &cert,
@@ -302,8 +265,8 @@ async fn wait_health(c: &reqwest::Client, gw: &Gateway, target: SocketAddr, heal
 
 #[tokio::test]
 async fn a_killed_target_is_taken_out_and_comes_back() {
-    let mut a = Api::start("orders-a", local(), &[]);
-    let b = Api::start("orders-b", local(), &[]);
+    let mut a = OrdersApi::start_at("orders-a", free_addr(), &[]);
+    let b = OrdersApi::start_at("orders-b", free_addr(), &[]);
     let body = format!(
         "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\nconnect_timeout = \"500ms\"\nretries = 1\n\
          health_check = {{ type = \"http\", path = \"/healthz\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 2, unhealthy_threshold = 2 }}\n\
@@ -366,7 +329,7 @@ async fn a_killed_target_is_taken_out_and_comes_back() {
     );
 
     // Restarted where it was: checked healthy again, it gets traffic.
-    let _a = Api::start("orders-a", a.addr, &[]);
+    let _a = OrdersApi::start_at("orders-a", a.addr, &[]);
     wait_health(&c, &gw, a.addr, true).await;
     let mut by_a = 0;
     for _ in 0..10 {
@@ -388,8 +351,8 @@ async fn a_killed_target_is_taken_out_and_comes_back() {
 
 #[tokio::test]
 async fn passive_ejection_of_a_target_answering_500() {
-    let good = Api::start("good", local(), &[]);
-    let sick = Api::start("sick", local(), &["--status", "500"]);
+    let good = OrdersApi::start_at("good", free_addr(), &[]);
+    let sick = OrdersApi::start_at("sick", free_addr(), &["--status", "500"]);
     let body = format!(
         "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\n\
          passive = {{ consecutive_failures = 2, eject = \"1h\" }}\n\
@@ -421,9 +384,9 @@ async fn passive_ejection_of_a_target_answering_500() {
 #[tokio::test]
 async fn consistent_hashing_on_the_normalized_path() {
     let apis = [
-        Api::start("orders-a", local(), &[]),
-        Api::start("orders-b", local(), &[]),
-        Api::start("orders-c", local(), &[]),
+        OrdersApi::start_at("orders-a", free_addr(), &[]),
+        OrdersApi::start_at("orders-b", free_addr(), &[]),
+        OrdersApi::start_at("orders-c", free_addr(), &[]),
     ];
     let body = format!(
         "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\", \"{}\"]\n\
@@ -477,7 +440,7 @@ async fn a_retry_forwards_the_normalized_path() {
     // the request was sent: the request had already been prepared for it) and one that answers:
     // every request the round robin sends to the first is retried on the second, which must
     // receive the path as normalized, like a request that went there at once.
-    let live = Api::start("orders-live", local(), &[]);
+    let live = OrdersApi::start_at("orders-live", free_addr(), &[]);
     let closer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead = closer.local_addr().unwrap();
     let closing = tokio::spawn(async move {
@@ -528,7 +491,7 @@ async fn a_retry_forwards_the_normalized_path() {
 
 #[tokio::test]
 async fn every_target_down_is_503_with_retry_after() {
-    let dead = local();
+    let dead = free_addr();
     let body = format!(
         "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{dead}\"]\n\
          health_check = {{ type = \"tcp\", interval = \"1s\", timeout = \"200ms\", unhealthy_threshold = 1 }}\n\
@@ -561,13 +524,13 @@ async fn every_target_down_is_503_with_retry_after() {
 async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
     let port = free_port();
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _a4 = Api::start("v4", v4, &[]);
+    let _a4 = OrdersApi::start_at("v4", v4, &[]);
     // Also on ::1 where the machine has it: `localhost` may resolve to both.
     let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
     let _a6 = std::net::TcpListener::bind(v6)
         .ok()
         .map(drop)
-        .map(|()| Api::start("v6", v6, &[]));
+        .map(|()| OrdersApi::start_at("v6", v6, &[]));
     let body = format!(
         "[[upstreams]]\nname = \"orders\"\ntargets = [\"localhost:{port}\", \"nothere.invalid:{port}\"]\nhost_header = \"orders.internal\"\n\
          [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n"
@@ -614,12 +577,12 @@ async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
 async fn a_name_that_resolves_late_becomes_healthy_with_every_address() {
     let port = free_port();
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _a4 = Api::start("v4", v4, &[]);
+    let _a4 = OrdersApi::start_at("v4", v4, &[]);
     let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
     let a6 = std::net::TcpListener::bind(v6)
         .ok()
         .map(drop)
-        .map(|()| Api::start("v6", v6, &[]));
+        .map(|()| OrdersApi::start_at("v6", v6, &[]));
     // The name is in no resolver yet: floodgate's own hosts file is empty.
     let hosts_dir = tempfile::tempdir().unwrap();
     let hosts = hosts_dir.path().join("hosts");
@@ -750,8 +713,8 @@ fn k8s_configmap_checks_without_cluster_dns() {
 
 #[tokio::test]
 async fn total_timeout_and_retries_only_for_idempotent_methods() {
-    let api = Api::start("live", local(), &[]);
-    let dead = local();
+    let api = OrdersApi::start_at("live", free_addr(), &[]);
+    let dead = free_addr();
     let body = format!(
         "{DEMO_KEYS}\n[[upstreams]]\nname = \"slow\"\ntargets = [\"{live}\"]\ntimeout = \"1s\"\nread_timeout = \"30s\"\n\
          [[upstreams]]\nname = \"flaky\"\ntargets = [\"{dead}\", \"{live}\"]\nretries = 1\n\

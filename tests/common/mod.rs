@@ -75,9 +75,15 @@ pub struct OrdersApi {
 impl OrdersApi {
     /// Starts one named `name` on a free port.
     pub fn start(name: &str) -> OrdersApi {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        OrdersApi::start_at(name, free_addr(), &[])
+    }
+
+    /// Starts one named `name` on `addr` (so that a test can restart it where it was), with
+    /// `extra` flags (TLS, `--status`, ...).
+    pub fn start_at(name: &str, addr: SocketAddr, extra: &[&str]) -> OrdersApi {
         let mut child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
             .args(["--listen", &addr.to_string(), "--name", name])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -85,6 +91,17 @@ impl OrdersApi {
         wait_for_port(addr, Duration::from_secs(20), &mut child, "orders-api");
         OrdersApi { child, addr }
     }
+
+    /// Kills it at once (a target that dies).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback address on a free port.
+pub fn free_addr() -> SocketAddr {
+    format!("127.0.0.1:{}", free_port()).parse().unwrap()
 }
 
 impl Drop for OrdersApi {
@@ -480,8 +497,8 @@ impl Gateway {
         for (name, content) in files {
             std::fs::write(dir.path().join(name), content).expect("write file");
         }
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let addr = free_addr();
+        let admin = free_addr();
         let config = format!("{}\n{body}", server(addr, admin));
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config).expect("write config");
