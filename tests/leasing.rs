@@ -60,6 +60,15 @@ fn window_index() -> u128 {
         / 3000
 }
 
+/// One `GET /orders` with `headers`: its status.
+async fn get_orders(c: &reqwest::Client, gw: &Gateway, headers: &[(&str, &str)]) -> u16 {
+    let mut req = c.get(gw.url("/orders"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_never_admit_more_than_the_limit() {
     let redis = RedisServer::start();
@@ -128,14 +137,10 @@ lease_ttl = "50ms"
     let c = client();
     // Warm the connection and load the script (a first EVALSHA meets NOSCRIPT and is sent
     // again).
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-test", "cold")
-        .header("x-user", "warm")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        get_orders(&c, &gw, &[("x-test", "cold"), ("x-user", "warm")]).await,
+        200
+    );
 
     // Cold keys: a key seen once, and a key seen less often than its lease TTL, cost one
     // call per request, never more (no lease to return).
@@ -143,25 +148,17 @@ lease_ttl = "50ms"
     let mut sent = 0;
     for i in 0..10 {
         let user = format!("once-{i}");
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-test", "cold")
-            .header("x-user", &user)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        assert_eq!(
+            get_orders(&c, &gw, &[("x-test", "cold"), ("x-user", &user)]).await,
+            200
+        );
         sent += 1;
     }
     for _ in 0..5 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-test", "cold")
-            .header("x-user", "seldom")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        assert_eq!(
+            get_orders(&c, &gw, &[("x-test", "cold"), ("x-user", "seldom")]).await,
+            200
+        );
         sent += 1;
         // The load shape under test: one request per 200 ms, four lease TTLs apart.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -286,13 +283,7 @@ on_store_error = "closed"
     let c = client();
 
     // Reload: one request leases 40 permits (held for an hour); a reload gives back 39.
-    let r = c
-        .get(a.url("/orders"))
-        .header("x-user", "r")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(get_orders(&c, &a, &[("x-user", "r")]).await, 200);
     assert_eq!(fixed_window_count(&redis, "fg:fw:*"), 40, "leased");
     let r = c.post(a.admin_url("/reload")).send().await.unwrap();
     assert!(r.status().is_success(), "{}", r.status());
@@ -302,13 +293,7 @@ on_store_error = "closed"
     .await;
 
     // Shutdown (SIGTERM): the lease taken again is given back before the process exits.
-    let r = c
-        .get(a.url("/orders"))
-        .header("x-user", "r")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(get_orders(&c, &a, &[("x-user", "r")]).await, 200);
     assert_eq!(fixed_window_count(&redis, "fg:fw:*"), 41);
     send_signal(a.pid(), "TERM");
     eventually(Duration::from_secs(10), "returned on shutdown", || {
@@ -351,13 +336,7 @@ on_store_error = "closed"
     })
     .await;
     let first = window_index();
-    let r = c
-        .get(a.url("/orders"))
-        .header("x-user", "k")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(get_orders(&c, &a, &[("x-user", "k")]).await, 200);
     send_signal(a.pid(), "KILL");
     a.stop();
     // A held 19 unspent permits when it died: they stay charged (A may have spent them), so
