@@ -101,14 +101,15 @@ thread_local! {
     static ON_WRITER: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Queues `line` for the access log; called once per request when `server.access_log` is on.
-/// Never blocks: if the writer has fallen a whole queue behind, the line is dropped and
-/// counted in `floodgate_access_log_dropped_total`.
-pub fn record(line: AccessLine) {
-    // RUST_LOG may silence the `access` target: then there is nothing to queue.
+/// Queues the line `line` builds for the access log; called once per request when
+/// `server.access_log` is on. The line is built only if it will be written (RUST_LOG may
+/// silence the `access` target). Never blocks: if the writer has fallen a whole queue
+/// behind, the line is dropped and counted in `floodgate_access_log_dropped_total`.
+pub fn record(line: impl FnOnce() -> AccessLine) {
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
         return;
     }
+    let line = line();
     let Some(queue) = QUEUE.get_or_init(start) else {
         emit(&line);
         return;

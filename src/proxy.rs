@@ -486,15 +486,14 @@ impl ProxyHttp for Proxy {
             Some(r) => r.requests.inc(&r.name, status),
             None => NO_ROUTE.inc("-", status),
         }
-        let route = route.map_or_else(|| NO_ROUTE_NAME.clone(), |r| r.name.clone());
         if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
             return;
         }
-        crate::access_log::record(crate::access_log::AccessLine {
+        crate::access_log::record(|| crate::access_log::AccessLine {
             method: req.method.clone(),
             path: req.uri.path().to_owned(),
             status,
-            route,
+            route: route.map_or_else(|| NO_ROUTE_NAME.clone(), |r| r.name.clone()),
             upstream: ctx.upstream().map(|u| u.name.clone()),
             identity: ctx.identity.clone(),
             client_ip: ctx.client_ip,

@@ -100,6 +100,13 @@ pub struct Options {
     pub cool_down: Duration,
 }
 
+impl Options {
+    /// The slot lease TTL as the scripts take it: whole microseconds, at least 1.
+    fn lease_ttl_us(&self) -> u64 {
+        sat(self.lease_ttl.as_micros()).clamp(1, MAX_EXACT)
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -487,7 +494,7 @@ impl Inner {
             .map(|(c, &w)| Params::leasing(c, w, instances))
             .collect();
         let lease = hex16(lease);
-        let lease_ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
+        let lease_ttl_us = self.options.lease_ttl_us();
         let now = now_us
             .map(|n| n.min(MAX_EXACT).to_string())
             .unwrap_or_default();
@@ -600,7 +607,7 @@ impl Inner {
     }
 
     async fn renew(&self, checks: &[Check], lease: u64) {
-        let ttl_us = sat(self.options.lease_ttl.as_micros()).clamp(1, MAX_EXACT);
+        let ttl_us = self.options.lease_ttl_us();
         if let Some(Err(_)) = self.slot_calls(&RENEW, checks, lease, Some(ttl_us)).await {
             tracing::debug!("concurrency slot renewal timed out; it is retried");
         }
