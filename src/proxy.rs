@@ -168,7 +168,9 @@ impl ProxyHttp for Proxy {
                 }
                 Ok(false)
             }
-            Next::Answer(answer) => {
+            Next::Answer(mut answer) => {
+                // Only admission's answers name rules that refused the request.
+                ctx.rejected_by = answer.rejected_by.take();
                 // Boxed: Pingora's write futures are large, and inline they would make every
                 // request's `request_filter` future (allocated and moved per request) larger.
                 Box::pin(self.send(session, ctx, &answer)).await?;
@@ -509,15 +511,7 @@ impl ProxyHttp for Proxy {
 
 impl Proxy {
     /// Writes an answer floodgate makes itself (a problem+json document with its headers).
-    async fn send(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        answer: &Answer,
-    ) -> Result<()> {
-        if answer.rejected_by.is_some() {
-            ctx.rejected_by.clone_from(&answer.rejected_by);
-        }
+    async fn send(&self, session: &mut Session, ctx: &RequestCtx, answer: &Answer) -> Result<()> {
         if answer.close {
             session.set_keepalive(None);
         }
