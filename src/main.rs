@@ -102,8 +102,14 @@ fn main() -> ExitCode {
                     tracing::warn!(error = %e, "cannot raise the open-file limit (RLIMIT_NOFILE)")
                 }
             }
+            let grace = cfg.server.grace_period;
             match build(cfg, &flags) {
-                Ok(server) => server.run_forever(),
+                Ok(server) => {
+                    server.run(pingora::server::RunArgs {
+                        shutdown_signal: Box::new(floodgate::shutdown::Signals::new(grace)),
+                    });
+                    std::process::exit(0)
+                }
                 Err(e) => {
                     eprintln!("error: {e}");
                     ExitCode::from(2)

@@ -14,6 +14,14 @@
 //! time, or when the grace period is over. Pingora's own wait stays behind it as the last
 //! resort. Being a service, it starts after a `-d` fork like every other service.
 //!
+//! Stops never hang: [`Signals`] replaces Pingora's signal watch. SIGINT exits the process
+//! there and then, without Pingora's runtime shutdown (which could spin forever: Pingora runs a
+//! listener's accept loop on a random one of a service's runtimes, not always the one the
+//! listener is registered with, and once that other runtime's driver is gone the loop's
+//! `accept()` fails at once, forever, without yielding — about one SIGINT in five with two
+//! threads). SIGTERM and SIGQUIT start a backstop that ends the process if the drain has not
+//! (grace period plus a margin), and a SIGINT during a graceful stop still exits at once.
+//!
 //! What counts as "in flight" is a request whose header has been read and whose response has
 //! not been finished: the proxy holds one [`InFlightGuard`] per request (in its per-request
 //! context), taken from [`requests`].
@@ -23,8 +31,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora::server::ShutdownWatch;
+use pingora::server::{ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora::services::background::BackgroundService;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// How often the in-flight count is looked at while draining.
 const POLL: Duration = Duration::from_millis(20);
@@ -172,6 +181,110 @@ impl BackgroundService for Drain {
             }
         }
         std::process::exit(0);
+    }
+}
+
+/// How long Pingora waits, on SIGQUIT, after handing the listeners over before it shuts down
+/// (its `CLOSE_TIMEOUT`).
+const UPGRADE_HANDOVER: Duration = Duration::from_secs(5);
+
+/// How long past its deadline a graceful stop may take before the backstop ends the process.
+const BACKSTOP_MARGIN: Duration = Duration::from_secs(3);
+
+/// The process's stop signals, as Pingora's `UnixShutdownSignalWatch` reads them (SIGQUIT:
+/// upgrade, SIGTERM: graceful, SIGINT: fast), but a fast stop exits here, and a graceful one
+/// is bounded by a backstop (see the module doc). Pass it to `Server::run`.
+#[derive(Debug)]
+pub struct Signals {
+    grace: Duration,
+}
+
+impl Signals {
+    /// Stops for a server whose `[server] grace_period` is `grace`.
+    pub fn new(grace: Duration) -> Self {
+        Signals { grace }
+    }
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for Signals {
+    async fn recv(&self) -> ShutdownSignal {
+        let mut quit = listen(SignalKind::quit());
+        let mut term = listen(SignalKind::terminate());
+        let mut int = listen(SignalKind::interrupt());
+        tokio::select! {
+            _ = next(&mut quit) => {
+                backstop(UPGRADE_HANDOVER + self.grace + BACKSTOP_MARGIN);
+                ShutdownSignal::GracefulUpgrade
+            }
+            _ = next(&mut term) => {
+                backstop(self.grace + BACKSTOP_MARGIN);
+                ShutdownSignal::GracefulTerminate
+            }
+            _ = next(&mut int) => exit_now(),
+        }
+    }
+}
+
+/// A signal stream, or `None` if it cannot be installed (that signal then never arrives).
+fn listen(kind: SignalKind) -> Option<Signal> {
+    match signal(kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install a signal handler");
+            None
+        }
+    }
+}
+
+/// The next delivery of `sig`; pending forever when there is no stream.
+async fn next(sig: &mut Option<Signal>) {
+    match sig {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Ends the process now, with status 0 as Pingora's fast stop does. The access log's exit
+/// hook writes out what it still holds.
+fn exit_now() -> ! {
+    tracing::info!("SIGINT received, exiting");
+    std::process::exit(0)
+}
+
+/// Starts a thread that ends the process `after` from now if nothing else has, or at once on a
+/// SIGINT. It has its own small runtime: Pingora's are shutting down or, on its server thread,
+/// no longer driven while it sleeps out its grace period.
+fn backstop(after: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("floodgate-stop".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "stop backstop: no runtime, sleeping it out");
+                    std::thread::sleep(after);
+                    std::process::exit(0);
+                }
+            };
+            rt.block_on(async move {
+                let mut int = listen(SignalKind::interrupt());
+                tokio::select! {
+                    _ = next(&mut int) => exit_now(),
+                    _ = tokio::time::sleep(after) => {
+                        tracing::warn!(?after, "graceful stop did not end in time, exiting");
+                        std::process::exit(0);
+                    }
+                }
+            })
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the stop backstop");
     }
 }
 

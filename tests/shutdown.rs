@@ -203,3 +203,75 @@ fn sigint_exits_at_once() {
     );
     assert!(request.join().unwrap().0.is_err());
 }
+
+/// Issue 19 (7): Pingora's accept loop, asked to accept while its runtime shuts down, spun at
+/// 100 % CPU writing "Accept() failed" and never exited (about one SIGINT in eight). Every stop
+/// here is tried while clients keep connecting, so accepts race the shutdown; each must end.
+#[test]
+fn sigint_always_exits_while_clients_connect() {
+    const TRIES: usize = 24;
+    let up = HeldUpstream::start();
+    let mut hung = Vec::new();
+    for attempt in 0..TRIES {
+        // Two threads: Pingora runs an accept loop on a random one of a service's runtimes,
+        // not always the one its listener is registered with, which is what made stops hang.
+        let mut gw = Gateway::start_custom(
+            |addr, admin| server("20s")(addr, admin).replace("threads = 1", "threads = 2"),
+            &body(up.addr),
+            &[],
+        );
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let addr = gw.addr;
+        let clients: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    // Bounded: at most 20,000 connects or until told to stop.
+                    for _ in 0..20_000 {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                        if let Ok(mut c) =
+                            TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                        {
+                            let _ = c.write_all(b"GET /orders/x HTTP/1.1\r\nhost: a\r\n\r\n");
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(150));
+        gw.signal("INT");
+        let exited = gw.wait_exit(Duration::from_secs(5));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for c in clients {
+            let _ = c.join();
+        }
+        if exited.is_none() {
+            hung.push(attempt);
+        }
+    }
+    assert!(hung.is_empty(), "SIGINT hung in tries {hung:?} of {TRIES}");
+}
+
+/// A SIGINT during a graceful stop (an operator who does not want to wait) ends it at once:
+/// Pingora reads one signal only, so without floodgate's own watch it waited the grace out.
+#[test]
+fn sigint_during_a_graceful_stop_exits_at_once() {
+    let up = HeldUpstream::start();
+    let mut gw = Gateway::start_custom(server("30s"), &body(up.addr), &[]);
+    let request = up.hold(gw.addr, "/orders/forever");
+    gw.signal("TERM");
+    let started = Instant::now();
+    while !gw.logs().contains("graceful shutdown: listeners closed") {
+        assert!(started.elapsed() < Duration::from_secs(10), "{}", gw.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    gw.signal("INT");
+    assert!(
+        gw.wait_exit(Duration::from_secs(5)).is_some(),
+        "SIGINT after SIGTERM did not stop floodgate within 5s (grace period 30s)\n{}",
+        gw.logs()
+    );
+    assert!(request.join().unwrap().0.is_err());
+}
