@@ -18,7 +18,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -39,6 +39,8 @@ use pingora::proxy::Session;
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+pub mod tls;
 
 use crate::config::Connections;
 use crate::gateway::Gateway;
@@ -77,10 +79,34 @@ impl Refusal {
     }
 }
 
+/// Descriptors kept out of the client connections' budget: listeners, admin connections, the
+/// store's connections, config and log files.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// Client connections the open-file limit allows (see [`set_open_file_limit`]); unbounded
+/// until it is set.
+static CLIENT_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Bounds client connections by the process's open-file limit `nofile`, whatever
+/// `max_connections` says: half of what is left after [`RESERVED_DESCRIPTORS`], since a client
+/// connection with a request in flight also holds an upstream connection. Past the bound new
+/// connections are closed at once (as past `max_connections`), so the process never runs out
+/// of descriptors and the admin listener keeps accepting. Returns the bound.
+pub fn set_open_file_limit(nofile: u64) -> usize {
+    let budget = usize::try_from(nofile.saturating_sub(RESERVED_DESCRIPTORS) / 2)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    CLIENT_BUDGET.store(budget, Ordering::Relaxed);
+    budget
+}
+
 impl ConnectionTable {
     /// Takes a slot for a connection from `ip`, or says which cap refuses it.
     pub fn admit(self: &Arc<Self>, ip: IpAddr, limits: &Connections) -> Result<Slot, Refusal> {
-        if self.open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
+        let max = limits
+            .max_connections
+            .min(CLIENT_BUDGET.load(Ordering::Relaxed));
+        if self.open.fetch_add(1, Ordering::AcqRel) >= max {
             self.open.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::MaxConnections);
         }
@@ -127,11 +153,14 @@ impl Drop for Slot {
     }
 }
 
-/// The proxy's [`ServerApp`] behind the connection caps and deadlines.
+/// The proxy's [`ServerApp`] behind the connection caps and deadlines (and, on TLS listeners,
+/// the TLS handshake: see [`tls`]).
 pub struct GuardedApp<A> {
     inner: Arc<A>,
     gateway: Arc<Gateway>,
     table: Arc<ConnectionTable>,
+    /// The acceptor and the addresses of the TLS listeners (registered as plain TCP).
+    tls: Option<(Arc<pingora::listeners::tls::Acceptor>, Vec<SocketAddr>)>,
 }
 
 impl<A> GuardedApp<A> {
@@ -141,7 +170,20 @@ impl<A> GuardedApp<A> {
             inner: Arc::new(inner),
             gateway,
             table: Arc::default(),
+            tls: None,
         }
+    }
+
+    /// Connections accepted on `listeners` (TLS listeners registered as plain TCP in the same
+    /// service, so that they are bound with the others) take their slot first, then complete
+    /// the handshake with `acceptor`.
+    pub fn with_tls(
+        mut self,
+        acceptor: Arc<pingora::listeners::tls::Acceptor>,
+        listeners: Vec<SocketAddr>,
+    ) -> Self {
+        self.tls = Some((acceptor, listeners));
+        self
     }
 }
 
@@ -162,9 +204,11 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
         'life1: 'async_trait,
         Self: 'async_trait,
     {
+        let accepted = Instant::now();
         let limits = self.gateway.config.load().server.connections.clone();
-        let ip = stream
-            .get_socket_digest()
+        let digest = stream.get_socket_digest();
+        let ip = digest
+            .as_ref()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
         let slot = match self.table.admit(ip, &limits) {
@@ -180,7 +224,23 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
                 return Box::pin(std::future::ready(None));
             }
         };
-        let guarded = GuardedStream::new(stream, &limits, slot);
+        let tls = self.tls.as_ref().filter(|(_, listeners)| {
+            let local = digest
+                .as_ref()
+                .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
+            local.is_some_and(|l| tls::is_listener(listeners, l))
+        });
+        if let Some((acceptor, _)) = tls {
+            let acceptor = acceptor.clone();
+            let inner = self.inner.clone();
+            return Box::pin(async move {
+                let stream =
+                    tls::handshake(&acceptor, stream, accepted, limits.header_timeout).await?;
+                let guarded = GuardedStream::new(stream, &limits, slot, accepted);
+                inner.process_new(Box::new(guarded), shutdown).await
+            });
+        }
+        let guarded = GuardedStream::new(stream, &limits, slot, accepted);
         // The HTTP app loops over kept-alive requests itself and never hands a stream back.
         self.inner.process_new(Box::new(guarded), shutdown)
     }
@@ -235,7 +295,9 @@ impl std::fmt::Debug for GuardedStream {
 }
 
 impl GuardedStream {
-    fn new(inner: Stream, limits: &Connections, slot: Slot) -> Self {
+    /// `accepted`: when the connection was accepted; the first head is due `header_timeout`
+    /// after it (a TLS handshake spends from the same budget).
+    fn new(inner: Stream, limits: &Connections, slot: Slot, accepted: Instant) -> Self {
         // An h2 connection by ALPN carries many requests at once: only Pingora's h2 idle
         // timeout applies to it.
         let h2 = matches!(inner.selected_alpn_proto(), Some(ALPN::H2));
@@ -245,7 +307,7 @@ impl GuardedStream {
             timed_exchange: 0,
             header_timeout: limits.header_timeout,
             keepalive_timeout: limits.keepalive_timeout,
-            deadline: Some(Instant::now() + limits.header_timeout),
+            deadline: Some(accepted + limits.header_timeout),
             received: false,
             timer: None,
             peeked: Vec::new(),

@@ -94,10 +94,22 @@ fn main() -> ExitCode {
             tracing::info!(config = %cfg.path.display(), listen = ?cfg.server.listen, admin = %cfg.server.admin_listen, "floodgate starting");
             // Every client connection is a descriptor: take all the kernel allows.
             match floodgate::connection::raise_nofile_limit() {
-                Ok(n) => tracing::info!(
-                    open_files = n,
-                    "open-file limit (RLIMIT_NOFILE) raised to the hard limit"
-                ),
+                Ok(n) => {
+                    tracing::info!(
+                        open_files = n,
+                        "open-file limit (RLIMIT_NOFILE) raised to the hard limit"
+                    );
+                    let budget = floodgate::connection::set_open_file_limit(n);
+                    if budget < cfg.server.connections.max_connections {
+                        tracing::warn!(
+                            open_files = n,
+                            max_connections = cfg.server.connections.max_connections,
+                            client_connections = budget,
+                            "the open-file limit allows fewer client connections than \
+                             max_connections: past this many, new connections are closed"
+                        );
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot raise the open-file limit (RLIMIT_NOFILE)")
                 }

@@ -32,7 +32,8 @@ pub struct Metrics {
     /// `floodgate_connections_refused_total{reason}` (`max_connections`,
     /// `max_connections_per_ip`): connections closed at accept because a cap was reached.
     pub connections_refused: IntCounterVec,
-    /// `floodgate_connection_timeouts_total{kind}` (`header`, `keepalive`): connections closed
+    /// `floodgate_connection_timeouts_total{kind}` (`tls`, `header`, `keepalive`):
+    /// connections closed
     /// because a request head did not arrive in time.
     pub connection_timeouts: IntCounterVec,
     /// `floodgate_decision_duration_seconds`: time to decide a request's rules.
@@ -142,10 +143,10 @@ impl Metrics {
         let connection_timeouts = counter_vec(
             &registry,
             "floodgate_connection_timeouts_total",
-            "Client connections closed because a request head did not arrive in time, by kind (header: header_timeout, keepalive: keepalive_timeout).",
+            "Client connections closed because a TLS handshake or a request head did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout).",
             &["kind"],
         );
-        for kind in ["header", "keepalive"] {
+        for kind in ["tls", "header", "keepalive"] {
             connection_timeouts.with_label_values(&[kind]).inc_by(0);
         }
         let decision_seconds = Histogram::with_opts(

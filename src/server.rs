@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use pingora::apps::HttpServerOptions;
-use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -85,22 +84,19 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     // h2 connections are idle-timed by Pingora; HTTP/1.1 ones by crate::connection.
     opts.h2_idle_timeout = Some(connections.keepalive_timeout);
     http.server_options = Some(opts);
-    let mut proxy = Service::new(
-        "floodgate proxy".to_string(),
-        GuardedApp::new(http, gateway.clone()),
-    );
-    for addr in &listen {
-        proxy.add_tcp(&addr.to_string());
-    }
+    let mut app = GuardedApp::new(http, gateway.clone());
     if let Some(tls) = &tls {
-        let cert = tls.cert.to_string_lossy();
-        let key = tls.key.to_string_lossy();
-        for addr in &tls.listen {
-            let mut settings = TlsSettings::intermediate(&cert, &key)
-                .map_err(|e| format!("cannot load TLS certificate or key: {e}"))?;
-            settings.enable_h2();
-            proxy.add_tls_with_settings(&addr.to_string(), None, settings);
-        }
+        // Plain TCP listeners of the same service: the handshake happens inside the connection
+        // guard, after the connection has taken its slot (crate::connection::tls).
+        let acceptor = crate::connection::tls::acceptor(
+            &tls.cert.to_string_lossy(),
+            &tls.key.to_string_lossy(),
+        )?;
+        app = app.with_tls(acceptor, tls.listen.clone());
+    }
+    let mut proxy = Service::new("floodgate proxy".to_string(), app);
+    for addr in listen.iter().chain(tls.iter().flat_map(|t| &t.listen)) {
+        proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);
 
