@@ -617,6 +617,7 @@ mod tests {
         Connections {
             header_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
             max_connections: max,
             max_per_ip: per_ip,
         }

@@ -7,6 +7,7 @@ pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod auth;
+pub mod body;
 pub mod client;
 pub mod config;
 pub mod connection;

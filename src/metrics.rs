@@ -32,7 +32,7 @@ pub struct Metrics {
     /// `floodgate_connections_refused_total{reason}` (`max_connections`,
     /// `max_connections_per_ip`): connections closed at accept because a cap was reached.
     pub connections_refused: IntCounterVec,
-    /// `floodgate_connection_timeouts_total{kind}` (`tls`, `header`, `keepalive`):
+    /// `floodgate_connection_timeouts_total{kind}` (`tls`, `header`, `keepalive`, `body`):
     /// connections closed
     /// because a request head did not arrive in time.
     pub connection_timeouts: IntCounterVec,
@@ -143,10 +143,10 @@ impl Metrics {
         let connection_timeouts = counter_vec(
             &registry,
             "floodgate_connection_timeouts_total",
-            "Client connections closed because a TLS handshake or a request head did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout).",
+            "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout).",
             &["kind"],
         );
-        for kind in ["tls", "header", "keepalive"] {
+        for kind in ["tls", "header", "keepalive", "body"] {
             connection_timeouts.with_label_values(&[kind]).inc_by(0);
         }
         let decision_seconds = Histogram::with_opts(

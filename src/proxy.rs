@@ -23,6 +23,7 @@ use smallvec::SmallVec;
 
 use crate::admission::{self, Next};
 use crate::auth::Identity;
+use crate::body::ReadAhead;
 use crate::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
 use crate::config::{AuthMode, Config, Route, Upstream};
 use crate::gateway::Gateway;
@@ -73,6 +74,8 @@ pub struct RequestCtx {
     no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     leases: Option<Slots>,
+    /// The request body's deadline and what was read ahead of the upstream.
+    body: crate::body::Body,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
@@ -115,6 +118,7 @@ impl ProxyHttp for Proxy {
             responded: false,
             no_healthy: None,
             leases: None,
+            body: crate::body::Body::default(),
             _in_flight: crate::shutdown::requests().enter(),
         }
     }
@@ -166,7 +170,23 @@ impl ProxyHttp for Proxy {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                Ok(false)
+                // The body is read (up to a bound) before any upstream is asked: a slow body
+                // holds no upstream connection.
+                let timeout = cfg.server.connections.body_timeout;
+                let problem = match ctx.body.read_ahead(session, timeout).await? {
+                    ReadAhead::Forward => return Ok(false),
+                    ReadAhead::TimedOut => {
+                        count_body_timeout();
+                        Problem::body_timeout()
+                    }
+                    ReadAhead::TooManyWaiting => {
+                        Problem::too_many_uploads(crate::body::MAX_WAITING_PER_H2_CONNECTION)
+                    }
+                };
+                let mut answer = problem.answer();
+                answer.close = true;
+                Box::pin(self.send(session, ctx, &answer)).await?;
+                Ok(true)
             }
             Next::Answer(mut answer) => {
                 // Only admission's answers name rules that refused the request.
@@ -404,6 +424,28 @@ impl ProxyHttp for Proxy {
         Ok(())
     }
 
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.body.take_held(body);
+        if !end_of_stream {
+            if ctx.body.late() {
+                return Err(Error::explain(
+                    ErrorType::ReadTimedout,
+                    "the request body did not arrive within body_timeout",
+                )
+                .into_down());
+            }
+            // The next read waits no longer than the body's deadline allows.
+            ctx.body.set_read_timeout(session);
+        }
+        Ok(())
+    }
+
     fn upstream_response_body_filter(
         &self,
         _session: &mut Session,
@@ -441,8 +483,11 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        let downstream = matches!(e.esource(), pingora::ErrorSource::Downstream);
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
+            // The client's body stopped arriving (body_timeout, or a read past it).
+            ErrorType::ReadTimedout if downstream => 408,
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => 504,
             _ => match e.esource() {
                 pingora::ErrorSource::Upstream => 502,
@@ -459,6 +504,10 @@ impl ProxyHttp for Proxy {
                 (503, Some(retry_after)) => Problem::no_healthy_upstream(name, retry_after),
                 (502 | 504, _) => Problem::upstream(code, name),
                 (400, _) => Problem::bad_request("the request could not be read"),
+                (408, _) => {
+                    count_body_timeout();
+                    Problem::body_timeout()
+                }
                 _ => Problem::internal(),
             };
             problem.request_id = Some(ctx.request_id.as_str().to_owned());
@@ -523,6 +572,14 @@ impl Proxy {
         session.write_response_body(Some(body), true).await?;
         Ok(())
     }
+}
+
+/// Counts a connection closed because its request body did not arrive in time.
+fn count_body_timeout() {
+    crate::metrics::metrics()
+        .connection_timeouts
+        .with_label_values(&["body"])
+        .inc();
 }
 
 /// The identity headers (key id, user, plan): set by floodgate only, never by a client.

@@ -116,6 +116,29 @@ impl Problem {
         )
     }
 
+    /// 408: the request body did not arrive within `body_timeout`.
+    pub fn body_timeout() -> Self {
+        Problem::new(
+            "urn:floodgate:problem:request-timeout",
+            "Request Timeout",
+            408,
+            "the request body did not arrive within the server's body_timeout",
+        )
+    }
+
+    /// 429: an HTTP/2 connection already has as many requests waiting for their bodies as one
+    /// connection may (see `crate::body`).
+    pub fn too_many_uploads(limit: usize) -> Self {
+        let mut p = Problem::new(
+            "urn:floodgate:problem:too-many-uploads",
+            "Too Many Requests",
+            429,
+            format!("at most {limit} requests of one connection may wait for their bodies at once"),
+        );
+        p.retry_after = Some(1);
+        p
+    }
+
     /// 429 (or a rule's own status): rate-limit rules rejected the request.
     pub fn rate_limited(status: u16, rules: &[std::sync::Arc<str>], retry_after: u64) -> Self {
         let title = if status == 429 {

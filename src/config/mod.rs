@@ -90,6 +90,8 @@ pub struct Connections {
     pub header_timeout: Duration,
     /// An idle kept-alive connection (HTTP/1.1 and h2) is closed after this.
     pub keepalive_timeout: Duration,
+    /// A request's whole body must arrive within this of its head (a total deadline).
+    pub body_timeout: Duration,
     /// Open client connections at most, over all listeners.
     pub max_connections: usize,
     /// Open client connections at most from one IP.

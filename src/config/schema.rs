@@ -44,6 +44,7 @@ pub struct RawServer {
     pub tls: Option<Spanned<RawTls>>,
     pub header_timeout: Option<Spanned<String>>,
     pub keepalive_timeout: Option<Spanned<String>>,
+    pub body_timeout: Option<Spanned<String>>,
     pub max_connections: Option<Spanned<i64>>,
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub escaped_slashes: Option<Spanned<String>>,

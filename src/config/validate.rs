@@ -283,7 +283,7 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
     })
 }
 
-/// Longest `header_timeout` / `keepalive_timeout` accepted: past it a slow client holds a
+/// Longest `header_timeout` / `keepalive_timeout` / `body_timeout` accepted: past it a slow client holds a
 /// connection for longer than any real client needs.
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -303,6 +303,7 @@ fn connections(src: &Src, raw: &RawServer) -> Result<Connections, ConfigError> {
     };
     let header_timeout = timeout(&raw.header_timeout, "header_timeout", 10)?;
     let keepalive_timeout = timeout(&raw.keepalive_timeout, "keepalive_timeout", 60)?;
+    let body_timeout = timeout(&raw.body_timeout, "body_timeout", 60)?;
     let max_connections = match &raw.max_connections {
         Some(n) => src.positive(n, "server.max_connections")? as usize,
         None => 10_000,
@@ -314,6 +315,7 @@ fn connections(src: &Src, raw: &RawServer) -> Result<Connections, ConfigError> {
     Ok(Connections {
         header_timeout,
         keepalive_timeout,
+        body_timeout,
         max_connections,
         max_per_ip,
     })
