@@ -241,7 +241,12 @@ impl ProxyHttp for Proxy {
         ctx.tried.push(target.addr);
         ctx.responded = false;
         ctx.target_in_flight = Some(InFlight::enter(&target.state));
-        let peer = crate::upstream::tls::peer(settings, &target, budget, pool.group_key);
+        let mut peer = crate::upstream::tls::peer(settings, &target, budget, pool.group_key);
+        if session.is_upgrade_req() {
+            // A tunnel-to-be: its reads are timed by tunnel_timeout, not read_timeout and the
+            // exchange's total timeout (a WebSocket lives as long as it is used).
+            peer.options.read_timeout = Some(settings.tunnel_timeout);
+        }
         ctx.target = Some(target);
         Ok(Box::new(peer))
     }
@@ -403,11 +408,18 @@ impl ProxyHttp for Proxy {
 
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
+        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            // The client's side of the tunnel gets the same idle timeout as the upstream's.
+            if let Some(u) = ctx.upstream() {
+                let idle = u.settings.tunnel_timeout;
+                session.set_read_timeout(Some(idle));
+            }
+        }
         if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
             let took = start.elapsed();
             upstream.pool().duration.observe(took.as_secs_f64());
@@ -432,6 +444,10 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.body.take_held(body);
+        if session.was_upgraded() {
+            // Tunnel bytes, not a body: only tunnel_timeout applies.
+            return Ok(());
+        }
         if !end_of_stream {
             if ctx.body.late() {
                 return Err(Error::explain(
@@ -448,14 +464,18 @@ impl ProxyHttp for Proxy {
 
     fn upstream_response_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         _body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
         // The total `timeout` covers the whole body; each read is also capped by read_timeout.
-        // The last piece has arrived in time whatever the clock says now.
-        if !end_of_stream && ctx.deadline.is_some_and(|d| Instant::now() > d) {
+        // The last piece has arrived in time whatever the clock says now. A tunnel (after a
+        // 101) has no end to wait for: only tunnel_timeout applies to it.
+        if !end_of_stream
+            && ctx.deadline.is_some_and(|d| Instant::now() > d)
+            && !session.was_upgraded()
+        {
             return Err(Error::explain(
                 ErrorType::ReadTimedout,
                 "the upstream's total timeout ran out",
@@ -484,7 +504,11 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
         let downstream = matches!(e.esource(), pingora::ErrorSource::Downstream);
+        // After a 101 the connection is a tunnel: an answer written now would land inside the
+        // client's WebSocket stream. Close it instead.
+        let tunnel = session.was_upgraded();
         let code = match e.etype() {
+            _ if tunnel => 0,
             ErrorType::HTTPStatus(code) => *code,
             // The client's body stopped arriving (body_timeout, or a read past it).
             ErrorType::ReadTimedout if downstream => 408,

@@ -124,6 +124,7 @@ pub struct RawUpstream {
     pub write_timeout: Option<Spanned<String>>,
     pub idle_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub tunnel_timeout: Option<Spanned<String>>,
     pub retries: Option<Spanned<i64>>,
     pub resolve_interval: Option<Spanned<String>>,
     pub health_check: Option<Spanned<RawHealthCheck>>,

@@ -771,6 +771,11 @@ fn upstream_settings(
             "idle_timeout",
         )?,
         timeout: src.nonzero_duration_or(&u.timeout, Duration::from_secs(60), "timeout")?,
+        tunnel_timeout: src.nonzero_duration_or(
+            &u.tunnel_timeout,
+            Duration::from_secs(300),
+            "tunnel_timeout",
+        )?,
         retries,
         resolve_interval: src.nonzero_duration_or(
             &u.resolve_interval,

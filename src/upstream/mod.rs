@@ -576,6 +576,7 @@ mod tests {
             write_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
             timeout: Duration::from_secs(1),
+            tunnel_timeout: Duration::from_secs(1),
             retries: 1,
             resolve_interval: Duration::from_secs(1),
             health_check: None,

@@ -195,8 +195,11 @@ pub struct Settings {
     pub write_timeout: Duration,
     /// How long a pooled idle connection is kept.
     pub idle_timeout: Duration,
-    /// The whole exchange with the upstream, first byte out to last byte in.
+    /// The whole exchange with the upstream, first byte out to last byte in (not for tunnels).
     pub timeout: Duration,
+    /// An upgraded connection (after `101`) is closed when a side has sent nothing for this;
+    /// it is also the wait for an upgrade request's response head.
+    pub tunnel_timeout: Duration,
     /// Further attempts (idempotent methods only), each to another target.
     pub retries: usize,
     /// How often DNS names are re-resolved.
