@@ -12,6 +12,7 @@ pub mod client;
 pub mod config;
 pub mod connection;
 pub mod describe;
+pub mod forwarding;
 pub mod gateway;
 pub mod limiter;
 pub mod logging;

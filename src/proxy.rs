@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -24,8 +23,9 @@ use smallvec::SmallVec;
 use crate::admission::{self, Next};
 use crate::auth::Identity;
 use crate::body::ReadAhead;
-use crate::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
+use crate::client::RequestId;
 use crate::config::{AuthMode, Config, Route, Upstream};
+use crate::forwarding::{retry_after_proxy_error, Forwarded, ProxyError, ProxyRetry};
 use crate::gateway::Gateway;
 use crate::limiter::engine::Slots;
 use crate::response::{Answer, Problem, RateLimitHeaders};
@@ -285,11 +285,12 @@ impl ProxyHttp for Proxy {
                 );
             }
         }
-        let idempotent = session.req_header().method.is_idempotent();
-        if idempotent
-            && ctx.attempts <= upstream.settings.retries
-            && upstream.pool().has_other(&ctx.tried)
-        {
+        if crate::forwarding::retry_after_connect_failure(
+            session.req_header().method.is_idempotent(),
+            ctx.attempts,
+            upstream.settings.retries,
+            upstream.pool().has_other(&ctx.tried),
+        ) {
             e.set_retry(true);
         }
         e
@@ -304,31 +305,30 @@ impl ProxyHttp for Proxy {
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("Peer: {peer}"));
-        let replayable = session.req_header().method.is_idempotent()
-            && !session.as_ref().retry_buffer_truncated();
         let upstream = ctx.upstream().cloned();
-        if !replayable {
-            e.set_retry(false);
-        } else if client_reused {
-            // A pooled connection the upstream had closed: not the target's fault, and the
-            // same target may be tried again (as Pingora does by default).
-            e.retry.decide_reuse(true);
-            ctx.tried.pop();
-            return e;
-        } else if !ctx.responded
-            && matches!(
-                e.etype(),
-                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
-            )
-            && upstream.as_ref().is_some_and(|u| {
-                ctx.attempts < u.settings.retries && u.pool().has_other(&ctx.tried)
-            })
-        {
-            // Reset before any response byte: safe to replay an idempotent request elsewhere.
-            ctx.attempts += 1;
-            e.set_retry(true);
-        } else {
-            e.set_retry(false);
+        let decision = retry_after_proxy_error(ProxyError {
+            replayable: session.req_header().method.is_idempotent()
+                && !session.as_ref().retry_buffer_truncated(),
+            reused: client_reused,
+            responded: ctx.responded,
+            etype: e.etype(),
+            attempts: ctx.attempts,
+            retries: upstream.as_ref().map_or(0, |u| u.settings.retries),
+            other_target: upstream
+                .as_ref()
+                .is_some_and(|u| u.pool().has_other(&ctx.tried)),
+        });
+        match decision {
+            ProxyRetry::SameTarget => {
+                e.retry.decide_reuse(true);
+                ctx.tried.pop();
+                return e;
+            }
+            ProxyRetry::Another => {
+                ctx.attempts += 1;
+                e.set_retry(true);
+            }
+            ProxyRetry::No => e.set_retry(false),
         }
         if let (Some(u), Some(t)) = (&upstream, &ctx.target) {
             if !ctx.responded {
@@ -348,62 +348,21 @@ impl ProxyHttp for Proxy {
         let Some(cfg) = ctx.config.clone() else {
             return Ok(());
         };
-        // Header work here runs on every proxied request, and each insert through Pingora's
-        // case-preserving header map parses and copies the name: values are built once
-        // (`forwarded_for`, the request id) and nothing is inserted that is already there.
-        // The peer is appended to the chain it sent (which we trust only as far as configured).
-        let sent = upstream_request.headers.get(&X_FORWARDED_FOR);
-        let xff = forwarded_for(sent, ctx.peer);
-        upstream_request.insert_header("x-forwarded-for", xff)?;
-        // Cloned, not taken: a retry's upstream_peer hashes the normalized path again.
-        if let Some(target) = &ctx.forward_target {
-            upstream_request.set_uri(target.clone());
-        }
-        if let Some(host) = &ctx.forward_host {
-            upstream_request.insert_header(http::header::HOST, host.as_str())?;
-        }
-        if let Some(host) = ctx
-            .upstream()
-            .and_then(|u| u.settings.host_header.as_deref())
-        {
-            upstream_request.insert_header(http::header::HOST, host)?;
-        }
         ctx.upstream_start = Some(Instant::now());
-        let proto = if ctx.tls { "https" } else { "http" };
-        upstream_request.insert_header("x-forwarded-proto", HeaderValue::from_static(proto))?;
-        if !ctx.request_id.from_client() {
-            let id = ctx.request_id.header_value().clone();
-            upstream_request.insert_header("x-request-id", id)?;
-        }
-        // Identity headers are ours alone: a client must not be able to claim one. (One pass
-        // over the names finds them; three lookups would cost more on every request.)
-        let claimed = upstream_request
-            .headers
-            .keys()
-            .any(|k| k.as_str().starts_with(IDENTITY_PREFIX));
-        if claimed {
-            for h in IDENTITY_HEADERS {
-                upstream_request.remove_header(h);
-            }
-        }
-        if let Some(id) = &ctx.identity {
-            // Checked to be header values when the config was loaded: these cannot fail.
-            upstream_request.insert_header(IDENTITY_HEADERS[0], id.id.header_value().clone())?;
-            upstream_request.insert_header(IDENTITY_HEADERS[1], id.user.header_value().clone())?;
-            if let Some(plan) = &id.plan {
-                upstream_request.insert_header(IDENTITY_HEADERS[2], plan.header_value().clone())?;
-            }
-        }
-        // Every header that can carry a key goes, whichever one authenticated: a client that
-        // sends an empty x-api-key beside a Bearer token must not get the token forwarded.
         let reads_keys = ctx.route().is_some_and(|r| r.auth != AuthMode::None);
-        if !cfg.auth.forward_key && reads_keys {
-            upstream_request.remove_header(&cfg.auth.header);
-            if crate::auth::is_bearer(&upstream_request.headers) {
-                upstream_request.remove_header(&http::header::AUTHORIZATION);
-            }
-        }
-        Ok(())
+        let forwarded = Forwarded {
+            peer: ctx.peer,
+            tls: ctx.tls,
+            request_id: &ctx.request_id,
+            identity: ctx.identity.as_deref(),
+            target: ctx.forward_target.as_ref(),
+            host: ctx.forward_host.as_deref(),
+            host_header: ctx
+                .upstream()
+                .and_then(|u| u.settings.host_header.as_deref()),
+            strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
+        };
+        crate::forwarding::apply(upstream_request, &forwarded)
     }
 
     async fn upstream_response_filter(
@@ -503,25 +462,7 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let downstream = matches!(e.esource(), pingora::ErrorSource::Downstream);
-        // After a 101 the connection is a tunnel: an answer written now would land inside the
-        // client's WebSocket stream. Close it instead.
-        let tunnel = session.was_upgraded();
-        let code = match e.etype() {
-            _ if tunnel => 0,
-            ErrorType::HTTPStatus(code) => *code,
-            // The client's body stopped arriving (body_timeout, or a read past it).
-            ErrorType::ReadTimedout if downstream => 408,
-            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => 504,
-            _ => match e.esource() {
-                pingora::ErrorSource::Upstream => 502,
-                pingora::ErrorSource::Downstream => match e.etype() {
-                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
-                    _ => 400,
-                },
-                _ => 500,
-            },
-        };
+        let code = crate::forwarding::error_status(e.etype(), e.esource(), session.was_upgraded());
         if code > 0 {
             let name = ctx.upstream().map(|u| &*u.name).unwrap_or_default();
             let mut problem = match (code, ctx.no_healthy) {
@@ -605,11 +546,6 @@ fn count_body_timeout() {
         .with_label_values(&["body"])
         .inc();
 }
-
-/// The identity headers (key id, user, plan): set by floodgate only, never by a client.
-const IDENTITY_HEADERS: [&str; 3] = ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"];
-/// What the identity headers' names start with.
-const IDENTITY_PREFIX: &str = "x-floodgate-";
 
 /// The access log's route for a request no route matched.
 static NO_ROUTE_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));

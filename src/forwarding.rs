@@ -1,0 +1,356 @@
+//! The forwarding half of a request, as functions a unit test calls without a Pingora session:
+//! the status an error becomes, whether a failed attempt is tried again, and the headers the
+//! upstream receives. `proxy` gathers the facts from the session and calls these.
+
+use std::net::IpAddr;
+
+use http::{HeaderName, HeaderValue, Uri};
+use pingora::http::RequestHeader;
+use pingora::{ErrorSource, ErrorType};
+
+use crate::auth::Identity;
+use crate::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
+
+/// The status floodgate answers for a proxying error; 0: answer nothing, only close (the
+/// client is gone, or the connection is a tunnel whose stream must not be written into).
+pub fn error_status(etype: &ErrorType, source: &ErrorSource, tunnel: bool) -> u16 {
+    if tunnel {
+        return 0;
+    }
+    let downstream = matches!(source, ErrorSource::Downstream);
+    match etype {
+        ErrorType::HTTPStatus(code) => *code,
+        // The client's body stopped arriving (body_timeout, or a read past it).
+        ErrorType::ReadTimedout if downstream => 408,
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => 504,
+        _ => match source {
+            ErrorSource::Upstream => 502,
+            ErrorSource::Downstream => match etype {
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                _ => 400,
+            },
+            _ => 500,
+        },
+    }
+}
+
+/// Whether an attempt whose connection failed (TLS included) is tried on another target:
+/// idempotent requests only, within `retries`, while a target not yet tried is left.
+/// `attempts` counts the failed attempts so far, this one included.
+pub fn retry_after_connect_failure(
+    idempotent: bool,
+    attempts: usize,
+    retries: usize,
+    other_target: bool,
+) -> bool {
+    idempotent && attempts <= retries && other_target
+}
+
+/// What happens after an error while proxying over an established connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyRetry {
+    /// Give up: the error is answered.
+    No,
+    /// Try the same target again: a pooled connection the upstream had closed is not the
+    /// target's fault (as Pingora does by default).
+    SameTarget,
+    /// Try another target (counts as an attempt).
+    Another,
+}
+
+/// The facts [`retry_after_proxy_error`] decides on.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyError<'a> {
+    /// The request can be sent again: idempotent, and its body (if any) still buffered.
+    pub replayable: bool,
+    /// The connection came from the pool.
+    pub reused: bool,
+    /// The upstream's response head had arrived.
+    pub responded: bool,
+    /// The error.
+    pub etype: &'a ErrorType,
+    /// Attempts counted so far.
+    pub attempts: usize,
+    /// The upstream's `retries`.
+    pub retries: usize,
+    /// A target not yet tried is left.
+    pub other_target: bool,
+}
+
+/// Whether a request that failed mid-exchange is tried again, and where: only a replayable
+/// one, at once on a reused connection, elsewhere on a reset before any response byte.
+pub fn retry_after_proxy_error(e: ProxyError<'_>) -> ProxyRetry {
+    if !e.replayable {
+        return ProxyRetry::No;
+    }
+    if e.reused {
+        return ProxyRetry::SameTarget;
+    }
+    let reset = matches!(
+        e.etype,
+        ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+    );
+    if !e.responded && reset && e.attempts < e.retries && e.other_target {
+        ProxyRetry::Another
+    } else {
+        ProxyRetry::No
+    }
+}
+
+/// The identity headers (key id, user, plan): set by floodgate only, never by a client.
+pub const IDENTITY_HEADERS: [&str; 3] =
+    ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"];
+/// What the identity headers' names start with.
+const IDENTITY_PREFIX: &str = "x-floodgate-";
+
+/// What the upstream request is built from, besides the client's own head.
+#[derive(Debug)]
+pub struct Forwarded<'a> {
+    /// The connection's peer (appended to `X-Forwarded-For`).
+    pub peer: IpAddr,
+    /// The client connection is TLS (`X-Forwarded-Proto: https`).
+    pub tls: bool,
+    /// The request id (sent when floodgate made it; a client's own is already there).
+    pub request_id: &'a RequestId,
+    /// The caller, if a key authenticated.
+    pub identity: Option<&'a Identity>,
+    /// The normalized target, when it differs from what the client sent.
+    pub target: Option<&'a Uri>,
+    /// The host of an absolute-form target.
+    pub host: Option<&'a str>,
+    /// The upstream's `host_header` (wins over `host`).
+    pub host_header: Option<&'a str>,
+    /// The key header to remove, with any `Authorization: Bearer` (routes that read keys,
+    /// unless `forward_key`).
+    pub strip_key: Option<&'a HeaderName>,
+}
+
+/// Applies the forwarding header policy to the upstream request: the forwarding headers, the
+/// normalized target and host, floodgate's identity headers (a client's claims removed) and
+/// the client's key removed.
+pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> {
+    // Each insert through Pingora's case-preserving header map parses and copies the name:
+    // values are built once (`forwarded_for`, the request id) and nothing is inserted that is
+    // already there. The peer is appended to the chain it sent.
+    let xff = forwarded_for(req.headers.get(&X_FORWARDED_FOR), f.peer);
+    req.insert_header("x-forwarded-for", xff)?;
+    if let Some(target) = f.target {
+        // Cloned, not taken: a retry's upstream_peer hashes the normalized path again.
+        req.set_uri(target.clone());
+    }
+    if let Some(host) = f.host_header.or(f.host) {
+        req.insert_header(http::header::HOST, host)?;
+    }
+    let proto = if f.tls { "https" } else { "http" };
+    req.insert_header("x-forwarded-proto", HeaderValue::from_static(proto))?;
+    if !f.request_id.from_client() {
+        req.insert_header("x-request-id", f.request_id.header_value().clone())?;
+    }
+    // Identity headers are ours alone: a client must not be able to claim one. (One pass over
+    // the names finds them; three lookups would cost more on every request.)
+    let claimed = req
+        .headers
+        .keys()
+        .any(|k| k.as_str().starts_with(IDENTITY_PREFIX));
+    if claimed {
+        for h in IDENTITY_HEADERS {
+            req.remove_header(h);
+        }
+    }
+    if let Some(id) = f.identity {
+        // Checked to be header values when the config was loaded: these cannot fail.
+        req.insert_header(IDENTITY_HEADERS[0], id.id.header_value().clone())?;
+        req.insert_header(IDENTITY_HEADERS[1], id.user.header_value().clone())?;
+        if let Some(plan) = &id.plan {
+            req.insert_header(IDENTITY_HEADERS[2], plan.header_value().clone())?;
+        }
+    }
+    // Every header that can carry a key goes, whichever one authenticated: a client that sends
+    // an empty x-api-key beside a Bearer token must not get the token forwarded.
+    if let Some(key) = f.strip_key {
+        req.remove_header(key);
+        if crate::auth::is_bearer(&req.headers) {
+            req.remove_header(&http::header::AUTHORIZATION);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::HeaderText;
+
+    #[test]
+    fn errors_become_statuses() {
+        use ErrorSource::*;
+        use ErrorType::*;
+        let cases: &[(ErrorType, ErrorSource, u16)] = &[
+            (HTTPStatus(503), Internal, 503),
+            (ReadTimedout, Downstream, 408),
+            (ReadTimedout, Upstream, 504),
+            (ConnectTimedout, Upstream, 504),
+            (WriteTimedout, Upstream, 504),
+            (ConnectRefused, Upstream, 502),
+            (TLSHandshakeFailure, Upstream, 502),
+            (ReadError, Downstream, 0),
+            (ConnectionClosed, Downstream, 0),
+            (InvalidHTTPHeader, Downstream, 400),
+            (InternalError, Internal, 500),
+        ];
+        for (etype, source, want) in cases {
+            assert_eq!(
+                error_status(etype, source, false),
+                *want,
+                "{etype:?} {source:?}"
+            );
+            assert_eq!(
+                error_status(etype, source, true),
+                0,
+                "a tunnel is only closed"
+            );
+        }
+    }
+
+    #[test]
+    fn connect_failures_retry_idempotent_requests_elsewhere_within_retries() {
+        assert!(retry_after_connect_failure(true, 1, 1, true));
+        assert!(
+            !retry_after_connect_failure(true, 2, 1, true),
+            "retries used up"
+        );
+        assert!(
+            !retry_after_connect_failure(false, 1, 1, true),
+            "POST is not replayed"
+        );
+        assert!(
+            !retry_after_connect_failure(true, 1, 1, false),
+            "no target left"
+        );
+    }
+
+    #[test]
+    fn proxy_errors_retry_only_replayable_requests() {
+        let base = ProxyError {
+            replayable: true,
+            reused: false,
+            responded: false,
+            etype: &ErrorType::ConnectionClosed,
+            attempts: 0,
+            retries: 1,
+            other_target: true,
+        };
+        assert_eq!(retry_after_proxy_error(base), ProxyRetry::Another);
+        let reused = ProxyError {
+            reused: true,
+            ..base
+        };
+        assert_eq!(retry_after_proxy_error(reused), ProxyRetry::SameTarget);
+        for no in [
+            ProxyError {
+                replayable: false,
+                ..base
+            },
+            ProxyError {
+                responded: true,
+                ..base
+            },
+            ProxyError {
+                etype: &ErrorType::ReadTimedout,
+                ..base
+            },
+            ProxyError {
+                attempts: 1,
+                ..base
+            },
+            ProxyError {
+                other_target: false,
+                ..base
+            },
+        ] {
+            assert_eq!(retry_after_proxy_error(no), ProxyRetry::No, "{no:?}");
+        }
+    }
+
+    fn request(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut r = RequestHeader::build("GET", b"/orders", None).unwrap();
+        for (k, v) in headers {
+            r.append_header(k.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    fn values(r: &RequestHeader, name: &str) -> Vec<String> {
+        r.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn identity_is_ours_and_keys_are_stripped() {
+        let id = Identity {
+            id: HeaderText::new("acme-prod").unwrap(),
+            user: HeaderText::new("acme").unwrap(),
+            plan: None,
+        };
+        let rid = RequestId::default();
+        let key = HeaderName::from_static("x-api-key");
+        let mut r = request(&[
+            ("x-floodgate-plan", "enterprise"),
+            ("x-floodgate-user", "someone-else"),
+            ("x-api-key", "secret"),
+            ("authorization", "Bearer secret2"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ]);
+        let f = Forwarded {
+            peer: "10.0.0.1".parse().unwrap(),
+            tls: true,
+            request_id: &rid,
+            identity: Some(&id),
+            target: None,
+            host: Some("api.example.com"),
+            host_header: None,
+            strip_key: Some(&key),
+        };
+        apply(&mut r, &f).unwrap();
+        assert_eq!(values(&r, "x-floodgate-key-id"), ["acme-prod"]);
+        assert_eq!(values(&r, "x-floodgate-user"), ["acme"]);
+        assert!(
+            values(&r, "x-floodgate-plan").is_empty(),
+            "a claimed plan is removed"
+        );
+        assert!(values(&r, "x-api-key").is_empty());
+        assert!(values(&r, "authorization").is_empty());
+        assert_eq!(values(&r, "x-forwarded-for"), ["203.0.113.9, 10.0.0.1"]);
+        assert_eq!(values(&r, "x-forwarded-proto"), ["https"]);
+        assert_eq!(values(&r, "host"), ["api.example.com"]);
+        assert_eq!(
+            values(&r, "x-request-id").len(),
+            1,
+            "floodgate's own id is sent"
+        );
+    }
+
+    #[test]
+    fn host_header_wins_and_keys_stay_when_forwarded() {
+        let rid = RequestId::default();
+        let mut r = request(&[("x-api-key", "secret"), ("host", "client.example")]);
+        let f = Forwarded {
+            peer: "10.0.0.1".parse().unwrap(),
+            tls: false,
+            request_id: &rid,
+            identity: None,
+            target: Some(&Uri::from_static("/orders/1")),
+            host: Some("absolute.example"),
+            host_header: Some("orders.internal"),
+            strip_key: None,
+        };
+        apply(&mut r, &f).unwrap();
+        assert_eq!(values(&r, "host"), ["orders.internal"]);
+        assert_eq!(values(&r, "x-api-key"), ["secret"]);
+        assert_eq!(values(&r, "x-forwarded-proto"), ["http"]);
+        assert_eq!(r.uri.path(), "/orders/1");
+    }
+}
