@@ -323,6 +323,7 @@ impl ProxyHttp for Proxy {
         let Some(cfg) = ctx.config.clone() else {
             return Ok(());
         };
+        crate::header_policy::for_upstream(upstream_request, cfg.server.headers_with_underscores);
         // Header work here runs on every proxied request, and each insert through Pingora's
         // case-preserving header map parses and copies the name: values are built once
         // (`forwarded_for`, the request id) and nothing is inserted that is already there.
