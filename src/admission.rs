@@ -8,7 +8,8 @@
 //! (`crate::normalize`; malformed ones are 400), the first matching route is picked (none:
 //! 404), a repeated header or query parameter its consistent hashing reads is 400, the API key
 //! is checked as the route asks (401), every matching rule is charged in one limiter call (a
-//! repeated value an applying rule reads: 400), and the verdict becomes a forward (with the
+//! repeated value an applying rule reads: 400, unless the rule is a shadow rule, which then
+//! does not count the request), and the verdict becomes a forward (with the
 //! RateLimit fields and any shaping delay) or a 429/503 answer.
 
 use std::net::IpAddr;
@@ -180,6 +181,8 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
                     applying.push((rule.policy.clone(), check));
                 }
             }
+            // A shadow rule never refuses: it just cannot count this request.
+            Ok(false) | Err(_) if rule.shadow => {}
             Ok(false) => {}
             Err(e) => {
                 let p = Problem::bad_request(e.to_string());

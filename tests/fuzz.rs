@@ -128,9 +128,13 @@ fn reference_segments(raw: &str, mode: EscapedSlashes) -> Option<(Vec<String>, b
             let c = char::from(v);
             let slash = c == '/' || c == '\\';
             let unreserved = c.is_ascii_alphanumeric() || "-._~".contains(c);
-            if slash && mode == EscapedSlashes::Reject {
-                return None;
-            } else if c == '\\' && mode == EscapedSlashes::Unescape {
+            // Unescape decodes %2F only: a decoded backslash is refused like a literal one.
+            let refused = match mode {
+                EscapedSlashes::Reject => slash,
+                EscapedSlashes::Unescape => c == '\\',
+                EscapedSlashes::Keep => false,
+            };
+            if refused {
                 return None;
             } else if unreserved || (slash && mode == EscapedSlashes::Unescape) {
                 decoded.push(c);

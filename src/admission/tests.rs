@@ -383,6 +383,15 @@ limit = 1
 window = "1m"
 
 [[rules]]
+name = "shadow-per-region"
+match = { path_prefix = "/regions" }
+key = ["header:x-region"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+shadow = true
+
+[[rules]]
 name = "per-tenant"
 match = { path_prefix = "/tenants", header = ["x-tier", "free"] }
 key = ["header:x-tenant"]
@@ -495,6 +504,9 @@ async fn repeated_values_that_rules_or_hashing_read_are_400() {
     assert!(
         bad_request_detail(&f.admit(&req("/tenants/1", &tenant_twice)).await).contains("x-tenant")
     );
+    // A shadow rule never refuses, not even a request it cannot count.
+    let regions = [("x-region", "eu"), ("x-region", "us")];
+    assert!(forwarded(&f.admit(&req("/regions/1", &regions)).await));
     let once = [("x-tier", "free"), ("x-tenant", "t1")];
     assert!(forwarded(&f.admit(&req("/tenants/1", &once)).await));
     assert_eq!(
