@@ -16,6 +16,8 @@
 //! `floodgate_access_log_dropped_total`.
 //!
 //! The line carries the key's id, never its secret, and no header: nothing secret is logged.
+//! The path is the client's, shown through `crate::log_safe::Shown` (controls escaped, at most
+//! 1 KiB), and every line, access or not, passes `crate::log_safe::line` in [`LogWriter`].
 
 use std::cell::Cell;
 use std::io::{BufWriter, Stderr, Write};
@@ -143,7 +145,7 @@ fn emit(line: &AccessLine) {
     tracing::info!(
         target: "access",
         method = %line.method,
-        path = %line.path,
+        path = %crate::log_safe::Shown(&line.path),
         status = line.status,
         route = &*line.route,
         upstream = line.upstream.as_deref().unwrap_or("-"),
@@ -223,12 +225,27 @@ fn write_out() {
 }
 
 /// The log subscriber's writer (see `crate::logging::init`): stderr, except for the access
-/// lines the writer thread emits, which go to its buffer.
+/// lines the writer thread emits, which go to its buffer. Every event passes
+/// `crate::log_safe::line` (C1 controls escaped, long lines cut) on the way.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct LogWriter;
+pub struct LogWriter {
+    json: bool,
+}
+
+impl LogWriter {
+    /// The writer for the JSON format (`json`) or the text one.
+    pub fn new(json: bool) -> LogWriter {
+        LogWriter { json }
+    }
+}
 
 /// What [`LogWriter`] hands the subscriber for one event.
-pub enum EventWriter {
+pub struct EventWriter {
+    json: bool,
+    out: Out,
+}
+
+enum Out {
     /// Straight to stderr (every line but buffered access lines).
     Stderr(Stderr),
     /// Into the writer thread's buffer.
@@ -237,25 +254,24 @@ pub enum EventWriter {
 
 impl Write for EventWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            EventWriter::Stderr(w) => w.write(buf),
-            EventWriter::Buffered(w) => w.write(buf),
-        }
+        self.write_all(buf).map(|()| buf.len())
     }
 
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        // The subscriber writes an event as one `write_all`; BufWriter writes whole events out.
-        match self {
-            EventWriter::Stderr(w) => w.write_all(buf),
-            EventWriter::Buffered(w) => w.write_all(buf),
+        // The subscriber writes an event as one `write_all`, so this sees whole lines;
+        // BufWriter writes whole events out.
+        let line = crate::log_safe::line(buf, self.json);
+        match &mut self.out {
+            Out::Stderr(w) => w.write_all(&line),
+            Out::Buffered(w) => w.write_all(&line),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            EventWriter::Stderr(w) => w.flush(),
+        match &mut self.out {
+            Out::Stderr(w) => w.flush(),
             // Written out by the writer thread, not per event.
-            EventWriter::Buffered(_) => Ok(()),
+            Out::Buffered(_) => Ok(()),
         }
     }
 }
@@ -264,12 +280,18 @@ impl<'a> MakeWriter<'a> for LogWriter {
     type Writer = EventWriter;
 
     fn make_writer(&'a self) -> EventWriter {
-        EventWriter::Stderr(std::io::stderr())
+        EventWriter {
+            json: self.json,
+            out: Out::Stderr(std::io::stderr()),
+        }
     }
 
     fn make_writer_for(&'a self, meta: &Metadata<'_>) -> EventWriter {
         if meta.target() == "access" && ON_WRITER.with(Cell::get) {
-            EventWriter::Buffered(BUFFER.lock())
+            EventWriter {
+                json: self.json,
+                out: Out::Buffered(BUFFER.lock()),
+            }
         } else {
             self.make_writer()
         }

@@ -2,10 +2,15 @@
 //! no Pingora session: route, identity, rules, and either "forward, with these changes" or
 //! "answer with this problem". `crate::proxy` only does the I/O around it.
 //!
-//! In order: the host and path are normalized (`crate::normalize`; malformed ones are 400), the
-//! first matching route is picked (none: 404), the API key is checked as the route asks (401),
-//! every matching rule is charged in one limiter call, and the verdict becomes a forward (with
-//! the RateLimit fields and any shaping delay) or a 429/503 answer.
+//! In order: spellings that an upstream could read as another request are refused (a method
+//! that is not upper case, a target that is not UTF-8, a repeated `Content-Length`,
+//! underscored header names in `reject` mode: 400), the host and path are normalized
+//! (`crate::normalize`; malformed ones are 400), the first matching route is picked (none:
+//! 404), a repeated header or query parameter its consistent hashing reads is 400, the API key
+//! is checked as the route asks (401), every matching rule is charged in one limiter call (a
+//! repeated value an applying rule reads: 400, unless the rule is a shadow rule, which then
+//! does not count the request), and the verdict becomes a forward (with the
+//! RateLimit fields and any shaping delay) or a 429/503 answer.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,7 +24,7 @@ use crate::config::{AuthMode, Config};
 use crate::limiter::engine::{Limiter, Slots, Verdict};
 use crate::metrics::metrics;
 use crate::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
-use crate::rules::RequestView;
+use crate::rules::{single_valued, RequestView};
 
 /// What admission reads of a request.
 #[derive(Debug, Clone, Copy)]
@@ -91,6 +96,9 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let ip = client_ip(req.peer, req.headers, &cfg.server.trusted_proxies);
     let id = req.request_id;
 
+    if let Err(detail) = refuse_spellings(cfg, req) {
+        return Admission::answer(ip, None, Problem::bad_request(detail), id);
+    }
     // One spelling per resource: routes, rules and the upstream all see the normalized host
     // and path, so a re-spelled request is charged as what it is.
     let absolute = absolute_form_authority(req.raw_target);
@@ -106,6 +114,13 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         return Admission::answer(ip, None, Problem::not_found(&path), id);
     };
     let route = &cfg.routes[route_idx];
+    let settings = &route.upstream.settings;
+    if settings.balance == crate::upstream::Balance::Consistent {
+        if let Err(e) = single_valued(&settings.hash_key, req.headers, req.uri.query()) {
+            let p = Problem::bad_request(e.to_string());
+            return Admission::answer(ip, Some(route_idx), p, id);
+        }
+    }
 
     let mut identity = None;
     if route.auth != AuthMode::None {
@@ -160,9 +175,18 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     };
     let mut applying = Vec::new();
     for rule in &cfg.rules {
-        if rule.matches(&view) {
-            if let Some(check) = rule.check_for(&view) {
-                applying.push((rule.policy.clone(), check));
+        match rule.matching(&view) {
+            Ok(true) => {
+                if let Some(check) = rule.check_for(&view) {
+                    applying.push((rule.policy.clone(), check));
+                }
+            }
+            // A shadow rule never refuses: it just cannot count this request.
+            Ok(false) | Err(_) if rule.shadow => {}
+            Ok(false) => {}
+            Err(e) => {
+                let p = Problem::bad_request(e.to_string());
+                return Admission::answer(ip, Some(route_idx), p, id);
             }
         }
     }
@@ -212,6 +236,21 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         }
     };
     admission
+}
+
+/// Refuses what an upstream could read as another request than the one routed and counted:
+/// a method that is not an upper-case token (`post` is upper-cased by some servers), a target
+/// that is not UTF-8 (routes see it with replacement characters, the upstream gets the bytes)
+/// and the header spellings of `crate::header_policy`.
+fn refuse_spellings(cfg: &Config, req: &Request<'_>) -> Result<(), String> {
+    if !crate::normalize::method_is_canonical(req.method) {
+        return Err("the method is not an upper-case token (methods are case-sensitive)".into());
+    }
+    if std::str::from_utf8(req.raw_target).is_err() {
+        return Err("the request target is not valid UTF-8".into());
+    }
+    crate::header_policy::check(req.headers, cfg.server.headers_with_underscores)
+        .map_err(|e| e.to_string())
 }
 
 /// The request's host, normalized (`crate::normalize::host`): the target's authority when it

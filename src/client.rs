@@ -13,8 +13,15 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The client IP. The peer address is the truth unless the peer is a trusted proxy; then
-/// `X-Forwarded-For` is read from the right, skipping trusted hops, and the first address that
-/// is not trusted is the client (everything left of it could have been written by the client).
+/// `X-Forwarded-For` is read from the right, one element at a time (its lines are one list),
+/// skipping trusted hops, and the first address that is not trusted is the client (everything
+/// left of it could have been written by the client).
+///
+/// As nginx's realip module reads it: empty elements (`a, , b`, a trailing comma) are
+/// skipped, and an element that is not an address (`unknown`, non-ASCII bytes) ends the walk
+/// with the last address read, so a bad element left of the client's address costs nothing.
+/// (Reading the header as text first made one non-ASCII byte anywhere turn the proxy itself
+/// into the client, sharing one per-IP counter among everyone behind it.)
 ///
 /// IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`, what a dual-stack `[::]` listener reports
 /// for IPv4 peers) are read as the IPv4 address they carry, the peer and every hop alike: one
@@ -27,11 +34,12 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
     }
     let mut client = peer;
     for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
-        let Ok(text) = value.to_str() else {
-            return client;
-        };
-        for hop in text.rsplit(',') {
-            let Some(ip) = parse_hop(hop) else {
+        for hop in value.as_bytes().rsplit(|&b| b == b',') {
+            let hop = hop.trim_ascii();
+            if hop.is_empty() {
+                continue;
+            }
+            let Some(ip) = std::str::from_utf8(hop).ok().and_then(parse_hop) else {
                 return client;
             };
             client = ip;
@@ -43,13 +51,12 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
     client
 }
 
-/// One X-Forwarded-For element: an IP, possibly with a port or IPv6 brackets.
+/// One X-Forwarded-For element (trimmed): an IP, possibly with a port or IPv6 brackets.
 fn parse_hop(hop: &str) -> Option<IpAddr> {
     parse_hop_as_written(hop).map(|ip| ip.to_canonical())
 }
 
 fn parse_hop_as_written(hop: &str) -> Option<IpAddr> {
-    let hop = hop.trim();
     if let Ok(ip) = hop.parse() {
         return Some(ip);
     }
@@ -131,17 +138,15 @@ fn new_request_id() -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(id)).expect("hex digits are a header value")
 }
 
-/// The `X-Forwarded-For` to send upstream: the chain the client sent (when it is text) with
-/// the peer appended. Built in one buffer: this runs for every proxied request.
+/// The `X-Forwarded-For` to send upstream: the chain the client sent, byte for byte (an
+/// element floodgate could not read is still the upstream's to judge), with the peer
+/// appended. Built in one buffer: this runs for every proxied request. Several lines are one
+/// chain: `crate::header_policy::for_upstream` joins them before this reads the first.
 pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
     let previous = sent
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.trim().is_empty());
-    let mut out = String::with_capacity(previous.map_or(0, |p| p.len() + 2) + 39);
-    if let Some(p) = previous {
-        out.push_str(p);
-        out.push_str(", ");
-    }
+        .map(HeaderValue::as_bytes)
+        .filter(|v| !v.trim_ascii().is_empty());
+    let mut out = String::with_capacity(39);
     match peer.to_canonical() {
         // IPv4 through the digit writer the rest of the request path uses: `core::fmt` costs
         // more than the rest of this function.
@@ -158,9 +163,18 @@ pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
             let _ = write!(out, "{v6}");
         }
     }
-    // Visible ASCII from a header value, a separator and an address: always a header value.
-    HeaderValue::from_maybe_shared(Bytes::from(out))
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    let chain = match previous {
+        Some(p) => {
+            let mut chain = Vec::with_capacity(p.len() + 2 + out.len());
+            chain.extend_from_slice(p);
+            chain.extend_from_slice(b", ");
+            chain.extend_from_slice(out.as_bytes());
+            Bytes::from(chain)
+        }
+        None => Bytes::from(out),
+    };
+    // A header value, a separator and an address: always a header value.
+    HeaderValue::from_maybe_shared(chain).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 #[cfg(test)]
@@ -196,6 +210,45 @@ mod tests {
             client_ip(peer, &xff("junk, 10.0.0.9"), &trusted),
             "10.0.0.9".parse::<IpAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn one_bad_element_does_not_make_the_proxy_the_client() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let client: IpAddr = "203.0.113.5".parse().unwrap();
+        let raw = |bytes: &[u8]| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", HeaderValue::from_bytes(bytes).unwrap());
+            h
+        };
+        for chain in [
+            &b"\xc3\xa9, 203.0.113.5"[..],
+            b"\xff\xfe, 203.0.113.5, 10.0.0.7",
+            b"unknown, 203.0.113.5",
+            b"203.0.113.5,",
+            b"203.0.113.5, ,10.0.0.7 , ",
+            b" , 203.0.113.5",
+            b"203.0.113.5,,,",
+        ] {
+            assert_eq!(
+                client_ip(peer, &raw(chain), &trusted),
+                client,
+                "{}",
+                chain.escape_ascii()
+            );
+        }
+        // Lines are one list, read from the last.
+        let mut lines = raw(b"198.51.100.1, \xc3\xa9");
+        lines.append("x-forwarded-for", "203.0.113.5, 10.0.0.8".parse().unwrap());
+        assert_eq!(client_ip(peer, &lines, &trusted), client);
+        // A bad element where the client's address should be stops at the last trusted hop.
+        assert_eq!(
+            client_ip(peer, &raw(b"203.0.113.5, \xc3\xa9, 10.0.0.7"), &trusted),
+            "10.0.0.7".parse::<IpAddr>().unwrap()
+        );
+        // Nothing but empties: the peer.
+        assert_eq!(client_ip(peer, &raw(b" , ,"), &trusted), peer);
     }
 
     #[test]
@@ -246,6 +299,12 @@ mod tests {
         assert_eq!(forwarded_for(None, mapped), "10.0.0.255");
         let blank: HeaderValue = "  ".parse().unwrap();
         assert_eq!(forwarded_for(Some(&blank), v4), "203.0.113.9");
+        // The chain goes on as sent, bytes a client could not have meant as text included.
+        let odd = HeaderValue::from_bytes(b"\xc3\xa9, , 1.2.3.4").unwrap();
+        assert_eq!(
+            forwarded_for(Some(&odd), v4).as_bytes(),
+            b"\xc3\xa9, , 1.2.3.4, 203.0.113.9"
+        );
         for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "127.0.0.1"] {
             let ip: IpAddr = ip.parse().unwrap();
             assert_eq!(forwarded_for(None, ip), ip.to_string().as_str());

@@ -4,11 +4,19 @@
 //! that was charged (a rate limit that a client can step around by re-spelling the path or the
 //! host is not a limit).
 //!
-//! Both functions are pure and run once per request: when the input is already in normal form
+//! Spellings that frameworks disagree on are refused rather than guessed at (400): a backend
+//! that reads `/orders;x` as `/orders` (servlet containers strip path parameters),
+//! `/x\..\orders` as `/orders` (a backslash is a separator on Windows servers), `/orders%20`
+//! as `/orders` (frameworks that trim segments) or `post` as `POST` would otherwise serve the
+//! protected resource to a request floodgate routed and counted as something else.
+//!
+//! The functions are pure and run once per request: when the input is already in normal form
 //! (the usual case) they return it borrowed, without allocating.
 
 use std::borrow::Cow;
 use std::net::Ipv6Addr;
+
+use http::Method;
 
 /// What to do with `%2F` (`/`) and `%5C` (`\`) in a path: `[server] escaped_slashes`.
 ///
@@ -21,8 +29,9 @@ pub enum EscapedSlashes {
     Reject,
     /// Leave them encoded (hex upper-cased): they are data inside a segment, not separators.
     Keep,
-    /// Decode them to `/` and `\` before slashes are merged and dot-segments removed, so a
-    /// decoded `/` separates segments like a literal one.
+    /// Decode `%2F` to `/` before slashes are merged and dot-segments removed, so it separates
+    /// segments like a literal one. `%5C` is still refused: a decoded backslash is as
+    /// ambiguous as a literal one ([`PathError::Backslash`]).
     Unescape,
 }
 
@@ -62,6 +71,28 @@ pub enum PathError {
     /// `OPTIONS * HTTP/1.1` (nginx answers it `400` too) or anything else no route can name.
     #[error("the path does not start with \"/\"")]
     NotAbsolute,
+    /// A `\` (or a `%5C` decoded by `escaped_slashes = "unescape"`): Windows servers read it as
+    /// `/`, others as data, so `/x\..\orders` is `/orders` to some and not to others.
+    #[error("the path has a backslash")]
+    Backslash,
+    /// A `;`: servlet containers strip path parameters (`/orders;x` is `/orders`, `/x/..;/a`
+    /// is `/a`), other servers do not. `%3B` is data everywhere and is kept.
+    #[error("the path has a \";\" (path parameters are not accepted)")]
+    PathParameter,
+    /// A control character, raw or percent-encoded (`%00`-`%1F`, `%7F`), or an unencoded
+    /// space: C servers stop at `%00`, others strip or trim them.
+    #[error("the path has a control character or an unencoded space")]
+    ControlByte,
+    /// `%20` at the start or end of a segment (a space in the request line arrives so too):
+    /// frameworks that trim segments read `/orders%20` as `/orders`. Inside a segment
+    /// (`/a%20b`) it is data.
+    #[error("a path segment starts or ends with a space")]
+    EdgeSpace,
+    /// An overlong UTF-8 encoding (`%C0%AE` is `.` to a lenient decoder): no valid UTF-8 text
+    /// is spelled so, and a decoder that accepts it sees dot-segments and slashes the
+    /// gateway did not.
+    #[error("the path has an overlong UTF-8 encoding")]
+    Overlong,
 }
 
 /// Normalizes a request path (without its query) as RFC 3986 §6.2.2 describes: decodes
@@ -70,8 +101,8 @@ pub enum PathError {
 /// decoding, so `%2e%2e` is `..`. `..` never climbs above the root. A trailing slash is kept
 /// (`/orders/1/` stays; see [`trim_trailing_slash`] for the rule key). An empty path is `/`.
 ///
-/// `%2F`/`%5C` follow `escaped`. Bytes that are not ASCII are left as they are (no request
-/// line carries them; they cannot form a dot-segment or a slash).
+/// `%2F`/`%5C` follow `escaped`. Bytes that are not ASCII are left as they are (they cannot
+/// form a dot-segment or a slash). The spellings of [`PathError`] are refused.
 pub fn path(raw: &str, escaped: EscapedSlashes) -> Result<Cow<'_, str>, PathError> {
     if raw.is_empty() {
         return Ok(Cow::Borrowed("/"));
@@ -79,22 +110,46 @@ pub fn path(raw: &str, escaped: EscapedSlashes) -> Result<Cow<'_, str>, PathErro
     if !raw.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    if is_normal_path(raw) {
+    let escapes = check_raw_bytes(raw)?;
+    if !escapes && is_normal_path(raw) {
         return Ok(Cow::Borrowed(raw));
     }
-    if raw.contains('%') {
+    if escapes {
         let decoded = decode_path(raw, escaped)?;
+        if has_edge_space(&decoded) {
+            return Err(PathError::EdgeSpace);
+        }
         Ok(Cow::Owned(remove_dot_segments(&decoded)))
     } else {
         Ok(Cow::Owned(remove_dot_segments(raw)))
     }
 }
 
-/// The fast check: no `%`, no empty segment but a final one (a trailing slash), no `.`/`..`.
-fn is_normal_path(raw: &str) -> bool {
-    if raw.as_bytes().contains(&b'%') {
-        return false;
+/// Refuses the raw bytes no path may have (`\`, `;`, control characters); `Ok(true)` when
+/// the path has a `%` to decode. One pass over the bytes, as every request pays it.
+fn check_raw_bytes(raw: &str) -> Result<bool, PathError> {
+    let mut escapes = false;
+    for &b in raw.as_bytes() {
+        match b {
+            b'%' => escapes = true,
+            b'\\' => return Err(PathError::Backslash),
+            b';' => return Err(PathError::PathParameter),
+            0..=0x20 | 0x7f => return Err(PathError::ControlByte),
+            _ => {}
+        }
     }
+    Ok(escapes)
+}
+
+/// Whether a segment of a decoded path starts or ends with `%20`.
+fn has_edge_space(decoded: &str) -> bool {
+    decoded
+        .split('/')
+        .any(|seg| seg.starts_with("%20") || seg.ends_with("%20"))
+}
+
+/// The segment check: no empty segment but a final one (a trailing slash), no `.`/`..`.
+fn is_normal_path(raw: &str) -> bool {
     let mut segments = raw[1..].split('/').peekable();
     while let Some(seg) = segments.next() {
         let last = segments.peek().is_none();
@@ -113,9 +168,12 @@ fn decode_path(raw: &str, escaped: EscapedSlashes) -> Result<String, PathError> 
     let mut out = String::with_capacity(raw.len());
     let mut copied = 0;
     let mut i = 0;
+    // The byte of the escape just before this one, if this one follows it directly.
+    let mut previous: Option<u8> = None;
     while i < bytes.len() {
         if bytes[i] != b'%' {
             i += 1;
+            previous = None;
             continue;
         }
         out.push_str(&raw[copied..i]);
@@ -126,22 +184,38 @@ fn decode_path(raw: &str, escaped: EscapedSlashes) -> Result<String, PathError> 
             return Err(PathError::BadEscape);
         };
         let byte = hi << 4 | lo;
+        if is_overlong(previous, byte) {
+            return Err(PathError::Overlong);
+        }
         match byte {
+            0..=0x1f | 0x7f => return Err(PathError::ControlByte),
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
                 out.push(char::from(byte));
             }
             b'/' | b'\\' => match escaped {
                 EscapedSlashes::Reject => return Err(PathError::EscapedSlash),
                 EscapedSlashes::Keep => push_escape(&mut out, byte),
-                EscapedSlashes::Unescape => out.push(char::from(byte)),
+                EscapedSlashes::Unescape if byte == b'\\' => return Err(PathError::Backslash),
+                EscapedSlashes::Unescape => out.push('/'),
             },
             _ => push_escape(&mut out, byte),
         }
         i += 3;
         copied = i;
+        previous = Some(byte);
     }
     out.push_str(&raw[copied..]);
     Ok(out)
+}
+
+/// Whether `byte`, decoded right after `previous`, makes an overlong UTF-8 form (RFC 3629 §4:
+/// `C0`/`C1` lead bytes, `E0` before `80`-`9F`, `F0` before `80`-`8F`).
+fn is_overlong(previous: Option<u8>, byte: u8) -> bool {
+    matches!(byte, 0xc0 | 0xc1)
+        || matches!(
+            (previous, byte),
+            (Some(0xe0), 0x80..=0x9f) | (Some(0xf0), 0x80..=0x8f)
+        )
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -223,7 +297,18 @@ pub enum HostError {
     /// A bracketed literal that is not an IPv6 address (`[v1.x]`, `[::1%eth0]`, `[::1`).
     #[error("the host is not a valid IPv6 literal")]
     BadIpLiteral,
+    /// A name longer than [`MAX_HOST`] bytes: no DNS name is, and every byte of one is
+    /// compared, hashed and (on an upstream error) logged.
+    #[error("the host is longer than 253 characters")]
+    TooLong,
 }
+
+/// Longest host name accepted, without port and trailing dot: the longest DNS name
+/// (RFC 1035 §2.3.4, 255 octets on the wire, 253 characters as text).
+pub const MAX_HOST: usize = 253;
+
+/// Longest Host value looked at: [`MAX_HOST`], a trailing dot and `:65535`.
+const MAX_HOST_VALUE: usize = MAX_HOST + 1 + 6;
 
 /// Normalizes a Host header value or URI authority to the host that rules and routes compare:
 /// lower-case, without the port, without one trailing dot (`API.Example.com.:8080` is
@@ -239,6 +324,9 @@ pub enum HostError {
 /// without empty labels; `%` (percent-encoded names) and non-ASCII (IDNs travel as punycode)
 /// are refused. Surrounding whitespace is refused too: HTTP parsers strip it before this runs.
 pub fn host(raw: &str) -> Result<Cow<'_, str>, HostError> {
+    if raw.len() > MAX_HOST_VALUE {
+        return Err(HostError::TooLong);
+    }
     if raw.contains('@') {
         return Err(HostError::Userinfo);
     }
@@ -261,6 +349,9 @@ pub fn host(raw: &str) -> Result<Cow<'_, str>, HostError> {
     if name.is_empty() {
         return Err(HostError::Empty);
     }
+    if name.len() > MAX_HOST {
+        return Err(HostError::TooLong);
+    }
     let mut upper = false;
     for label in name.split('.') {
         if label.is_empty() {
@@ -280,6 +371,17 @@ pub fn host(raw: &str) -> Result<Cow<'_, str>, HostError> {
     } else {
         Ok(Cow::Borrowed(name))
     }
+}
+
+/// Whether `method` is spelled as methods are: upper-case letters, `-` and `_`, as every
+/// registered method is (RFC 9110 §9.1: methods are case-sensitive). `post` is not `POST`
+/// to a route or rule with `methods = ["POST"]`, but many servers upper-case it (or answer
+/// 400, as nginx does): refused, it cannot reach one as `POST` uncounted.
+pub fn method_is_canonical(method: &Method) -> bool {
+    method
+        .as_str()
+        .bytes()
+        .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
 }
 
 /// `after` is what follows the host: nothing, or `:` and a port of 0..=65535.
@@ -369,7 +471,8 @@ mod tests {
         assert_eq!(norm("/a%2fb", Keep).unwrap(), "/a%2Fb");
         assert_eq!(norm("/a%5cb", Keep).unwrap(), "/a%5Cb");
         assert_eq!(norm("/a%2fb", Unescape).unwrap(), "/a/b");
-        assert_eq!(norm("/a%5cb", Unescape).unwrap(), "/a\\b");
+        // A decoded backslash is as ambiguous as a literal one.
+        assert_eq!(norm("/a%5cb", Unescape), Err(PathError::Backslash));
         // Decoded slashes merge and separate dot-segments like literal ones.
         assert_eq!(norm("/a%2f%2f..%2fb", Unescape).unwrap(), "/b");
         assert_eq!(norm("/a/..%2f..%2fb", Keep).unwrap(), "/a/..%2F..%2Fb");
@@ -393,6 +496,62 @@ mod tests {
             Err(PathError::NotAbsolute)
         );
         assert_eq!(p(""), "/");
+    }
+
+    #[test]
+    fn spellings_frameworks_disagree_on_are_refused() {
+        use EscapedSlashes::*;
+        for mode in [Reject, Keep, Unescape] {
+            for (raw, want) in [
+                ("/x\\..\\orders", PathError::Backslash),
+                ("/orders\\", PathError::Backslash),
+                ("/orders;x", PathError::PathParameter),
+                ("/x/..;/orders", PathError::PathParameter),
+                ("/orders;", PathError::PathParameter),
+                ("/orders%00", PathError::ControlByte),
+                ("/orders%0a", PathError::ControlByte),
+                ("/orders%0D%0A", PathError::ControlByte),
+                ("/orders%09", PathError::ControlByte),
+                ("/orders%1f", PathError::ControlByte),
+                ("/orders%7F", PathError::ControlByte),
+                ("/orders\0", PathError::ControlByte),
+                ("/orders\t", PathError::ControlByte),
+                ("/orders x", PathError::ControlByte),
+                ("/orders\x7f", PathError::ControlByte),
+                ("/orders%20", PathError::EdgeSpace),
+                ("/%20orders", PathError::EdgeSpace),
+                ("/orders%20/1", PathError::EdgeSpace),
+                ("/orders/%20", PathError::EdgeSpace),
+                ("/%c0%ae%c0%ae/orders", PathError::Overlong),
+                ("/%C0%AF", PathError::Overlong),
+                ("/%c1%9c", PathError::Overlong),
+                ("/%e0%80%ae", PathError::Overlong),
+                ("/%f0%80%80%ae", PathError::Overlong),
+            ] {
+                assert_eq!(norm(raw, mode), Err(want), "{raw:?} with {mode:?}");
+            }
+        }
+        // Data, not separators: kept as sent (hex upper-cased).
+        assert_eq!(p("/a%20b"), "/a%20b");
+        assert_eq!(p("/orders%3bx"), "/orders%3Bx");
+        assert_eq!(p("/caf%C3%A9"), "/caf%C3%A9");
+        assert_eq!(p("/%e0%a0%80"), "/%E0%A0%80");
+        assert_eq!(p("/%f0%90%80%80"), "/%F0%90%80%80");
+        assert_eq!(p("/%c2%80"), "/%C2%80");
+        // Non-ASCII text is left as it is.
+        assert_eq!(p("/caf\u{e9}"), "/caf\u{e9}");
+    }
+
+    #[test]
+    fn methods_must_be_upper_case_tokens() {
+        for ok in ["GET", "POST", "PROPFIND", "M-SEARCH", "X_Y"] {
+            let m = Method::from_bytes(ok.as_bytes()).unwrap();
+            assert!(method_is_canonical(&m), "{ok}");
+        }
+        for bad in ["post", "Post", "gEt", "GET1", "G.T", "GET!"] {
+            let m = Method::from_bytes(bad.as_bytes()).unwrap();
+            assert!(!method_is_canonical(&m), "{bad}");
+        }
     }
 
     #[test]
@@ -451,6 +610,23 @@ mod tests {
         assert_eq!(host("a:65536"), Err(HostError::BadPort));
         assert_eq!(host("a:+80"), Err(HostError::BadPort));
         assert_eq!(host("user@host"), Err(HostError::Userinfo));
+        // At most a DNS name's 253 characters, with or without port and trailing dot.
+        let longest = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61),
+        ]
+        .join(".");
+        assert_eq!(longest.len(), MAX_HOST);
+        assert_eq!(host(&longest).unwrap(), longest.as_str());
+        assert_eq!(
+            host(&format!("{longest}.:65535")).unwrap(),
+            longest.as_str()
+        );
+        assert_eq!(host(&format!("{longest}e")), Err(HostError::TooLong));
+        assert_eq!(host(&format!("{longest}e:1")), Err(HostError::TooLong));
+        assert_eq!(host(&"a".repeat(64 * 1024)), Err(HostError::TooLong));
         for bad in [
             "a b", " a", "a\t", "a/b", "a\\b", "a\0", "a\r\nb", "a%41", "é.com", "a..b", ".a",
             "a..", "a:b:c",

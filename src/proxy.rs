@@ -348,6 +348,8 @@ impl ProxyHttp for Proxy {
         let Some(cfg) = ctx.config.clone() else {
             return Ok(());
         };
+        // First: it joins repeated X-Forwarded-For lines that `forwarding::apply` appends to.
+        crate::header_policy::for_upstream(upstream_request, cfg.server.headers_with_underscores);
         ctx.upstream_start = Some(Instant::now());
         let reads_keys = ctx.route().is_some_and(|r| r.auth != AuthMode::None);
         let forwarded = Forwarded {

@@ -3,6 +3,10 @@
 //! Rules are checked in file order and every rule whose `match` fits applies. A rule keyed on
 //! something the request does not have (no API key, no such header) does not apply; that is
 //! counted so an operator can see a rule that never bites.
+//!
+//! A rule reads one value per header and query parameter, and the upstream may read another:
+//! a request that repeats a header or parameter an applying rule matches or counts on is
+//! refused ([`Ambiguous`]) rather than charged to one of its values.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -144,9 +148,71 @@ pub struct RequestView<'a> {
     pub identity: Option<&'a Identity>,
 }
 
+/// Why a request cannot be charged to one counter: it repeats a header or query parameter that
+/// a rule (or consistent hashing) reads, so floodgate would count one value while the upstream
+/// may read the other (frameworks differ: first, last, or all joined). Answered 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ambiguous {
+    /// A header sent more than once.
+    #[error("the header \"{0}\" is sent more than once, and requests are counted by it")]
+    Header(HeaderName),
+    /// A query parameter sent more than once (names compared decoded).
+    #[error("the query parameter \"{0}\" is sent more than once, and requests are counted by it")]
+    Query(String),
+}
+
+/// Refuses a request that repeats a header or query parameter named in `parts` (a rule's
+/// `key`, or an upstream's `hash_key`).
+pub fn single_valued(
+    parts: &[KeyPart],
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<(), Ambiguous> {
+    for part in parts {
+        match part {
+            KeyPart::Header(name) if headers.get_all(name).iter().nth(1).is_some() => {
+                return Err(Ambiguous::Header(name.clone()));
+            }
+            KeyPart::Query(name) if query.is_some_and(|q| crate::query::is_repeated(q, name)) => {
+                return Err(Ambiguous::Query(name.clone()));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 impl Rule {
     /// Whether the rule's `match` fits the request.
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
+        matches!(self.matching(req), Ok(true))
+    }
+
+    /// Whether the rule applies: its `match` fits and the values it reads are single. `Err`
+    /// when the rest of the `match` fits but the header it matches on, or a header or query
+    /// parameter of its `key`, is repeated.
+    pub fn matching(&self, req: &RequestView<'_>) -> Result<bool, Ambiguous> {
+        if !self.matches_request(req) {
+            return Ok(false);
+        }
+        if let Some((name, value)) = &self.matcher.header {
+            let mut sent = req.headers.get_all(name).iter();
+            let first = sent.next();
+            if sent.next().is_some() {
+                return Err(Ambiguous::Header(name.clone()));
+            }
+            match (first, value) {
+                (None, _) => return Ok(false),
+                (Some(v), Some(want)) if v.as_bytes() != want.as_bytes() => return Ok(false),
+                _ => {}
+            }
+        }
+        single_valued(&self.key_parts, req.headers, req.query)?;
+        Ok(true)
+    }
+
+    /// Every field of the `match` but `header`.
+    fn matches_request(&self, req: &RequestView<'_>) -> bool {
         let m = &self.matcher;
         if let Some(route) = &m.route {
             if route != req.route {
@@ -161,22 +227,18 @@ impl Rule {
                 return false;
             }
         }
-        if let Some((name, value)) = &m.header {
-            match (req.headers.get(name), value) {
-                (None, _) => return false,
-                (Some(v), Some(want)) if v.as_bytes() != want.as_bytes() => return false,
-                _ => {}
-            }
-        }
         true
     }
 
     /// The id of the counter this request charges (a digest of its key parts' values), or
-    /// `None` when a key part is absent (the rule then does not apply). The digest covers every part with its kind and length, so values cannot
-    /// be shifted from one part into another to reach someone else's counter.
+    /// `None` when a key part is absent (the rule then does not apply). The digest covers every
+    /// part with its kind and length, so values cannot be shifted from one part into another to
+    /// reach someone else's counter. Query values count decoded ([`crate::query`]).
     pub fn counter_id(&self, req: &RequestView<'_>) -> Option<u64> {
         let mut h = Sha256::new();
         let mut ip_buf = [0u8; 16];
+        // Holds a decoded query value while it is hashed.
+        let mut decoded;
         for part in &self.key_parts {
             let value: &[u8] = match part {
                 KeyPart::Ip => match req.ip {
@@ -197,7 +259,10 @@ impl Rule {
                 // `/orders/1/` and `/orders/1` are one resource to count.
                 KeyPart::Path => crate::normalize::trim_trailing_slash(req.path).as_bytes(),
                 KeyPart::Header(name) => req.headers.get(name)?.as_bytes(),
-                KeyPart::Query(name) => query_param(req.query?, name)?.as_bytes(),
+                KeyPart::Query(name) => {
+                    decoded = query_param(req.query?, name)?;
+                    decoded.as_bytes()
+                }
             };
             let value = &value[..value.len().min(MAX_KEY_VALUE)];
             h.update([part_tag(part)]);
@@ -242,12 +307,10 @@ fn part_tag(part: &KeyPart) -> u8 {
     }
 }
 
-/// The raw (not percent-decoded) value of the first `name` parameter of a query string.
-pub fn query_param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then_some(v)
-    })
+/// The value of the first `name` parameter of a query string, as the `query:NAME` key part
+/// reads it: name and value percent-decoded, `+` a space ([`crate::query`]).
+pub fn query_param<'q>(query: &'q str, name: &str) -> Option<crate::query::QueryValue<'q>> {
+    crate::query::first(query, name)
 }
 
 #[cfg(test)]
@@ -365,9 +428,76 @@ mod tests {
     }
 
     #[test]
-    fn query_param_takes_first_exact_name() {
-        assert_eq!(query_param("a=1&ab=2&a=3", "a"), Some("1"));
-        assert_eq!(query_param("ab=2", "a"), None);
-        assert_eq!(query_param("flag&x=1", "flag"), Some(""));
+    fn query_param_takes_first_decoded_name() {
+        let v = |q, n| query_param(q, n).map(|v| v.as_bytes().to_vec());
+        assert_eq!(v("a=1&ab=2&a=3", "a"), Some(b"1".to_vec()));
+        assert_eq!(v("ab=2", "a"), None);
+        assert_eq!(v("flag&x=1", "flag"), Some(Vec::new()));
+        assert_eq!(v("%61=%31", "a"), Some(b"1".to_vec()));
+    }
+
+    #[test]
+    fn query_keys_count_the_decoded_value() {
+        let h = HeaderMap::new();
+        let r = rule(vec![KeyPart::Query("user".into())], RuleMatch::default());
+        let id = |q| r.counter_id(&view(&h, Some(q), None)).unwrap();
+        assert_eq!(id("user=alice"), id("user=%61lice"));
+        assert_eq!(id("user=alice"), id("%75ser=alice"));
+        assert_eq!(id("user=alice"), id("x=1;user=alice"));
+        assert_eq!(id("user=a+b"), id("user=a%20b"));
+        assert_ne!(id("user=alice"), id("user=bob"));
+    }
+
+    #[test]
+    fn repeated_values_a_rule_reads_are_ambiguous() {
+        let user = HeaderName::from_static("x-user");
+        let keyed = rule(vec![KeyPart::Header(user.clone())], RuleMatch::default());
+        let mut twice = HeaderMap::new();
+        twice.append(&user, "alice".parse().unwrap());
+        twice.append(&user, "bob".parse().unwrap());
+        assert_eq!(
+            keyed.matching(&view(&twice, None, None)),
+            Err(Ambiguous::Header(user.clone()))
+        );
+        let mut once = HeaderMap::new();
+        once.insert(&user, "alice".parse().unwrap());
+        assert_eq!(keyed.matching(&view(&once, None, None)), Ok(true));
+
+        let by_query = rule(vec![KeyPart::Query("user".into())], RuleMatch::default());
+        for q in ["user=a&user=b", "user=a&%75ser=a", "user=a;user=b"] {
+            assert_eq!(
+                by_query.matching(&view(&once, Some(q), None)),
+                Err(Ambiguous::Query("user".into())),
+                "{q}"
+            );
+        }
+        assert_eq!(
+            by_query.matching(&view(&once, Some("user=a"), None)),
+            Ok(true)
+        );
+
+        // A rule whose match reads a repeated header cannot tell whether it applies.
+        let tier = HeaderName::from_static("x-tier");
+        let matcher = RuleMatch {
+            header: Some((tier.clone(), Some("free".into()))),
+            ..Default::default()
+        };
+        let free = rule(vec![KeyPart::Ip], matcher);
+        let mut tiers = HeaderMap::new();
+        tiers.append(&tier, "pro".parse().unwrap());
+        tiers.append(&tier, "free".parse().unwrap());
+        assert_eq!(
+            free.matching(&view(&tiers, None, None)),
+            Err(Ambiguous::Header(tier.clone()))
+        );
+        // A rule that does not otherwise fit is not asked about its values.
+        let elsewhere = rule(
+            vec![KeyPart::Header(user.clone())],
+            RuleMatch {
+                route: Some("other".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(elsewhere.matching(&view(&twice, None, None)), Ok(false));
     }
 }

@@ -533,11 +533,8 @@ pub fn client_label(cfg: &Config, rule: &Rule, view: &RequestView<'_>) -> Client
                 }
             }
             KeyPart::Query(name) => {
-                let raw = view
-                    .query
-                    .and_then(|q| query_param(q, name))
-                    .unwrap_or("")
-                    .as_bytes();
+                let decoded = view.query.and_then(|q| query_param(q, name));
+                let raw = decoded.as_ref().map_or(&b""[..], |v| v.as_bytes());
                 let lower = name.to_ascii_lowercase();
                 let secret = ["key", "token", "secret", "pass", "auth", "sig"]
                     .iter()

@@ -44,12 +44,52 @@ const MODES: [EscapedSlashes; 3] = [
 // Paths
 
 /// Path-shaped strings built from the pieces that matter: slashes, dots, their encodings in
-/// both cases, other escapes, malformed escapes, backslashes and non-ASCII.
+/// both cases, other escapes, malformed escapes, backslashes, path parameters, controls,
+/// spaces, overlong UTF-8 and non-ASCII.
 fn path_like() -> impl Strategy<Value = String> {
     let piece = prop::sample::select(vec![
-        "/", "/", "/", ".", "..", "%2e", "%2E", "%2f", "%2F", "%5c", "%5C", "%25", "%", "%4",
-        "%zz", "%41", "%6f", "%7e", "%3a", "%c3%a9", "a", "b", "orders", "1", "~", "-", "_", "\\",
-        "é", "?", ";", ":",
+        "/",
+        "/",
+        "/",
+        ".",
+        "..",
+        "%2e",
+        "%2E",
+        "%2f",
+        "%2F",
+        "%5c",
+        "%5C",
+        "%25",
+        "%",
+        "%4",
+        "%zz",
+        "%41",
+        "%6f",
+        "%7e",
+        "%3a",
+        "%c3%a9",
+        "a",
+        "b",
+        "orders",
+        "1",
+        "~",
+        "-",
+        "_",
+        "\\",
+        "é",
+        "?",
+        ";",
+        ":",
+        "%3b",
+        "%20",
+        "%00",
+        "%0a",
+        "%7f",
+        "%c0%ae",
+        "%e0%80%ae",
+        "%e0%a0%80",
+        "%f0%8f",
+        "\t",
     ]);
     (
         prop::bool::weighted(0.9),
@@ -64,12 +104,14 @@ fn path_like() -> impl Strategy<Value = String> {
         })
 }
 
-/// What a path means, computed the slow and obvious way: decode every escape this mode
+/// What a path means, computed the slow and obvious way: refuse what frameworks disagree on
+/// (`\`, `;`, controls and spaces, edge `%20`, overlong UTF-8), decode every escape this mode
 /// decodes, split on `/`, drop empty and `.` segments, let `..` pop (never past the root).
 fn reference_segments(raw: &str, mode: EscapedSlashes) -> Option<(Vec<String>, bool)> {
     let mut decoded = String::new();
     let b = raw.as_bytes();
     let mut i = 0;
+    let mut previous_escape: Option<u8> = None;
     while i < b.len() {
         if b[i] == b'%' {
             let hex = raw.get(i + 1..i + 3)?;
@@ -77,22 +119,45 @@ fn reference_segments(raw: &str, mode: EscapedSlashes) -> Option<(Vec<String>, b
             if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
                 return None;
             }
+            let overlong = matches!(v, 0xc0 | 0xc1)
+                || (previous_escape == Some(0xe0) && (0x80..0xa0).contains(&v))
+                || (previous_escape == Some(0xf0) && (0x80..0x90).contains(&v));
+            if overlong || v < 0x20 || v == 0x7f {
+                return None;
+            }
             let c = char::from(v);
             let slash = c == '/' || c == '\\';
             let unreserved = c.is_ascii_alphanumeric() || "-._~".contains(c);
-            if slash && mode == EscapedSlashes::Reject {
+            // Unescape decodes %2F only: a decoded backslash is refused like a literal one.
+            let refused = match mode {
+                EscapedSlashes::Reject => slash,
+                EscapedSlashes::Unescape => c == '\\',
+                EscapedSlashes::Keep => false,
+            };
+            if refused {
                 return None;
             } else if unreserved || (slash && mode == EscapedSlashes::Unescape) {
                 decoded.push(c);
             } else {
                 decoded.push_str(&format!("%{v:02X}"));
             }
+            previous_escape = Some(v);
             i += 3;
         } else {
             let c = raw[i..].chars().next()?;
+            if c == '\\' || c == ';' || c <= ' ' || c == '\u{7f}' {
+                return None;
+            }
             decoded.push(c);
+            previous_escape = None;
             i += c.len_utf8();
         }
+    }
+    if decoded
+        .split('/')
+        .any(|seg| seg.starts_with("%20") || seg.ends_with("%20"))
+    {
+        return None;
     }
     let mut stack: Vec<String> = Vec::new();
     let segments: Vec<&str> = decoded[1..].split('/').collect();
@@ -433,6 +498,36 @@ proptest! {
         if !trusted.iter().any(|n| n.contains(&peer) || n.contains(&peer.to_canonical())) {
             prop_assert!(got == peer || got == peer.to_canonical());
         }
+    }
+
+    /// Whatever a trusted proxy's chain holds left of the client's address (garbage, non-ASCII
+    /// bytes, empty elements), and however many empty elements follow it, the client is that
+    /// address: one bad element never turns the proxy into everyone's client.
+    #[test]
+    fn xff_elements_left_of_the_client_do_not_matter(
+        junk in prop::collection::vec(any::<u8>(), 0..24),
+        client in ip_text(),
+        empties in 0usize..3,
+    ) {
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let client: IpAddr = client.parse().unwrap();
+        prop_assume!(!trusted[0].contains(&client.to_canonical()));
+        let mut chain = junk;
+        chain.extend_from_slice(b", ");
+        chain.extend_from_slice(client.to_string().as_bytes());
+        for _ in 0..empties {
+            chain.extend_from_slice(b", ");
+        }
+        let Ok(value) = HeaderValue::from_bytes(&chain) else {
+            return Ok(());
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", value);
+        prop_assert_eq!(
+            floodgate::client::client_ip(peer, &headers, &trusted),
+            client.to_canonical()
+        );
     }
 }
 

@@ -1,7 +1,8 @@
-//! floodgate against hostile clients and hostile configs (issue 11): raw-socket clients where
-//! the request's shape matters, slow and idle connections, request shapes that try to walk past
-//! a limit, secrets that must not leak, and configs that pass `check` but would break at run
-//! time. Each concern lives in its own file under `tests/hostile/`.
+//! floodgate against hostile clients and hostile configs (issues 11 and 19): raw-socket
+//! clients where the request's shape matters, slow and idle connections, request shapes and
+//! spellings that try to walk past a limit, secrets that must not leak, log lines a client
+//! tries to flood or forge, and configs that pass `check` but would break at run time. Each
+//! concern lives in its own file under `tests/hostile/`.
 
 mod common;
 
@@ -11,7 +12,11 @@ mod configs;
 mod connections;
 #[path = "hostile/eviction.rs"]
 mod eviction;
+#[path = "hostile/logs.rs"]
+mod logs;
 #[path = "hostile/secrets.rs"]
 mod secrets;
 #[path = "hostile/shapes.rs"]
 mod shapes;
+#[path = "hostile/spellings.rs"]
+mod spellings;

@@ -341,3 +341,176 @@ on_store_error = "closed"
     assert!(ans.retry_after().is_some());
     assert_eq!(ans.rejected_by.as_deref(), Some("strict"));
 }
+
+/// Routes and rules that read headers and query parameters, for the spelling tests.
+const KEYED: &str = r#"
+[server]
+headers_with_underscores = "reject"
+
+[[upstreams]]
+name = "hashed"
+targets = ["127.0.0.1:9", "127.0.0.1:10"]
+balance = "consistent"
+hash_key = ["query:cart", "header:x-cart"]
+
+[[upstreams]]
+name = "plain"
+targets = ["127.0.0.1:9"]
+
+[[routes]]
+name = "carts"
+match = { path_prefix = "/carts" }
+upstream = "hashed"
+auth = "none"
+
+[[routes]]
+name = "login"
+match = { path = "/login", methods = ["POST"] }
+upstream = "plain"
+auth = "none"
+
+[[routes]]
+name = "all"
+upstream = "plain"
+auth = "none"
+
+[[rules]]
+name = "per-user"
+match = { path_prefix = "/users" }
+key = ["query:user"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+
+[[rules]]
+name = "shadow-per-region"
+match = { path_prefix = "/regions" }
+key = ["header:x-region"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+shadow = true
+
+[[rules]]
+name = "per-tenant"
+match = { path_prefix = "/tenants", header = ["x-tier", "free"] }
+key = ["header:x-tenant"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#;
+
+fn bad_request_detail(a: &Admission) -> String {
+    let ans = answer(a);
+    assert_eq!(ans.status(), 400, "{a:?}");
+    assert!(ans.close);
+    assert_eq!(body(ans)["type"], "urn:floodgate:problem:bad-request");
+    body(ans)["detail"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn methods_that_are_not_upper_case_are_400() {
+    let f = fixture(KEYED);
+    for m in ["post", "Post", "pOST"] {
+        let mut r = req("/login", &[]);
+        r.method = Method::from_bytes(m.as_bytes()).unwrap();
+        let detail = bad_request_detail(&f.admit(&r).await);
+        assert!(detail.contains("upper-case"), "{detail}");
+    }
+    let mut r = req("/login", &[]);
+    r.method = Method::POST;
+    let a = f.admit(&r).await;
+    assert_eq!(f.cfg.routes[a.route.unwrap()].name.as_ref(), "login");
+}
+
+#[tokio::test]
+async fn repeated_content_length_and_underscores_are_400() {
+    let f = fixture(KEYED);
+    for headers in [
+        &[("content-length", "5, 5")][..],
+        &[("content-length", "0"), ("content-length", "0")],
+    ] {
+        let detail = bad_request_detail(&f.admit(&req("/x", headers)).await);
+        assert!(detail.contains("Content-Length"), "{detail}");
+    }
+    assert!(forwarded(
+        &f.admit(&req("/x", &[("content-length", "0")])).await
+    ));
+    // headers_with_underscores = "reject" in this config.
+    let detail = bad_request_detail(&f.admit(&req("/x", &[("x_floodgate_user", "a")])).await);
+    assert!(detail.contains("underscore"), "{detail}");
+    // The default drops them when forwarding instead (crate::header_policy).
+    let lax = fixture(CONFIG);
+    assert!(forwarded(
+        &lax.admit(&req("/open/x", &[("x_floodgate_user", "a")]))
+            .await
+    ));
+}
+
+#[tokio::test]
+async fn a_target_that_is_not_utf8_is_400() {
+    let f = fixture(KEYED);
+    let mut r = req("/x", &[]);
+    r.raw = "/x".into();
+    let ok = f.admit(&r).await;
+    assert!(forwarded(&ok));
+    let request = Request {
+        method: &r.method,
+        uri: &r.uri,
+        raw_target: b"/x\xc0\xae",
+        headers: &r.headers,
+        peer: r.peer,
+        request_id: "req-1",
+    };
+    let a = admit(&f.cfg, &f.limiter, &request).await;
+    assert!(bad_request_detail(&a).contains("UTF-8"));
+}
+
+#[tokio::test]
+async fn repeated_values_that_rules_or_hashing_read_are_400() {
+    let f = fixture(KEYED);
+    // Consistent hashing on `cart`: one target per cart, whichever spelling.
+    for r in [
+        req("/carts/1?cart=a&cart=b", &[]),
+        req("/carts/1?cart=a&%63art=a", &[]),
+        req("/carts/1", &[("x-cart", "a"), ("x-cart", "b")]),
+    ] {
+        let detail = bad_request_detail(&f.admit(&r).await);
+        assert!(detail.contains("cart"), "{detail}");
+    }
+    assert!(forwarded(
+        &f.admit(&req("/carts/1?cart=a", &[("x-cart", "a")])).await
+    ));
+    // The hash_key of another route's upstream is not read.
+    assert!(forwarded(&f.admit(&req("/other?cart=a&cart=b", &[])).await));
+
+    // A rule's query key: decoded, and repetition refused.
+    assert!(forwarded(&f.admit(&req("/users/1?user=alice", &[])).await));
+    for q in ["user=%61lice", "%75ser=alice", "x=1;user=alice"] {
+        let a = f.admit(&req(&format!("/users/1?{q}"), &[])).await;
+        assert_eq!(answer(&a).status(), 429, "{q} is alice's counter");
+    }
+    let detail = bad_request_detail(&f.admit(&req("/users/1?user=bob&user=alice", &[])).await);
+    assert!(detail.contains("\"user\""), "{detail}");
+    // A rule that does not apply to the path does not care.
+    assert!(forwarded(
+        &f.admit(&req("/x?user=bob&user=alice", &[])).await
+    ));
+
+    // A header the rule matches on, or counts by, sent twice.
+    let tier_twice = [("x-tier", "pro"), ("x-tier", "free"), ("x-tenant", "t1")];
+    assert!(bad_request_detail(&f.admit(&req("/tenants/1", &tier_twice)).await).contains("x-tier"));
+    let tenant_twice = [("x-tier", "free"), ("x-tenant", "t1"), ("x-tenant", "t2")];
+    assert!(
+        bad_request_detail(&f.admit(&req("/tenants/1", &tenant_twice)).await).contains("x-tenant")
+    );
+    // A shadow rule never refuses, not even a request it cannot count.
+    let regions = [("x-region", "eu"), ("x-region", "us")];
+    assert!(forwarded(&f.admit(&req("/regions/1", &regions)).await));
+    let once = [("x-tier", "free"), ("x-tenant", "t1")];
+    assert!(forwarded(&f.admit(&req("/tenants/1", &once)).await));
+    assert_eq!(
+        answer(&f.admit(&req("/tenants/1", &once)).await).status(),
+        429
+    );
+}

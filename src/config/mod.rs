@@ -79,6 +79,8 @@ pub struct Server {
     pub connections: Connections,
     /// What `%2F` / `%5C` in a request path do.
     pub escaped_slashes: crate::normalize::EscapedSlashes,
+    /// What request headers with `_` in their names do.
+    pub headers_with_underscores: crate::header_policy::Underscores,
 }
 
 /// `[server]` settings that bound what one client can hold: deadlines for slow and idle

@@ -48,6 +48,7 @@ pub struct RawServer {
     pub max_connections: Option<Spanned<i64>>,
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub escaped_slashes: Option<Spanned<String>>,
+    pub headers_with_underscores: Option<Spanned<String>>,
 }
 
 /// `[server.tls]`.

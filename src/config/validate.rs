@@ -266,8 +266,17 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         )?,
         None => crate::normalize::EscapedSlashes::Reject,
     };
+    let headers_with_underscores = match &raw.headers_with_underscores {
+        Some(v) => src.one_of(
+            v,
+            "server.headers_with_underscores",
+            crate::header_policy::Underscores::NAMES,
+        )?,
+        None => crate::header_policy::Underscores::Drop,
+    };
     Ok(Server {
         escaped_slashes,
+        headers_with_underscores,
         connections,
         listen,
         admin_listen,
