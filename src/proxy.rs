@@ -29,7 +29,7 @@ use crate::forwarding::{retry_after_proxy_error, Forwarded, ProxyError, ProxyRet
 use crate::gateway::Gateway;
 use crate::limiter::engine::Slots;
 use crate::response::{Answer, Problem, RateLimitHeaders};
-use crate::rules::{query_param, KeyPart};
+use crate::rules::KeyPart;
 use crate::upstream::{TargetInfo, TargetState};
 
 /// The proxy service.
@@ -572,59 +572,20 @@ impl Drop for InFlight {
     }
 }
 
-/// The consistent-hashing key of a request: its `hash_key` parts (the client IP when none),
-/// each followed by a separator so that ("ab", "c") and ("a", "bc") differ.
+/// The consistent-hashing key of a request, read by the same key-part reader as counters
+/// ([`crate::rules::key`]): the normalized path (a re-spelled path hashes the same), decoded
+/// query values, capped values.
 fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(64);
-    let ip = [KeyPart::Ip];
-    let parts = if parts.is_empty() { &ip[..] } else { parts };
-    for p in parts {
-        match p {
-            KeyPart::Ip => match ctx.client_ip {
-                IpAddr::V4(a) => key.extend_from_slice(&a.octets()),
-                IpAddr::V6(a) => key.extend_from_slice(&a.octets()),
-            },
-            KeyPart::ApiKey => {
-                if let Some(i) = &ctx.identity {
-                    key.extend_from_slice(i.id.as_bytes());
-                }
-            }
-            KeyPart::User => {
-                if let Some(i) = &ctx.identity {
-                    key.extend_from_slice(i.user.as_bytes());
-                }
-            }
-            KeyPart::Plan => {
-                if let Some(plan) = ctx.identity.as_ref().and_then(|i| i.plan.as_ref()) {
-                    key.extend_from_slice(plan.as_bytes());
-                }
-            }
-            KeyPart::Route => {
-                if let Some(r) = ctx.route() {
-                    key.extend_from_slice(r.name.as_bytes());
-                }
-            }
-            KeyPart::Method => key.extend_from_slice(req.method.as_str().as_bytes()),
-            // The normalized path, as rules see it: a re-spelled path hashes the same.
-            KeyPart::Path => {
-                let path = ctx
-                    .forward_target
-                    .as_ref()
-                    .map_or(req.uri.path(), |t| t.path());
-                key.extend_from_slice(path.as_bytes());
-            }
-            KeyPart::Header(h) => {
-                if let Some(v) = req.headers.get(h) {
-                    key.extend_from_slice(v.as_bytes());
-                }
-            }
-            KeyPart::Query(name) => {
-                if let Some(v) = req.uri.query().and_then(|q| query_param(q, name)) {
-                    key.extend_from_slice(v.as_bytes());
-                }
-            }
-        }
-        key.push(0);
-    }
-    key
+    let uri = ctx.forward_target.as_ref().unwrap_or(&req.uri);
+    let view = crate::rules::RequestView {
+        route: ctx.route().map_or("", |r| &r.name),
+        method: &req.method,
+        path: uri.path(),
+        query: uri.query(),
+        host: None,
+        headers: &req.headers,
+        ip: ctx.client_ip,
+        identity: ctx.identity.as_deref(),
+    };
+    crate::rules::key::hash_key(parts, &view)
 }

@@ -19,6 +19,8 @@ pub use crate::limiter::policy::{FailureMode, Policy, Scope};
 use crate::limiter::Check;
 use crate::matching::RequestMatch;
 
+pub mod key;
+
 /// Longest key value (bytes) taken from the network; the rest is ignored. Values are hashed, so
 /// this bounds hashing work, not storage.
 pub const MAX_KEY_VALUE: usize = 1024;
@@ -233,38 +235,13 @@ impl Rule {
     /// The id of the counter this request charges (a digest of its key parts' values), or
     /// `None` when a key part is absent (the rule then does not apply). The digest covers every
     /// part with its kind and length, so values cannot be shifted from one part into another to
-    /// reach someone else's counter. Query values count decoded ([`crate::query`]).
+    /// reach someone else's counter. Values are read by [`key::read`] (trailing slash, decoding,
+    /// cap and absence decided there once, for counters, hashing and labels alike).
     pub fn counter_id(&self, req: &RequestView<'_>) -> Option<u64> {
         let mut h = Sha256::new();
-        let mut ip_buf = [0u8; 16];
-        // Holds a decoded query value while it is hashed.
-        let mut decoded;
         for part in &self.key_parts {
-            let value: &[u8] = match part {
-                KeyPart::Ip => match req.ip {
-                    IpAddr::V4(v4) => {
-                        ip_buf[..4].copy_from_slice(&v4.octets());
-                        &ip_buf[..4]
-                    }
-                    IpAddr::V6(v6) => {
-                        ip_buf = v6.octets();
-                        &ip_buf[..]
-                    }
-                },
-                KeyPart::ApiKey => req.identity?.id.as_bytes(),
-                KeyPart::User => req.identity?.user.as_bytes(),
-                KeyPart::Plan => req.identity?.plan.as_deref()?.as_bytes(),
-                KeyPart::Route => req.route.as_bytes(),
-                KeyPart::Method => req.method.as_str().as_bytes(),
-                // `/orders/1/` and `/orders/1` are one resource to count.
-                KeyPart::Path => crate::normalize::trim_trailing_slash(req.path).as_bytes(),
-                KeyPart::Header(name) => req.headers.get(name)?.as_bytes(),
-                KeyPart::Query(name) => {
-                    decoded = query_param(req.query?, name)?;
-                    decoded.as_bytes()
-                }
-            };
-            let value = &value[..value.len().min(MAX_KEY_VALUE)];
+            let value = key::read(part, req)?;
+            let value = value.as_bytes();
             h.update([part_tag(part)]);
             h.update((value.len() as u32).to_le_bytes());
             h.update(value);

@@ -29,7 +29,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::{Backend, Config};
 use crate::limiter::engine::{Outcome, Verdict};
-use crate::rules::{query_param, KeyPart, RequestView, Rule, Scope, MAX_KEY_VALUE};
+use crate::rules::{KeyPart, RequestView, Rule, Scope, MAX_KEY_VALUE};
 
 /// Counters per sketch (k of Space-Saving). 64 is plenty to name who is being limited, and it
 /// keeps the eviction scan (a linear pass over 64 counts) short.
@@ -506,49 +506,34 @@ impl Top {
 pub fn client_label(cfg: &Config, rule: &Rule, view: &RequestView<'_>) -> Client {
     let mut parts = Vec::with_capacity(rule.key_parts.len());
     for part in &rule.key_parts {
-        let value = match part {
-            KeyPart::Ip => view.ip.to_string(),
-            KeyPart::ApiKey => view.identity.map(|i| i.id.to_string()).unwrap_or_default(),
-            KeyPart::User => view
-                .identity
-                .map(|i| i.user.to_string())
-                .unwrap_or_default(),
-            KeyPart::Plan => view
-                .identity
-                .and_then(|i| i.plan.as_ref().map(|p| p.to_string()))
-                .unwrap_or_default(),
-            KeyPart::Route => view.route.to_string(),
-            KeyPart::Method => view.method.as_str().to_string(),
-            KeyPart::Path => shown(crate::normalize::trim_trailing_slash(view.path).as_bytes()),
-            KeyPart::Header(name) => {
-                let raw = view.headers.get(name).map_or(&b""[..], |v| v.as_bytes());
-                let secret = *name == cfg.auth.header
-                    || *name == http::header::AUTHORIZATION
-                    || *name == http::header::PROXY_AUTHORIZATION
-                    || *name == http::header::COOKIE;
-                if secret {
-                    digest(raw)
-                } else {
-                    shown(raw)
-                }
-            }
-            KeyPart::Query(name) => {
-                let decoded = view.query.and_then(|q| query_param(q, name));
-                let raw = decoded.as_ref().map_or(&b""[..], |v| v.as_bytes());
-                let lower = name.to_ascii_lowercase();
-                let secret = ["key", "token", "secret", "pass", "auth", "sig"]
-                    .iter()
-                    .any(|w| lower.contains(w));
-                if secret {
-                    digest(raw)
-                } else {
-                    shown(raw)
-                }
-            }
+        // The value the counter was charged with (crate::rules::key), shown.
+        let value = crate::rules::key::read(part, view);
+        let raw = value.as_ref().map_or(&b""[..], |v| v.as_bytes());
+        let shown_value = match (part, &value) {
+            (KeyPart::Ip, Some(crate::rules::key::Value::Ip { addr, .. })) => addr.to_string(),
+            (KeyPart::Header(name), _) if secret_header(cfg, name) => digest(raw),
+            (KeyPart::Query(name), _) if secret_query(name) => digest(raw),
+            _ => shown(raw),
         };
-        parts.push((part.to_config_string(), value));
+        parts.push((part.to_config_string(), shown_value));
     }
     Client { parts }
+}
+
+/// Headers that carry credentials: shown as a digest, never as their value.
+fn secret_header(cfg: &Config, name: &http::HeaderName) -> bool {
+    *name == cfg.auth.header
+        || *name == http::header::AUTHORIZATION
+        || *name == http::header::PROXY_AUTHORIZATION
+        || *name == http::header::COOKIE
+}
+
+/// Query parameters whose names say they carry credentials.
+fn secret_query(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    ["key", "token", "secret", "pass", "auth", "sig"]
+        .iter()
+        .any(|w| lower.contains(w))
 }
 
 /// Request bytes as text for the admin page: at most [`MAX_SHOWN_VALUE`] bytes, invalid UTF-8
