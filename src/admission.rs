@@ -209,6 +209,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let ratelimit = RateLimitHeaders::build(
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         cfg.server.legacy_headers,
+        !matches!(outcome.verdict, Verdict::Allow { .. }),
     );
     admission.leases = Some(outcome.leases);
     admission.next = match outcome.verdict {

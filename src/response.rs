@@ -425,10 +425,15 @@ pub struct RateLimitHeaders {
 
 impl RateLimitHeaders {
     /// Builds the fields. `q` is the rule's limit, `w` its window in seconds (omitted for
-    /// concurrency, which has none), `r` what is left, `t` seconds until it is all back.
+    /// concurrency, which has none), `r` what is left, `t`: for a rule that rejected the
+    /// request, seconds until it would pass (its `Retry-After`); otherwise seconds until its
+    /// quota is all back. `rejected`: the request was refused, so no rule was charged for it,
+    /// and a rule that admitted it still has its cost (its decision said what would be left
+    /// after the charge).
     pub fn build<'a>(
         applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
         legacy: bool,
+        rejected: bool,
     ) -> Self {
         let mut h = RateLimitHeaders::default();
         let mut tightest: Option<(u64, u64, u64)> = None;
@@ -447,22 +452,28 @@ impl RateLimitHeaders {
                 h.policy.push_str(";w=");
                 push_sf_integer(&mut h.policy, ceil_secs(rule.limit.window()).max(1));
             }
-            let t = ceil_secs(if d.allowed {
-                d.reset
+            let t = if d.allowed {
+                ceil_secs(d.reset)
             } else {
-                d.retry_after.max(d.reset)
-            });
+                whole_seconds_at_least_one(d.retry_after)
+            };
+            let remaining = if rejected && d.allowed {
+                let capacity = rule.limit.burst().max(rule.limit.limit());
+                d.remaining.saturating_add(rule.cost).min(capacity)
+            } else {
+                d.remaining
+            };
             h.state.push_str(sep);
             push_sf_string(&mut h.state, &rule.name);
             h.state.push_str(";r=");
-            push_sf_integer(&mut h.state, d.remaining);
+            push_sf_integer(&mut h.state, remaining);
             h.state.push_str(";t=");
             push_sf_integer(&mut h.state, t);
             if legacy {
-                let candidate = (rule.limit.limit(), d.remaining, t);
+                let candidate = (rule.limit.limit(), remaining, t);
                 let tighter = match tightest {
                     None => true,
-                    Some((_, r, _)) => d.remaining < r,
+                    Some((_, r, _)) => remaining < r,
                 };
                 if tighter {
                     tightest = Some(candidate);

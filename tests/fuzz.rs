@@ -1028,6 +1028,7 @@ proptest! {
         let h = RateLimitHeaders::build(
             rules.iter().zip(applied.iter().map(|a| &a.decision)),
             legacy,
+            false,
         );
         let shown: Vec<&Applied> = applied.iter().filter(|a| a.headers).collect();
         if shown.is_empty() {
@@ -1065,7 +1066,12 @@ proptest! {
             }
             prop_assert_eq!(sparams[0].1 as u64, a.decision.remaining.min(SF_INTEGER_MAX));
             let d = &a.decision;
-            let t = ceil_secs(if d.allowed { d.reset } else { d.retry_after.max(d.reset) });
+            // On a rejection, `t` is the rule's own Retry-After (whole seconds, at least 1).
+            let t = if d.allowed {
+                ceil_secs(d.reset)
+            } else {
+                ceil_secs(d.retry_after).max(1)
+            };
             prop_assert_eq!(sparams[1].1 as u64, t.min(SF_INTEGER_MAX));
         }
     }
@@ -1082,7 +1088,8 @@ fn ratelimit_fields_escape_names_and_cap_numbers() {
         limit: u64::MAX,
         window: Duration::from_secs(60),
         decision: Decision {
-            allowed: false,
+            // Admitted: its `t` is the time until the quota is back, here past 15 digits.
+            allowed: true,
             limit: u64::MAX,
             remaining: 1_000_000_000_000_000,
             reset: Duration::MAX,
@@ -1091,7 +1098,7 @@ fn ratelimit_fields_escape_names_and_cap_numbers() {
         },
     };
     let rule = rule_of(&a);
-    let h = RateLimitHeaders::build(std::iter::once((&rule, &a.decision)), false);
+    let h = RateLimitHeaders::build(std::iter::once((&rule, &a.decision)), false, false);
     assert_eq!(
         h.policy,
         "\"caf%C3%A9 %F0%9F%98%80\";q=999999999999999;w=60"
