@@ -42,7 +42,38 @@ key = ["ip"]
 algorithm = "sliding_window_counter"
 limit = 10000
 window = "1m"
+
+[[rules]]
+name = "per-tenant"
+match = { header = { name = "x-tenant" } }
+key = ["header:x-tenant"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
 "#;
+
+/// A request header value made to read as three key parts when shown unquoted.
+const SPOOF: &str = "x api_key=acme-prod ip=10.0.0.1";
+
+/// The key parts a reader takes from a shown client: `name=value` separated by spaces, where a
+/// value is either a JSON string (quoted) or the text up to the next space.
+fn read_parts(shown: &str) -> Vec<(String, String)> {
+    let mut parts = Vec::new();
+    let mut rest = shown.trim();
+    while let Some((name, after)) = rest.split_once('=') {
+        let (value, tail) = if after.starts_with('"') {
+            let mut de = serde_json::Deserializer::from_str(after).into_iter::<String>();
+            let value = de.next().expect("a value").expect("a JSON string");
+            (value, &after[de.byte_offset()..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        parts.push((name.trim().to_string(), value));
+        rest = tail.trim_start();
+    }
+    parts
+}
 
 fn config(api: SocketAddr) -> String {
     format!(
@@ -354,10 +385,10 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
     let names = must(
         b,
         "the rules",
-        "const n = [...document.querySelectorAll('.rule .name')].map(e => e.textContent); return n.length === 3 && n.join(',');",
+        "const n = [...document.querySelectorAll('.rule .name')].map(e => e.textContent); return n.length === 4 && n.join(',');",
     )
     .await;
-    assert_eq!(names, "tight,by-secret-header,per-ip");
+    assert_eq!(names, "tight,by-secret-header,per-ip,per-tenant");
     let limit = b
         .find(Locator::Css(r#".rule[data-rule="tight"] .limit"#))
         .await
@@ -382,7 +413,10 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         r#"const li = document.querySelector('.rule[data-rule="tight"] ol.top li'); return li && li.textContent.includes('26 rejected') && li.textContent;"#,
     )
     .await;
-    assert!(top.as_str().unwrap().contains("api_key=acme-prod"), "{top}");
+    assert!(
+        top.as_str().unwrap().contains("api_key=\"acme-prod\""),
+        "{top}"
+    );
     must(
         b,
         "the rejected chart rising",
@@ -411,6 +445,48 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         .select_by_value("rejected")
         .await
         .unwrap();
+
+    // A header value that reads like other key parts is shown as one part, quoted: the page
+    // never shows a client of the api_key acme-prod and the ip 10.0.0.1 for it.
+    for _ in 0..3 {
+        c.get(gw.url("/orders"))
+            .header("x-tenant", SPOOF)
+            .send()
+            .await
+            .expect("request");
+    }
+    let shown = must(
+        b,
+        "the tenant rule's client",
+        r#"const li = document.querySelector('.rule[data-rule="per-tenant"] ol.top li'); return li && li.textContent.includes('2 rejected') && li.querySelector('.client').textContent;"#,
+    )
+    .await;
+    let shown = shown.as_str().unwrap();
+    assert_eq!(
+        read_parts(shown),
+        [("header:x-tenant".to_string(), SPOOF.to_string())],
+        "shown as {shown}"
+    );
+    let structured = b
+        .execute(
+            r#"return [...document.querySelectorAll('.rule[data-rule="per-tenant"] ol.top li .part')].map(p => [p.dataset.part, JSON.parse(p.querySelector('.part-value').textContent)]);"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(structured, serde_json::json!([["header:x-tenant", SPOOF]]));
+    click(b, r#".rule[data-rule="per-tenant"] ol.top li"#).await;
+    let title = must(
+        b,
+        "the spoofing client's card",
+        "return !document.getElementById('client-card').hidden && document.getElementById('client-name').textContent;",
+    )
+    .await;
+    assert_eq!(
+        read_parts(title.as_str().unwrap()),
+        [("header:x-tenant".to_string(), SPOOF.to_string())]
+    );
+    click(b, "#client-close").await;
 
     // Clicking the client shows its rules.
     click(b, r#".rule[data-rule="tight"] ol.top li"#).await;
