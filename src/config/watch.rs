@@ -77,12 +77,13 @@ pub struct Reloader {
     pub gateway: Arc<Gateway>,
 }
 
-/// The files a reload reads: the config and, if set, its keys file.
+/// The files a reload reads: the config and, if set, its keys file and admin token file (in
+/// the order of `Config::fingerprint`).
 fn watched_files(gateway: &Gateway) -> Vec<PathBuf> {
+    let cfg = gateway.config.load();
     let mut files = vec![gateway.path.clone()];
-    if let Some(k) = &gateway.config.load().auth.keys_file {
-        files.push(k.clone());
-    }
+    files.extend(cfg.auth.keys_file.iter().cloned());
+    files.extend(cfg.server.admin_token_file.iter().cloned());
     files
 }
 
