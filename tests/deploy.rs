@@ -1229,3 +1229,48 @@ async fn the_shipped_stacks_answer_their_probes_and_keep_the_admin_api_behind_th
         assert_eq!(status(&c, &url, None).await, 401, "{url} without the token");
     }
 }
+
+/// `promtool check config` on the compose stack's prometheus.yml, its mounted paths (the alert
+/// rules, the admin token) pointed at local copies. Skips without promtool, except under CI.
+#[test]
+fn the_compose_prometheus_config_passes_promtool() {
+    let found = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is missing (CI is set, so this fails rather than skips): run `make deps`"
+        );
+        eprintln!("SKIPPED: promtool is not installed (`make deps` installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let local = |p: &str| dir.path().join(Path::new(p).file_name().unwrap());
+    let prom_path = repo().join("deploy/compose/prometheus.yml");
+    let mut config = read(&prom_path);
+    let prom = &yaml_docs(&prom_path)[0];
+    let job = &seq(prom, "scrape_configs")[0];
+    let token = text(at(job, "authorization"), "credentials_file");
+    std::fs::write(local(token), "promtool-token").unwrap();
+    config = config.replace(token, &local(token).display().to_string());
+    for rules in seq(prom, "rule_files") {
+        let rules = rules.as_str().unwrap();
+        std::fs::copy(repo().join("deploy/prometheus/alerts.yml"), local(rules)).unwrap();
+        config = config.replace(rules, &local(rules).display().to_string());
+    }
+    let path = dir.path().join("prometheus.yml");
+    std::fs::write(&path, config).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
