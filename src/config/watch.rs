@@ -287,6 +287,9 @@ impl BackgroundService for Reloader {
         let mut files = watched_files(&self.gateway);
         let mut watch = Watch::new(tx.clone());
         watch.follow(&files);
+        // From here on a writer's open file is known. One that was already writing before
+        // (during the start) is not: its next write or its close is.
+        tracing::info!(folders = ?watch.folders.iter().map(|(f, _)| f).collect::<Vec<_>>(), "watching the config files");
         // Compare with what the config in force was read from, not with the files now: an
         // edit made while the watch was being set up must not be missed.
         if fingerprint(&files) != self.gateway.config.load().fingerprint {
