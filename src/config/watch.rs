@@ -81,28 +81,33 @@ fn files_of(path: &Path, cfg: &Config) -> Vec<PathBuf> {
 /// watched by it (then only a settle window can tell), an error past `deadline`.
 fn wait_until_complete(files: &[PathBuf], deadline: Instant) -> Result<bool, ConfigError> {
     loop {
-        let wait = match writes().readiness(&points_of(files)) {
+        let readiness = writes().readiness(&points_of(files));
+        let wait = match &readiness {
             Readiness::Quiet => return Ok(true),
             Readiness::Unknown => return Ok(false),
-            Readiness::Recent(d) => d,
-            Readiness::Writing(p) if Instant::now() >= deadline => {
-                return Err(ConfigError::whole_file(
-                    &p,
-                    format!(
-                        "still open for writing by another process (no close within {}s); not \
-                         applied, the previous config stays in force (it is applied when the \
-                         writer closes it; or write another file and rename it over this one)",
-                        SETTLE_LIMIT.as_secs()
-                    ),
-                ));
-            }
+            Readiness::Recent(d) => *d,
             Readiness::Writing(_) => WAIT_STEP,
         };
         if Instant::now() >= deadline {
-            return Err(kept_changing(&files[0]));
+            return Err(match readiness {
+                Readiness::Writing(p) => still_open(&p),
+                _ => kept_changing(&files[0]),
+            });
         }
         std::thread::sleep(wait.max(WAIT_STEP));
     }
+}
+
+fn still_open(path: &Path) -> ConfigError {
+    ConfigError::whole_file(
+        path,
+        format!(
+            "still open for writing by another process (no close within {}s); not applied, the \
+             previous config stays in force (it is applied when the writer closes it; or write \
+             another file and rename it over this one)",
+            SETTLE_LIMIT.as_secs()
+        ),
+    )
 }
 
 fn kept_changing(path: &Path) -> ConfigError {
