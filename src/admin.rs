@@ -1,7 +1,13 @@
-//! The admin listener: health, readiness and (as they land) metrics and rule introspection.
+//! The admin listener: health, readiness, metrics, rule introspection, top clients, reload and
+//! the dashboard.
 //!
-//! It listens on `server.admin_listen` (loopback by default). When `admin_token` is set every
-//! endpoint but `/healthz` needs `Authorization: Bearer <token>`, compared in constant time.
+//! It listens on `server.admin_listen` (loopback by default). Before any endpoint but
+//! `/healthz`, [`guard`] refuses a `Host` it does not answer for (421: DNS rebinding) and a
+//! state-changing request a browser sent for another site (403: cross-site forms). When an
+//! admin token is set every endpoint but `/healthz`, `/` (the page, which holds no data) and
+//! the bare `/readyz` status needs `Authorization: Bearer <token>`, compared in constant time.
+
+mod guard;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,11 +38,25 @@ impl ServeHttp for Admin {
         let path = req.uri.path().to_string();
         let method = req.method.clone();
         if path == "/healthz" {
+            // Says only "ok", to anyone: liveness probes and `docker HEALTHCHECK` send whatever
+            // Host they like.
             return text(
                 StatusCode::OK,
                 "text/plain; charset=utf-8",
                 b"ok\n".to_vec(),
             );
+        }
+        let cfg = self.gateway.config.load();
+        // A Host that is not text is no host name: refused like a foreign one.
+        let host = match req.headers.get(http::header::HOST) {
+            Some(h) => Some(h.to_str().unwrap_or("")),
+            None => req.uri.authority().map(|a| a.as_str()),
+        };
+        if !guard::host_allowed(host, &cfg.server.admin_hosts) {
+            return misdirected(host.unwrap_or(""));
+        }
+        if let Some(why) = guard::cross_site(&method, &req.headers, host) {
+            return cross_site(&why);
         }
         if path == "/" && method == http::Method::GET {
             // The page holds no data: it asks for the token itself and sends it with every
@@ -44,11 +64,14 @@ impl ServeHttp for Admin {
             // can load it.
             return dashboard();
         }
-        let cfg = self.gateway.config.load();
         if let Some(token) = &cfg.server.admin_token {
-            let presented = req
-                .headers
-                .get(http::header::AUTHORIZATION)
+            let authorization = req.headers.get(http::header::AUTHORIZATION);
+            if authorization.is_none() && method == http::Method::GET && path == "/readyz" {
+                // A readiness probe (the kubelet's, a load balancer's) cannot send a token:
+                // it gets the status alone, the details need the token.
+                return json(StatusCode::OK, &serde_json::json!({ "status": "ready" }));
+            }
+            let presented = authorization
                 .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
                 .unwrap_or_default();
             if !bool::from(presented.ct_eq(token.as_bytes())) {
@@ -162,6 +185,39 @@ fn dashboard() -> Response<Vec<u8>> {
         http::HeaderValue::from_static("no-store"),
     );
     resp
+}
+
+/// 421 problem+json: the request names a host this listener does not answer for.
+fn misdirected(host: &str) -> Response<Vec<u8>> {
+    let p = Problem::new(
+        "urn:floodgate:problem:misdirected-host",
+        "Misdirected Request",
+        421,
+        format!(
+            "the admin listener does not answer for Host \"{}\": use an IP address or \
+             localhost, or list the name in [server] admin_hosts",
+            guard::shown(host)
+        ),
+    );
+    text(
+        StatusCode::MISDIRECTED_REQUEST,
+        PROBLEM_JSON,
+        p.to_body().to_vec(),
+    )
+}
+
+/// 403 problem+json: a state-changing request that a browser sent for another site.
+fn cross_site(why: &str) -> Response<Vec<u8>> {
+    let p = Problem::new(
+        "urn:floodgate:problem:cross-site",
+        "Forbidden",
+        403,
+        format!(
+            "a cross-site request ({why}) cannot change the gateway; send it without a form \
+             body from a script or the command line (curl -X POST)"
+        ),
+    );
+    text(StatusCode::FORBIDDEN, PROBLEM_JSON, p.to_body().to_vec())
 }
 
 /// A 400 problem+json naming what is wrong with the query.

@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -219,7 +220,10 @@ async fn admin_token_protects_all_but_healthz() {
             .status(),
         200
     );
-    for path in ["/readyz", "/metrics", "/rules", "/diagram"] {
+    // Readiness without a token is the bare status (probes cannot send one).
+    let bare: Value = get_json(&c, gw.admin_url("/readyz")).await;
+    assert_eq!(bare, serde_json::json!({"status": "ready"}));
+    for path in ["/metrics", "/rules", "/diagram", "/stats", "/upstreams"] {
         let r = c.get(gw.admin_url(path)).send().await.unwrap();
         assert_eq!(r.status(), 401, "{path} without token");
         assert_eq!(r.headers()["content-type"], "application/problem+json");
@@ -267,4 +271,310 @@ fn admin_listens_on_loopback_by_default() {
         floodgate::config::Config::from_str(std::path::Path::new("gateway.toml"), minimal).unwrap();
     assert_eq!(cfg.server.admin_listen.to_string(), "127.0.0.1:9901");
     assert!(cfg.server.admin_listen.ip().is_loopback());
+}
+
+/// A client that resolves `names` to `addr`, as a DNS-rebinding attacker's name resolves to the
+/// admin listener once the attacker re-points it.
+fn resolving(names: &[&str], addr: std::net::SocketAddr) -> reqwest::Client {
+    names
+        .iter()
+        .fold(reqwest::Client::builder().no_proxy(), |b, n| {
+            b.resolve(n, addr)
+        })
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_host_the_admin_listener_does_not_know_is_refused() {
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start(&config(api.addr));
+    let port = gw.admin.port();
+    let c = resolving(&["rebind.example", "localhost", "app.localhost"], gw.admin);
+    for path in [
+        "/stats",
+        "/top?rule=per-ip",
+        "/rules",
+        "/metrics",
+        "/readyz",
+        "/upstreams",
+        "/",
+    ] {
+        let r = c
+            .get(format!("http://rebind.example:{port}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 421, "{path} for a foreign Host");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let p: Value = r.json().await.unwrap();
+        assert!(p["detail"].as_str().unwrap().contains("admin_hosts"), "{p}");
+    }
+    let r = c
+        .post(format!("http://rebind.example:{port}/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 421);
+    // Liveness says only "ok", to any Host.
+    let r = c
+        .get(format!("http://rebind.example:{port}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // IP literals, localhost and *.localhost are answered.
+    for base in [
+        format!("http://{}", gw.admin),
+        format!("http://localhost:{port}"),
+        format!("http://app.localhost:{port}"),
+    ] {
+        let r = c.get(format!("{base}/stats")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{base}");
+    }
+    let ready: Value = get_json(&c, gw.admin_url("/readyz")).await;
+    assert_eq!(
+        ready["reload"]["generation"], 1,
+        "the refused POST reloaded nothing"
+    );
+}
+
+#[tokio::test]
+async fn admin_hosts_names_the_hosts_answered_besides_ips_and_localhost() {
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start_with("admin_hosts = [\"Gateway-1.\"]", &config(api.addr), &[]);
+    let port = gw.admin.port();
+    let c = resolving(&["gateway-1", "gateway-2"], gw.admin);
+    let r = c
+        .get(format!("http://gateway-1:{port}/stats"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "a listed name (case and trailing dot normalized)"
+    );
+    let r = c
+        .get(format!("http://gateway-2:{port}/stats"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 421, "an unlisted name");
+}
+
+/// The reload generation on /readyz (with the token, when one is given).
+async fn generation(c: &reqwest::Client, gw: &Gateway, token: Option<&str>) -> u64 {
+    let mut req = c.get(gw.admin_url("/readyz"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let v: Value = req.send().await.unwrap().json().await.unwrap();
+    v["reload"]["generation"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_cross_site_post_is_refused_token_or_not() {
+    let api = OrdersApi::start("orders");
+    let open = Gateway::start(&config(api.addr));
+    let guarded = Gateway::start_with("admin_token = \"s3cret-admin\"", &config(api.addr), &[]);
+    let c = client();
+    for (gw, token) in [(&open, None), (&guarded, Some("s3cret-admin"))] {
+        let attempts: [&[(&str, &str)]; 5] = [
+            &[("origin", "http://attacker.example")],
+            &[("origin", "null")],
+            &[("sec-fetch-site", "cross-site")],
+            // Another port of the same host is another origin (and the same "site").
+            &[
+                ("origin", "http://127.0.0.1:1"),
+                ("sec-fetch-site", "same-site"),
+            ],
+            &[("content-type", "application/x-www-form-urlencoded")],
+        ];
+        for headers in attempts {
+            let mut req = c.post(gw.admin_url("/reload")).body("a=b");
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 403, "{headers:?} (token {token:?})");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+        }
+        assert_eq!(generation(&c, gw, token).await, 1, "nothing was reloaded");
+        // A script's POST (no form body, no browser headers) and a same-origin one still work.
+        let origin = format!("http://{}", gw.admin);
+        for headers in [
+            vec![],
+            vec![
+                ("origin", origin.as_str()),
+                ("sec-fetch-site", "same-origin"),
+            ],
+        ] {
+            let mut req = c.post(gw.admin_url("/reload"));
+            for (k, v) in &headers {
+                req = req.header(*k, *v);
+            }
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            assert_eq!(req.send().await.unwrap().status(), 200, "{headers:?}");
+        }
+        assert_eq!(generation(&c, gw, token).await, 3);
+    }
+}
+
+#[tokio::test]
+async fn the_token_from_a_file_keeps_probes_working_and_follows_the_file() {
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start_env(
+        |addr, admin| {
+            format!(
+                "{}admin_token_file = \"admin-token\"\n",
+                server_section(addr, admin)
+            )
+        },
+        &config(api.addr),
+        &[("admin-token", "first-t0ken-9f2\n")],
+        &[("RUST_LOG", "debug")],
+    );
+    let c = client();
+    // Probes send no token: liveness, and readiness as a bare status.
+    assert_eq!(
+        c.get(gw.admin_url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = c.get(gw.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let bare: Value = r.json().await.unwrap();
+    assert_eq!(
+        bare,
+        serde_json::json!({"status": "ready"}),
+        "details need the token"
+    );
+    // A token that is presented must be right, on /readyz too.
+    let r = c
+        .get(gw.admin_url("/readyz"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    for path in ["/metrics", "/stats", "/rules", "/top?rule=per-ip"] {
+        let r = c.get(gw.admin_url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path} without the token");
+        let r = c
+            .get(gw.admin_url(path))
+            .bearer_auth("first-t0ken-9f2")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "{path} with the file's token (newline trimmed)"
+        );
+    }
+    assert_eq!(generation(&c, &gw, Some("first-t0ken-9f2")).await, 1);
+
+    // A new token in the file is picked up like any change of the config.
+    std::fs::write(gw.dir.path().join("admin-token"), "second-t0ken-4c1\n").unwrap();
+    eventually(Duration::from_secs(10), "the new token in force", || {
+        let c = c.clone();
+        let url = gw.admin_url("/stats");
+        async move {
+            let r = c
+                .get(&url)
+                .bearer_auth("second-t0ken-4c1")
+                .send()
+                .await
+                .ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+    let r = c
+        .get(gw.admin_url("/stats"))
+        .bearer_auth("first-t0ken-9f2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "the old token is refused");
+
+    let metrics = c
+        .get(gw.admin_url("/metrics"))
+        .bearer_auth("second-t0ken-4c1")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let logs = gw.logs();
+    for token in ["first-t0ken-9f2", "second-t0ken-4c1"] {
+        assert!(
+            !metrics.contains(token) && !logs.contains(token),
+            "{token} leaked"
+        );
+    }
+}
+
+#[test]
+fn admin_settings_are_checked_with_file_line_and_column() {
+    let body = "[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n";
+    for (server, files, expected) in [
+        (
+            "admin_hosts = [\"ok.example\", \"http://evil:80/\"]",
+            &[][..],
+            "gateway.toml:2:30: admin_hosts entry \"http://evil:80/\" is not a host name",
+        ),
+        (
+            "admin_hosts = [\"*.example\"]",
+            &[][..],
+            "gateway.toml:2:16: admin_hosts entry \"*.example\"",
+        ),
+        (
+            "admin_token = \"x\"\nadmin_token_file = \"t\"",
+            &[("t", "y")][..],
+            "gateway.toml:3:20: set admin_token or admin_token_file, not both",
+        ),
+        (
+            "admin_token_file = \"t\"",
+            &[("t", " \n")][..],
+            "gateway.toml:2:20: admin_token_file",
+        ),
+        (
+            "admin_token_file = \"missing\"",
+            &[][..],
+            "gateway.toml:2:20: cannot read admin_token_file",
+        ),
+    ] {
+        let (ok, stdout, stderr) = check(&format!("[server]\n{server}\n\n{body}"), files);
+        assert!(!ok, "{server}: {stdout}");
+        assert!(stderr.contains(expected), "{server}: {stderr}");
+    }
+    // A token file's content never appears in an error.
+    let (ok, _, stderr) = check(
+        &format!("[server]\nadmin_token_file = \"t\"\n\n{body}"),
+        &[("t", "has space-s3cr3t")],
+    );
+    assert!(!ok);
+    assert!(!stderr.contains("s3cr3t"), "{stderr}");
+    // An admin listener open to the network without a token passes, with a warning.
+    let (ok, stdout, stderr) = check(
+        &format!("[server]\nadmin_listen = \"0.0.0.0:9901\"\n\n{body}"),
+        &[],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains("no admin token is set"),
+        "{stdout}{stderr}"
+    );
 }

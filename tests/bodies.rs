@@ -250,9 +250,7 @@ fn slow_and_endless_bodies_never_reach_the_upstream() {
         0,
         "a slow body reached the upstream"
     );
-    let m = http_get(gw.admin, "/metrics", Duration::from_secs(5))
-        .unwrap()
-        .1;
+    let m = admin_get(gw.admin, "/metrics").unwrap().1;
     assert_eq!(
         metric_value(&m, "floodgate_connection_timeouts_total{kind=\"body\"}"),
         Some(80.0)

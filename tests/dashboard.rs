@@ -42,7 +42,38 @@ key = ["ip"]
 algorithm = "sliding_window_counter"
 limit = 10000
 window = "1m"
+
+[[rules]]
+name = "per-tenant"
+match = { header = { name = "x-tenant" } }
+key = ["header:x-tenant"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
 "#;
+
+/// A request header value made to read as three key parts when shown unquoted.
+const SPOOF: &str = "x api_key=acme-prod ip=10.0.0.1";
+
+/// The key parts a reader takes from a shown client: `name=value` separated by spaces, where a
+/// value is either a JSON string (quoted) or the text up to the next space.
+fn read_parts(shown: &str) -> Vec<(String, String)> {
+    let mut parts = Vec::new();
+    let mut rest = shown.trim();
+    while let Some((name, after)) = rest.split_once('=') {
+        let (value, tail) = if after.starts_with('"') {
+            let mut de = serde_json::Deserializer::from_str(after).into_iter::<String>();
+            let value = de.next().expect("a value").expect("a JSON string");
+            (value, &after[de.byte_offset()..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        parts.push((name.trim().to_string(), value));
+        rest = tail.trim_start();
+    }
+    parts
+}
 
 fn config(api: SocketAddr) -> String {
     format!(
@@ -254,6 +285,9 @@ async fn connect(d: &Driver, chromium: &Path) -> Client {
             "args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1280,1100", "--no-first-run", "--disable-extensions",
+                // Names of an attacker's that resolve to loopback, as a DNS-rebinding name
+                // does once re-pointed.
+                "--host-resolver-rules=MAP *.rebind.test 127.0.0.1",
                 format!("--user-data-dir={}", d._profile.path().display()),
             ],
         }),
@@ -354,10 +388,10 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
     let names = must(
         b,
         "the rules",
-        "const n = [...document.querySelectorAll('.rule .name')].map(e => e.textContent); return n.length === 3 && n.join(',');",
+        "const n = [...document.querySelectorAll('.rule .name')].map(e => e.textContent); return n.length === 4 && n.join(',');",
     )
     .await;
-    assert_eq!(names, "tight,by-secret-header,per-ip");
+    assert_eq!(names, "tight,by-secret-header,per-ip,per-tenant");
     let limit = b
         .find(Locator::Css(r#".rule[data-rule="tight"] .limit"#))
         .await
@@ -382,7 +416,10 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         r#"const li = document.querySelector('.rule[data-rule="tight"] ol.top li'); return li && li.textContent.includes('26 rejected') && li.textContent;"#,
     )
     .await;
-    assert!(top.as_str().unwrap().contains("api_key=acme-prod"), "{top}");
+    assert!(
+        top.as_str().unwrap().contains("api_key=\"acme-prod\""),
+        "{top}"
+    );
     must(
         b,
         "the rejected chart rising",
@@ -411,6 +448,48 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         .select_by_value("rejected")
         .await
         .unwrap();
+
+    // A header value that reads like other key parts is shown as one part, quoted: the page
+    // never shows a client of the api_key acme-prod and the ip 10.0.0.1 for it.
+    for _ in 0..3 {
+        c.get(gw.url("/orders"))
+            .header("x-tenant", SPOOF)
+            .send()
+            .await
+            .expect("request");
+    }
+    let shown = must(
+        b,
+        "the tenant rule's client",
+        r#"const li = document.querySelector('.rule[data-rule="per-tenant"] ol.top li'); return li && li.textContent.includes('2 rejected') && li.querySelector('.client').textContent;"#,
+    )
+    .await;
+    let shown = shown.as_str().unwrap();
+    assert_eq!(
+        read_parts(shown),
+        [("header:x-tenant".to_string(), SPOOF.to_string())],
+        "shown as {shown}"
+    );
+    let structured = b
+        .execute(
+            r#"return [...document.querySelectorAll('.rule[data-rule="per-tenant"] ol.top li .part')].map(p => [p.dataset.part, JSON.parse(p.querySelector('.part-value').textContent)]);"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(structured, serde_json::json!([["header:x-tenant", SPOOF]]));
+    click(b, r#".rule[data-rule="per-tenant"] ol.top li"#).await;
+    let title = must(
+        b,
+        "the spoofing client's card",
+        "return !document.getElementById('client-card').hidden && document.getElementById('client-name').textContent;",
+    )
+    .await;
+    assert_eq!(
+        read_parts(title.as_str().unwrap()),
+        [("header:x-tenant".to_string(), SPOOF.to_string())]
+    );
+    click(b, "#client-close").await;
 
     // Clicking the client shows its rules.
     click(b, r#".rule[data-rule="tight"] ol.top li"#).await;
@@ -521,4 +600,125 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         .await
         .unwrap();
     assert_eq!(kept, serde_json::json!(["s3cret-admin", 0]));
+}
+
+// ---- Another site's page against the admin API ----
+
+/// An attacker's web server on a free loopback port: every request gets `page`. Stopped (and
+/// its thread joined) on drop; it serves for at most a minute.
+struct AttackSite {
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AttackSite {
+    fn start(page: String) -> AttackSite {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                        let mut head = [0u8; 4096];
+                        let _ = conn.read(&mut head);
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                            page.len()
+                        );
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        AttackSite {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for AttackSite {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_page_of_another_site_can_neither_read_nor_reload_the_admin_api() {
+    let Some((driver, chromium)) = browser() else {
+        return;
+    };
+    let api = OrdersApi::start("orders");
+    let gw = Gateway::start(&config(api.addr));
+    // A form that posts itself to POST /reload as soon as it loads.
+    let site = AttackSite::start(format!(
+        "<!doctype html><form method=post action=\"http://{}/reload\"><input name=a value=b></form><script>document.forms[0].submit()</script>",
+        gw.admin
+    ));
+    let d = start_driver(&driver);
+    let b = connect(&d, &chromium).await;
+    let result = std::panic::AssertUnwindSafe(attack(&b, &gw, site.addr))
+        .catch_unwind()
+        .await;
+    let _ = b.close().await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn attack(b: &Client, gw: &Gateway, site: SocketAddr) {
+    let c = client();
+    // DNS rebinding: a script in a page of the attacker's name, which now resolves to the
+    // admin listener, reads the admin API "same-origin".
+    b.goto(&format!("http://evil.rebind.test:{}/", gw.admin.port()))
+        .await
+        .expect("open the rebound name");
+    let read = b
+        .execute_async(
+            "const done = arguments[0]; fetch('/stats').then(r => r.text().then(t => done([r.status, t]))).catch(e => done([0, String(e)]));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let body = read[1].as_str().unwrap_or_default();
+    let start: String = body.chars().take(120).collect();
+    assert_eq!(read[0], 421, "a rebound page read /stats: {start}");
+    assert!(!body.contains("\"rules\""), "{start}");
+
+    // Cross-site forms, from another port of the same host (same site) and from another
+    // site: each submits itself at once; the browser then shows the admin's answer.
+    for page in [
+        format!("http://127.0.0.1:{}/form", site.port()),
+        format!("http://attacker.rebind.test:{}/form", site.port()),
+    ] {
+        b.goto(&page).await.expect("open the attacking page");
+        let answer = must(
+            b,
+            "the admin's answer to the form",
+            "return location.pathname === '/reload' && document.body.innerText;",
+        )
+        .await;
+        assert!(
+            answer.as_str().unwrap().contains("cross-site"),
+            "{page}: {answer}"
+        );
+        let ready = get_json(&c, gw.admin_url("/readyz")).await;
+        assert_eq!(
+            ready["reload"]["generation"], 1,
+            "{page} reloaded the config"
+        );
+    }
 }

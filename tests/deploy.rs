@@ -7,6 +7,10 @@
 //! and `floodgate check` resolves upstream targets; so before checking, every `"NAME:PORT"`
 //! whose NAME is a service of the stack is replaced by `"127.0.0.1:PORT"`, and the test prints
 //! what it replaced.
+//!
+//! The two gateway configs are also run for real on loopback (free ports, a real
+//! `redis-server`, a token file), to show that the probes and health checks declared by the
+//! manifests answer without the admin token while the admin API needs it.
 
 mod common;
 
@@ -129,9 +133,48 @@ fn facts(config: &str) -> Facts {
     }
 }
 
-/// Runs `floodgate check` on `config` (with `files` beside it) after replacing every
-/// `"NAME:` of a service in `services` by `"127.0.0.1:`, which it reports.
+/// Runs `floodgate check` on `config` (with `files` beside it, in subfolders when their names
+/// say so) after replacing every `"NAME:` of a service in `services` by `"127.0.0.1:`, which it
+/// reports.
 fn check_with_local_hosts(what: &str, config: &str, files: &[(&str, &str)], services: &[&str]) {
+    let local = local_hosts(what, config, services);
+    let dir = tempfile::tempdir().unwrap();
+    write_files(
+        dir.path(),
+        &[&[("gateway.toml", local.as_str())], files].concat(),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("check")
+        .arg("-c")
+        .arg(dir.path().join("gateway.toml"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{what} fails `floodgate check`:\n{stderr}\n{stdout}"
+    );
+    assert!(
+        !format!("{stdout}{stderr}").contains("no admin token"),
+        "{what}: {stdout}{stderr}"
+    );
+    print!("{what}: {stdout}");
+}
+
+/// Writes `files` (names relative to `dir`, subfolders created).
+fn write_files(dir: &Path, files: &[(&str, &str)]) {
+    for (name, content) in files {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, content).unwrap();
+    }
+}
+
+/// `config` with every `"NAME:PORT"` of a service in `services` replaced by `"127.0.0.1:PORT"`.
+fn local_hosts(what: &str, config: &str, services: &[&str]) -> String {
     let mut local = config.to_string();
     for name in services {
         let from = format!("\"{name}:");
@@ -159,9 +202,7 @@ fn check_with_local_hosts(what: &str, config: &str, files: &[(&str, &str)], serv
             );
         }
     }
-    let (ok, stdout, stderr) = common::check(&local, files);
-    assert!(ok, "{what} fails `floodgate check`:\n{stderr}\n{stdout}");
-    print!("{what}: {stdout}");
+    local
 }
 
 // ---- Dockerfile -------------------------------------------------------------------------------
@@ -253,8 +294,8 @@ fn dockerfile_builds_both_binaries_into_a_small_non_root_image() {
 
 // ---- docker compose ---------------------------------------------------------------------------
 
-/// `host:container[:mode]` bind mounts of a compose service, sources resolved against deploy/.
-fn binds(service: &Value) -> Vec<(PathBuf, String)> {
+/// The `source:target[:mode]` volumes of a compose service (short syntax).
+fn volumes(service: &Value) -> Vec<(String, String, Option<String>)> {
     service
         .get("volumes")
         .and_then(Value::as_sequence)
@@ -263,15 +304,45 @@ fn binds(service: &Value) -> Vec<(PathBuf, String)> {
         .map(|v| {
             let spec = v.as_str().expect("short volume syntax");
             let mut parts = spec.split(':');
-            let host = parts.next().unwrap();
+            let source = parts.next().unwrap().to_string();
             let target = parts.next().expect("a target path").to_string();
+            (source, target, parts.next().map(str::to_string))
+        })
+        .collect()
+}
+
+/// `host:container[:mode]` bind mounts of a compose service, sources resolved against deploy/.
+fn binds(service: &Value) -> Vec<(PathBuf, String)> {
+    volumes(service)
+        .into_iter()
+        // A source without a slash is a named volume.
+        .filter(|(source, _, _)| source.contains('/'))
+        .map(|(host, target, _)| {
             assert!(
                 host.starts_with("./"),
-                "bind mounts are relative to deploy/: {spec}"
+                "bind mounts are relative to deploy/: {host}"
             );
             (repo().join("deploy").join(host), target)
         })
         .collect()
+}
+
+/// `(volume, target, read-only)` of the named volumes a compose service mounts.
+fn named_volumes(service: &Value) -> Vec<(String, String, bool)> {
+    volumes(service)
+        .into_iter()
+        .filter(|(source, _, _)| !source.contains('/'))
+        .map(|(name, target, mode)| (name, target, mode.as_deref() == Some("ro")))
+        .collect()
+}
+
+/// The condition a compose service waits for before it starts after `other`.
+fn start_condition<'a>(service: &'a Value, other: &str) -> Option<&'a str> {
+    service
+        .get("depends_on")?
+        .get(other)?
+        .get("condition")?
+        .as_str()
 }
 
 /// `[host_ip:]host:container` port mappings of a compose service: (host, container).
@@ -374,6 +445,60 @@ fn compose_stack_is_consistent_and_its_config_passes_check() {
     let config = read(&config_path);
     let f = facts(&config);
     assert_eq!(f.store_backend, "redis");
+
+    // The admin API is open to the compose network, so it needs a token, and the stack makes
+    // its own: none is in the repository, no two stacks share one.
+    let token_file = token_file(&config).expect("admin_listen is not loopback: admin_token_file");
+    let token_in_gateways = Path::new("/etc/floodgate").join(&token_file);
+    let maker = service("admin-token");
+    let made = match &named_volumes(maker)[..] {
+        [(volume, dir, false)] => (volume.clone(), Path::new(dir).join("admin-token")),
+        other => panic!("admin-token mounts one volume, writable: {other:?}"),
+    };
+    let script: Vec<&str> = seq(maker, "command")
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let script = script.join(" ");
+    let made_path = made.1.display().to_string();
+    assert!(
+        script.contains("/dev/urandom") && script.contains(&format!("> {made_path}")),
+        "admin-token writes a random token to {made_path}: {script}"
+    );
+    assert!(
+        script.contains(&format!("test -s {made_path} ||")),
+        "a volume that holds a token keeps it: {script}"
+    );
+    assert!(
+        at(compose, "volumes").get(made.0.as_str()).is_some(),
+        "volume {} is not declared",
+        made.0
+    );
+    for gw in ["gateway-1", "gateway-2"] {
+        let svc = service(gw);
+        let (_, target, read_only) = named_volumes(svc)
+            .into_iter()
+            .find(|(v, _, _)| *v == made.0)
+            .unwrap_or_else(|| panic!("{gw} does not mount volume {}", made.0));
+        assert!(read_only, "{gw} mounts the token volume writable");
+        assert_eq!(
+            Path::new(&target).join("admin-token"),
+            token_in_gateways,
+            "{gw}: admin_token_file names no file of the token volume"
+        );
+        assert_eq!(
+            start_condition(svc, "admin-token"),
+            Some("service_completed_successfully"),
+            "{gw} may start before its token exists"
+        );
+    }
+    // Health checks need no token: they run /healthz.
+    for (name, svc) in services {
+        if let Some(hc) = svc.get("healthcheck") {
+            let hc = serde_yaml::to_string(hc).unwrap();
+            assert!(!hc.contains("Authorization"), "{name:?}: {hc}");
+        }
+    }
     assert!(
         names.contains(f.store_host.as_str()),
         "store.url names no service"
@@ -487,9 +612,111 @@ fn compose_stack_is_consistent_and_its_config_passes_check() {
             format!("gateway-2:{admin}").as_str()
         ])
     );
+    // It scrapes with the token, from the same volume, by names the gateways answer for.
+    let auth = at(job, "authorization");
+    assert_eq!(text(auth, "type"), "Bearer");
+    let (_, prom_target, read_only) = named_volumes(service("prometheus"))
+        .into_iter()
+        .find(|(v, _, _)| *v == made.0)
+        .expect("prometheus mounts the token volume");
+    assert!(read_only);
+    assert_eq!(
+        Path::new(text(auth, "credentials_file")),
+        Path::new(&prom_target).join("admin-token")
+    );
+    let admin_hosts = admin_hosts(&config);
+    for t in &targets {
+        let host = t.rsplit_once(':').unwrap().0;
+        assert!(
+            admin_hosts.iter().any(|h| h == host),
+            "prometheus scrapes {t}, whose Host the gateways refuse (admin_hosts = {admin_hosts:?})"
+        );
+    }
 
     let all: Vec<&str> = names.iter().copied().collect();
-    check_with_local_hosts("deploy/compose/gateway.toml", &config, &[], &all);
+    check_with_local_hosts(
+        "deploy/compose/gateway.toml",
+        &config,
+        &[(&token_file, "compose-test-token")],
+        &all,
+    );
+}
+
+/// `[server] admin_token_file` of a gateway.toml, if set (and no inline `admin_token`, which
+/// would put the secret in git).
+fn token_file(config: &str) -> Option<String> {
+    let t: toml::Table = config.parse().unwrap();
+    let server = t["server"].as_table().unwrap();
+    assert!(
+        server.get("admin_token").is_none(),
+        "a shipped config holds an inline admin_token"
+    );
+    server
+        .get("admin_token_file")
+        .map(|f| f.as_str().unwrap().to_string())
+}
+
+/// `[server] admin_hosts` of a gateway.toml.
+fn admin_hosts(config: &str) -> Vec<String> {
+    let t: toml::Table = config.parse().unwrap();
+    t["server"]
+        .get("admin_hosts")
+        .and_then(toml::Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|h| h.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every gateway.toml the repository ships, by where it is.
+fn shipped_configs() -> Vec<(String, String)> {
+    let mut out = vec![
+        (
+            "gateway.toml".to_string(),
+            read(&repo().join("gateway.toml")),
+        ),
+        (
+            "deploy/compose/gateway.toml".to_string(),
+            read(&repo().join("deploy/compose/gateway.toml")),
+        ),
+    ];
+    for e in std::fs::read_dir(repo().join("examples")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "toml") {
+            out.push((
+                path.strip_prefix(repo()).unwrap().display().to_string(),
+                read(&path),
+            ));
+        }
+    }
+    let cm = &yaml_docs(&repo().join("deploy/k8s/configmap.yaml"))[0];
+    out.push((
+        "deploy/k8s/configmap.yaml".to_string(),
+        at(cm, "data")["gateway.toml"].as_str().unwrap().to_string(),
+    ));
+    out
+}
+
+#[test]
+fn every_shipped_admin_listener_open_to_other_hosts_needs_a_token_from_a_file() {
+    for (name, config) in shipped_configs() {
+        let t: toml::Table = config.parse().unwrap();
+        let admin: SocketAddr = t
+            .get("server")
+            .and_then(|s| s.get("admin_listen"))
+            .and_then(toml::Value::as_str)
+            .unwrap_or("127.0.0.1:9901")
+            .parse()
+            .unwrap();
+        let token = token_file(&config);
+        println!("{name}: admin_listen {admin}, admin_token_file {token:?}");
+        if !admin.ip().is_loopback() {
+            assert!(
+                token.is_some(),
+                "{name}: admin_listen {admin} is reachable from other hosts without a token"
+            );
+        }
+    }
 }
 
 // ---- Kubernetes -------------------------------------------------------------------------------
@@ -642,6 +869,33 @@ fn kubernetes_manifests_are_consistent_and_the_configmap_passes_check() {
         Some("keys.toml"),
         "keys_file is the Secret's file, projected next to gateway.toml"
     );
+    // The admin listener is on the pod IP: it needs a token, from a Secret that kustomize makes
+    // from a file each operator writes and git never holds.
+    let token_file =
+        token_file(config).expect("admin_listen is not loopback: admin_token_file is needed");
+    let kustomization = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+    let generated: BTreeMap<String, Vec<String>> = kustomization
+        .get("secretGenerator")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            let files = seq(g, "files")
+                .iter()
+                .map(|f| f.as_str().unwrap().to_string())
+                .collect();
+            (text(g, "name").to_string(), files)
+        })
+        .collect();
+    let ignored = read(&dir.join(".gitignore"));
+    for (name, files) in &generated {
+        for f in files {
+            assert!(
+                ignored.lines().any(|l| l.trim() == f),
+                "Secret {name} is made from {f}, which deploy/k8s/.gitignore does not keep out of git"
+            );
+        }
+    }
     let f = facts(config);
     assert_eq!(f.store_backend, "redis");
     assert!(
@@ -687,6 +941,9 @@ fn kubernetes_manifests_are_consistent_and_the_configmap_passes_check() {
         let get = at(c, &format!("{probe}.httpGet"));
         assert_eq!(text(get, "path"), path);
         assert_eq!(port_of(at(get, "port"), &ports), u64::from(f.admin.port()));
+        // The kubelet sends the pod IP as Host and no token: both endpoints answer that.
+        assert!(get.get("httpHeaders").is_none(), "{probe} sends headers");
+        assert!(get.get("host").is_none(), "{probe} names a host");
     }
     for r in [
         "requests.cpu",
@@ -726,7 +983,21 @@ fn kubernetes_manifests_are_consistent_and_the_configmap_passes_check() {
         } else {
             ("Secret", at(source, "secret"))
         };
-        object(&objects, kind, text(src, "name"));
+        let name = text(src, "name");
+        match generated.get(name) {
+            Some(files) => {
+                for item in seq(src, "items") {
+                    assert!(
+                        files.iter().any(|f| f == text(item, "key")),
+                        "Secret {name} (generated) has no key {}",
+                        text(item, "key")
+                    );
+                }
+            }
+            None => {
+                object(&objects, kind, name);
+            }
+        }
         for item in seq(src, "items") {
             projected.insert(
                 text(item, "path").to_string(),
@@ -739,6 +1010,12 @@ fn kubernetes_manifests_are_consistent_and_the_configmap_passes_check() {
         ("ConfigMap", "gateway.toml".to_string())
     );
     assert_eq!(projected["keys.toml"], ("Secret", "keys.toml".to_string()));
+    let (kind, key) = &projected[&token_file];
+    assert_eq!(*kind, "Secret", "the admin token comes from a Secret");
+    assert!(
+        generated.values().flatten().any(|f| f == key),
+        "the admin token's Secret is not generated from an operator's file"
+    );
 
     // PodDisruptionBudget and HorizontalPodAutoscaler aim at the gateways.
     let pdb = object(&objects, "PodDisruptionBudget", "floodgate");
@@ -779,7 +1056,221 @@ fn kubernetes_manifests_are_consistent_and_the_configmap_passes_check() {
     check_with_local_hosts(
         "deploy/k8s ConfigMap gateway.toml",
         config,
-        &[("keys.toml", keys)],
+        &[("keys.toml", keys), (&token_file, "k8s-test-token\n")],
         &services,
+    );
+}
+
+// ---- The two gateway configs, running ---------------------------------------------------------
+
+/// `config` made runnable on loopback: `replacements` (each must occur: a shipped file that
+/// drifted from what this test knows fails loudly) applied in order.
+fn rewritten(what: &str, config: &str, replacements: &[(&str, String)]) -> String {
+    let mut out = config.to_string();
+    for (from, to) in replacements {
+        assert!(out.contains(from), "{what} no longer holds {from}");
+        out = out.replace(from, to);
+    }
+    out
+}
+
+/// One shipped gateway config running on loopback with its token file, stopped on drop.
+struct Running {
+    _process: common::Spawned,
+    _dir: tempfile::TempDir,
+    admin: SocketAddr,
+}
+
+fn run(what: &str, config: &str, files: &[(&str, &str)]) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), &[&[("gateway.toml", config)], files].concat());
+    let log = dir.path().join("floodgate.log");
+    let mut process =
+        common::spawn_floodgate_with(&dir.path().join("gateway.toml"), dir.path(), &log, &[]);
+    let admin: SocketAddr = {
+        let t: toml::Table = config.parse().unwrap();
+        t["server"]["admin_listen"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    common::wait_for_port(admin, Duration::from_secs(30), &mut process.child, what);
+    Running {
+        _process: process,
+        _dir: dir,
+        admin,
+    }
+}
+
+async fn status(c: &reqwest::Client, url: &str, token: Option<&str>) -> u16 {
+    let mut req = c.get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
+/// What every open admin listener of a shipped stack must do: probes answered without a token,
+/// the data only with it, and no answer for a foreign Host.
+async fn admin_api_is_guarded(what: &str, gw: &Running, probes: &[&str], token: &str) {
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .resolve("rebind.example", gw.admin)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let base = format!("http://{}", gw.admin);
+    for probe in probes {
+        assert_eq!(
+            status(&c, &format!("{base}{probe}"), None).await,
+            200,
+            "{what}: probe {probe}"
+        );
+    }
+    for path in ["/metrics", "/stats", "/rules", "/upstreams"] {
+        let url = format!("{base}{path}");
+        assert_eq!(
+            status(&c, &url, None).await,
+            401,
+            "{what}: {path} without the token"
+        );
+        assert_eq!(
+            status(&c, &url, Some(token)).await,
+            200,
+            "{what}: {path} with it"
+        );
+    }
+    let foreign = format!("http://rebind.example:{}/stats", gw.admin.port());
+    assert_eq!(
+        status(&c, &foreign, Some(token)).await,
+        421,
+        "{what}: foreign Host"
+    );
+}
+
+#[tokio::test]
+async fn the_shipped_stacks_answer_their_probes_and_keep_the_admin_api_behind_the_token() {
+    let api = common::OrdersApi::start("orders-api");
+    let redis = common::redis::RedisServer::start();
+    let loopback = |config: &str, what: &str, listen: SocketAddr, admin: SocketAddr| {
+        rewritten(
+            what,
+            config,
+            &[
+                (
+                    "listen = [\"0.0.0.0:8080\"]",
+                    format!("listen = [\"{listen}\"]"),
+                ),
+                (
+                    "admin_listen = \"0.0.0.0:9901\"",
+                    format!("admin_listen = \"{admin}\""),
+                ),
+                ("redis://redis:6379/0", redis.url()),
+                ("\"orders-api:9000\"", format!("\"{}\"", api.addr)),
+            ],
+        )
+    };
+
+    // Kubernetes: the probes exactly as the Deployment declares them.
+    let objects = k8s_objects();
+    let cm = object(&objects, "ConfigMap", "floodgate-config");
+    let k8s = at(cm, "data")["gateway.toml"].as_str().unwrap();
+    let keys = at(object(&objects, "Secret", "floodgate-keys"), "stringData")["keys.toml"]
+        .as_str()
+        .unwrap();
+    let container = &seq(
+        object(&objects, "Deployment", "floodgate"),
+        "spec.template.spec.containers",
+    )[0];
+    let probes: Vec<&str> = ["readinessProbe", "livenessProbe"]
+        .iter()
+        .map(|p| text(container, &format!("{p}.httpGet.path")))
+        .collect();
+    let what = "deploy/k8s ConfigMap gateway.toml";
+    let config = loopback(k8s, what, common::free_addr(), common::free_addr());
+    let token = "k8s-live-token-7d1";
+    let gw = run(
+        what,
+        &config,
+        &[
+            ("keys.toml", keys),
+            (&token_file(k8s).unwrap(), &format!("{token}\n")),
+        ],
+    );
+    admin_api_is_guarded(what, &gw, &probes, token).await;
+
+    // Compose: the image's HEALTHCHECK, and Prometheus' scrape by service name with the token.
+    let compose = read(&repo().join("deploy/compose/gateway.toml"));
+    let what = "deploy/compose/gateway.toml";
+    let config = loopback(&compose, what, common::free_addr(), common::free_addr());
+    let token = "compose-live-token-2b9";
+    let gw = run(what, &config, &[(&token_file(&compose).unwrap(), token)]);
+    admin_api_is_guarded(what, &gw, &["/healthz"], token).await;
+    let prom = &yaml_docs(&repo().join("deploy/compose/prometheus.yml"))[0];
+    let job = &seq(prom, "scrape_configs")[0];
+    for target in seq(job, "static_configs.0.targets") {
+        let host = target.as_str().unwrap().rsplit_once(':').unwrap().0;
+        let c = reqwest::Client::builder()
+            .no_proxy()
+            .resolve(host, gw.admin)
+            .build()
+            .unwrap();
+        let url = format!(
+            "http://{host}:{}{}",
+            gw.admin.port(),
+            text(job, "metrics_path")
+        );
+        assert_eq!(
+            status(&c, &url, Some(token)).await,
+            200,
+            "Prometheus scraping {url}"
+        );
+        assert_eq!(status(&c, &url, None).await, 401, "{url} without the token");
+    }
+}
+
+/// `promtool check config` on the compose stack's prometheus.yml, its mounted paths (the alert
+/// rules, the admin token) pointed at local copies. Skips without promtool, except under CI.
+#[test]
+fn the_compose_prometheus_config_passes_promtool() {
+    let found = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is missing (CI is set, so this fails rather than skips): run `make deps`"
+        );
+        eprintln!("SKIPPED: promtool is not installed (`make deps` installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let local = |p: &str| dir.path().join(Path::new(p).file_name().unwrap());
+    let prom_path = repo().join("deploy/compose/prometheus.yml");
+    let mut config = read(&prom_path);
+    let prom = &yaml_docs(&prom_path)[0];
+    let job = &seq(prom, "scrape_configs")[0];
+    let token = text(at(job, "authorization"), "credentials_file");
+    std::fs::write(local(token), "promtool-token").unwrap();
+    config = config.replace(token, &local(token).display().to_string());
+    for rules in seq(prom, "rule_files") {
+        let rules = rules.as_str().unwrap();
+        std::fs::copy(repo().join("deploy/prometheus/alerts.yml"), local(rules)).unwrap();
+        config = config.replace(rules, &local(rules).display().to_string());
+    }
+    let path = dir.path().join("prometheus.yml");
+    std::fs::write(&path, config).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -711,7 +711,11 @@ fn k8s_configmap_checks_without_cluster_dns() {
         config.contains("\"orders-api:9000\""),
         "a cluster-only name"
     );
-    let (ok, stdout, stderr) = check(&config, &[("keys.toml", &keys)]);
+    // The admin token file comes from a Secret each operator makes (deploy/k8s).
+    let (ok, stdout, stderr) = check(
+        &config,
+        &[("keys.toml", &keys), ("admin-token", "test-admin-token")],
+    );
     assert!(ok, "{stderr}\n{stdout}");
 }
 

@@ -63,8 +63,14 @@ pub struct Server {
     pub trusted_proxies: Vec<IpNet>,
     /// How long SIGTERM waits for in-flight requests.
     pub grace_period: Duration,
-    /// Bearer token for admin endpoints other than /healthz.
+    /// Bearer token for admin endpoints other than /healthz (and the bare /readyz status):
+    /// `admin_token`, or the contents of `admin_token_file`.
     pub admin_token: Option<String>,
+    /// The file the admin token was read from (re-read, and watched, like the keys file).
+    pub admin_token_file: Option<PathBuf>,
+    /// Host names the admin listener answers for, besides IP literals and `localhost`: any
+    /// other `Host` is refused, so that a DNS-rebinding page cannot read the admin API.
+    pub admin_hosts: Vec<String>,
     /// Add `X-RateLimit-Limit/Remaining/Reset` for the most restrictive rule.
     pub legacy_headers: bool,
     /// Log output format.

@@ -36,6 +36,8 @@ pub struct RawServer {
     pub trusted_proxies: Vec<Spanned<String>>,
     pub grace_period: Option<Spanned<String>>,
     pub admin_token: Option<Spanned<String>>,
+    pub admin_token_file: Option<Spanned<String>>,
+    pub admin_hosts: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
     pub legacy_headers: bool,
     pub access_log: Option<bool>,

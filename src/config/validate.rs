@@ -146,9 +146,9 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         .map_err(|e| ConfigError::at(path, text, e.span(), e.message().trim_end().to_string()))?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
 
-    let server = server(&src, &raw.server, &dir)?;
-    let store = store(&src, &raw.store)?;
     let mut warnings = Vec::new();
+    let (server, token_text) = server(&src, &raw.server, &dir, &mut warnings)?;
+    let store = store(&src, &raw.store)?;
     let (auth, keys_text) = auth(&src, &raw.auth, &dir, &mut warnings)?;
     let upstreams = upstreams(&src, &raw.upstreams, &dir, &mut warnings)?;
     let routes = routes(&src, &raw.routes, &upstreams)?;
@@ -174,17 +174,25 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         routes,
         rules,
-        fingerprint: match keys_text {
-            // The same files, in the same order, as the reloader fingerprints: a keys file
-            // only when one is named (an extra empty entry made every start reload once).
-            Some(keys) => fingerprint_of(&[text.as_bytes(), keys.as_bytes()]),
-            None => fingerprint_of(&[text.as_bytes()]),
+        // The same files, in the same order, as the reloader fingerprints (`Config::files`): a
+        // keys or token file only when one is named (an extra empty entry made every start
+        // reload once).
+        fingerprint: {
+            let files = [Some(text), keys_text.as_deref(), token_text.as_deref()];
+            let bytes: Vec<&[u8]> = files.iter().flatten().map(|t| t.as_bytes()).collect();
+            fingerprint_of(&bytes)
         },
         warnings,
     })
 }
 
-fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError> {
+/// `[server]`, and the text of `admin_token_file` when one is named (for the fingerprint).
+fn server(
+    src: &Src,
+    raw: &RawServer,
+    dir: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<(Server, Option<String>), ConfigError> {
     let listen = match &raw.listen {
         Some(list) => {
             if list.get_ref().is_empty() {
@@ -226,16 +234,15 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         Some(g) => src.duration(g)?,
         None => Duration::from_secs(30),
     };
-    let admin_token = match &raw.admin_token {
-        Some(t) if t.get_ref().is_empty() => {
-            return Err(src.err(
-                t.span(),
-                "admin_token must not be empty (remove it to disable admin auth)",
-            ))
-        }
-        Some(t) => Some(t.get_ref().clone()),
-        None => None,
-    };
+    let (admin_token, admin_token_file, token_text) = admin_token(src, raw, dir)?;
+    let admin_hosts = admin_hosts(src, raw)?;
+    if admin_token.is_none() && !admin_listen.ip().is_loopback() {
+        warnings.push(format!(
+            "admin_listen {admin_listen} is reachable from other hosts and no admin token is set: \
+             whoever reaches it can read /stats, /top, /rules and /metrics and POST /reload; \
+             set [server] admin_token_file"
+        ));
+    }
     let log_format = match &raw.log_format {
         Some(f) => src.one_of(f, "log_format", LogFormat::NAMES)?,
         None => LogFormat::Text,
@@ -274,7 +281,7 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         )?,
         None => crate::header_policy::Underscores::Drop,
     };
-    Ok(Server {
+    let server = Server {
         escaped_slashes,
         headers_with_underscores,
         connections,
@@ -284,12 +291,100 @@ fn server(src: &Src, raw: &RawServer, dir: &Path) -> Result<Server, ConfigError>
         trusted_proxies,
         grace_period,
         admin_token,
+        admin_token_file,
+        admin_hosts,
         legacy_headers: raw.legacy_headers,
         log_format,
         access_log: raw.access_log.unwrap_or(true),
         top_clients: raw.top_clients.unwrap_or(true),
         tls,
-    })
+    };
+    Ok((server, token_text))
+}
+
+/// The admin token, the file it was read from, and that file's text (for the fingerprint).
+type AdminToken = (Option<String>, Option<PathBuf>, Option<String>);
+
+/// `admin_token` or `admin_token_file` (not both). The token never appears in an error.
+fn admin_token(src: &Src, raw: &RawServer, dir: &Path) -> Result<AdminToken, ConfigError> {
+    match (&raw.admin_token, &raw.admin_token_file) {
+        (Some(_), Some(f)) => {
+            Err(src.err(f.span(), "set admin_token or admin_token_file, not both"))
+        }
+        (Some(t), None) if t.get_ref().is_empty() => Err(src.err(
+            t.span(),
+            "admin_token must not be empty (remove it to disable admin auth)",
+        )),
+        (Some(t), None) => Ok((Some(t.get_ref().clone()), None, None)),
+        (None, Some(f)) => {
+            let path = dir.join(f.get_ref());
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                src.err(
+                    f.span(),
+                    format!("cannot read admin_token_file \"{}\": {e}", path.display()),
+                )
+            })?;
+            // `echo token > file` and Kubernetes Secrets made from such files end in a newline.
+            let token = text.trim();
+            if token.is_empty() {
+                return Err(src.err(
+                    f.span(),
+                    format!("admin_token_file \"{}\" is empty", path.display()),
+                ));
+            }
+            if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(src.err(
+                    f.span(),
+                    format!(
+                        "admin_token_file \"{}\" holds spaces or characters that an \
+                         Authorization header cannot carry",
+                        path.display()
+                    ),
+                ));
+            }
+            Ok((Some(token.to_string()), Some(path), Some(text)))
+        }
+        (None, None) => Ok((None, None, None)),
+    }
+}
+
+/// Longest `admin_hosts` entry accepted (a DNS name's limit).
+const MAX_HOST_NAME: usize = 253;
+
+/// `admin_hosts`: host names without scheme, port or path, normalized as request hosts are
+/// (lower case, no trailing dot).
+fn admin_hosts(src: &Src, raw: &RawServer) -> Result<Vec<String>, ConfigError> {
+    let Some(list) = &raw.admin_hosts else {
+        return Ok(Vec::new());
+    };
+    list.get_ref()
+        .iter()
+        .map(|h| {
+            let name = h.get_ref().trim_end_matches('.').to_ascii_lowercase();
+            let is_name = !name.is_empty()
+                && name.len() <= MAX_HOST_NAME
+                && name.split('.').all(|label| {
+                    !label.is_empty()
+                        && !label.starts_with('-')
+                        && !label.ends_with('-')
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if is_name {
+                Ok(name)
+            } else {
+                Err(src.err(
+                    h.span(),
+                    format!(
+                        "admin_hosts entry \"{}\" is not a host name (no scheme, port, path or \
+                         wildcard), e.g. \"floodgate-admin.internal\"",
+                        h.get_ref()
+                    ),
+                ))
+            }
+        })
+        .collect()
 }
 
 /// Longest `header_timeout` / `keepalive_timeout` / `body_timeout` accepted: past it a slow client holds a

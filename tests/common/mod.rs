@@ -363,6 +363,34 @@ pub fn http_get(
     Ok((status, body))
 }
 
+/// `GET path` from the admin listener at `addr` on a raw connection, with a `Host` the admin
+/// listener answers (`localhost`; it refuses names it does not know): (status, body).
+pub fn admin_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    use std::io::Read as _;
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
 /// [`http_get`]'s exchange, the whole answer as text (status line, headers and body).
 pub fn http_get_raw(
     addr: SocketAddr,

@@ -65,7 +65,7 @@ fn assert_refused(answer: &(u16, String), what: &str) {
 /// Requests the gateway has sent to any upstream target so far (every attempt is counted,
 /// whatever its outcome).
 fn upstream_attempts(gw: &Gateway) -> f64 {
-    let (_, metrics) = http_get(gw.admin, "/metrics", Duration::from_secs(5)).expect("metrics");
+    let (_, metrics) = admin_get(gw.admin, "/metrics").expect("metrics");
     metrics
         .lines()
         .filter(|l| l.starts_with("floodgate_upstream_target_responses_total{"))
