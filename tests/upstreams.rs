@@ -776,3 +776,91 @@ async fn total_timeout_and_retries_only_for_idempotent_methods() {
     );
     assert!(statuses.contains(&201), "{statuses:?}");
 }
+
+/// Issue 26 (7): each attempt is counted once in `floodgate_upstream_target_responses_total`:
+/// with one of two targets refusing connections and no retries, the dead target's `error`
+/// count is exactly the number of requests answered 502.
+#[tokio::test]
+async fn each_failed_attempt_is_counted_once() {
+    let api = OrdersApi::start("orders-live");
+    let dead = free_addr();
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{dead}\"]\nretries = 0\n\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n",
+        api.addr
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    let (mut failed, mut served) = (0, 0);
+    for i in 0..20 {
+        let r = c.get(gw.url(&format!("/debug/{i}"))).send().await.unwrap();
+        match r.status().as_u16() {
+            502 => failed += 1,
+            200 => served += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    assert!(failed > 0 && served > 0, "{failed} failed, {served} served");
+    let m = get_text(&c, gw.admin_url("/metrics")).await;
+    let series = |target: &str, class: &str| {
+        metric_value(
+            &m,
+            &format!(
+                "floodgate_upstream_target_responses_total{{class=\"{class}\",target=\"{target}\",upstream=\"orders\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(series(&dead.to_string(), "error"), f64::from(failed), "{m}");
+    assert_eq!(
+        series(&api.addr.to_string(), "2xx"),
+        f64::from(served),
+        "{m}"
+    );
+}
+
+/// The same with retries: a target that accepts and closes at once (a reset before any
+/// response byte) counts one `error` per connection it accepted, whatever the retry did next.
+#[tokio::test]
+async fn each_reset_attempt_is_counted_once_with_retries() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let api = OrdersApi::start("orders-live");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bad = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = accepted.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            seen.fetch_add(1, Ordering::SeqCst);
+            // Read the request, then close without a byte of answer.
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut conn, &mut buf);
+        }
+    });
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{bad}\"]\nretries = 1\n\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n",
+        api.addr
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    for i in 0..20 {
+        let r = c.get(gw.url(&format!("/debug/{i}"))).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let m = get_text(&c, gw.admin_url("/metrics")).await;
+    let series = |target: &str, class: &str| {
+        metric_value(
+            &m,
+            &format!(
+                "floodgate_upstream_target_responses_total{{class=\"{class}\",target=\"{target}\",upstream=\"orders\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    let attempts = accepted.load(Ordering::SeqCst) as f64;
+    assert!(attempts > 0.0);
+    assert_eq!(series(&bad.to_string(), "error"), attempts, "{m}");
+    assert_eq!(series(&api.addr.to_string(), "2xx"), 20.0, "{m}");
+}
