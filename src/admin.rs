@@ -81,7 +81,7 @@ impl ServeHttp for Admin {
                     401,
                     "the admin API needs Authorization: Bearer <admin_token>",
                 );
-                let mut resp = text(StatusCode::UNAUTHORIZED, PROBLEM_JSON, p.to_body().to_vec());
+                let mut resp = problem(p);
                 resp.headers_mut().insert(
                     http::header::WWW_AUTHENTICATE,
                     http::HeaderValue::from_static("Bearer realm=\"floodgate-admin\""),
@@ -145,11 +145,7 @@ impl ServeHttp for Admin {
                         422,
                         format!("{e}; the previous config stays in force"),
                     );
-                    text(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        PROBLEM_JSON,
-                        p.to_body().to_vec(),
-                    )
+                    problem(p)
                 }
             },
             _ => {
@@ -159,7 +155,7 @@ impl ServeHttp for Admin {
                     404,
                     format!("no admin endpoint {method} {path}"),
                 );
-                text(StatusCode::NOT_FOUND, PROBLEM_JSON, p.to_body().to_vec())
+                problem(p)
             }
         }
     }
@@ -199,11 +195,7 @@ fn misdirected(host: &str) -> Response<Vec<u8>> {
             guard::shown(host)
         ),
     );
-    text(
-        StatusCode::MISDIRECTED_REQUEST,
-        PROBLEM_JSON,
-        p.to_body().to_vec(),
-    )
+    problem(p)
 }
 
 /// 403 problem+json: a state-changing request that a browser sent for another site.
@@ -217,13 +209,13 @@ fn cross_site(why: &str) -> Response<Vec<u8>> {
              body from a script or the command line (curl -X POST)"
         ),
     );
-    text(StatusCode::FORBIDDEN, PROBLEM_JSON, p.to_body().to_vec())
+    problem(p)
 }
 
 /// A 400 problem+json naming what is wrong with the query.
 fn bad_request(detail: String) -> Response<Vec<u8>> {
     let p = Problem::bad_request(detail);
-    text(StatusCode::BAD_REQUEST, PROBLEM_JSON, p.to_body().to_vec())
+    problem(p)
 }
 
 /// `GET /top?rule=NAME&window=1m|1h&by=rejected|admitted&limit=N`.
@@ -270,7 +262,7 @@ fn top_clients(cfg: &Config, query: &str) -> Response<Vec<u8>> {
             404,
             detail,
         );
-        text(StatusCode::NOT_FOUND, PROBLEM_JSON, p.to_body().to_vec())
+        problem(p)
     };
     if !cfg.rules.iter().any(|r| *r.name == *rule) {
         return not_found(format!("no rule named \"{rule}\" in the config in force"));
@@ -441,6 +433,18 @@ pub fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<V
     let len = resp.body().len();
     resp.headers_mut()
         .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    resp
+}
+
+/// A problem+json response with its status and a fresh request id (in the body and in
+/// `x-request-id`), as every answer floodgate makes carries one.
+fn problem(mut p: Problem) -> Response<Vec<u8>> {
+    let id = crate::client::RequestId::of(&http::HeaderMap::new());
+    p.request_id = Some(id.as_str().to_owned());
+    let status = StatusCode::from_u16(p.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = text(status, PROBLEM_JSON, p.to_body().to_vec());
+    resp.headers_mut()
+        .insert("x-request-id", id.header_value().clone());
     resp
 }
 

@@ -21,7 +21,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -282,6 +282,9 @@ pub struct GuardedStream {
     timer: Option<Pin<Box<Sleep>>>,
     /// Bytes read while peeking for the h2 preface, handed out by the next reads.
     peeked: Vec<u8>,
+    /// floodgate's answer in place of a bare one of Pingora's, and how much of it is written
+    /// (see [`GuardedStream::replace_bare_answer`]).
+    replaced: Option<(Vec<u8>, usize)>,
     _slot: Slot,
 }
 
@@ -311,6 +314,7 @@ impl GuardedStream {
             received: false,
             timer: None,
             peeked: Vec::new(),
+            replaced: None,
             _slot: slot,
         }
     }
@@ -359,9 +363,6 @@ impl GuardedStream {
     }
 }
 
-/// The answer to a client whose request head did not arrive in time.
-static REQUEST_TIMEOUT: LazyLock<Vec<u8>> = LazyLock::new(crate::response::request_timeout_bytes);
-
 impl AsyncRead for GuardedStream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -407,7 +408,8 @@ impl AsyncRead for GuardedStream {
                 let kind = if this.received {
                     // Best effort: the socket's send buffer is empty while a head is awaited,
                     // so this small write completes at once or not at all.
-                    let _ = Pin::new(&mut this.inner).poll_write(cx, &REQUEST_TIMEOUT);
+                    let answer = crate::response::request_timeout_bytes();
+                    let _ = Pin::new(&mut this.inner).poll_write(cx, &answer);
                     let _ = Pin::new(&mut this.inner).poll_flush(cx);
                     "header"
                 } else if exchange == 0 {
@@ -428,13 +430,58 @@ impl AsyncRead for GuardedStream {
     }
 }
 
+impl GuardedStream {
+    /// Pingora answers a head it cannot parse (two Host headers, bad framing: `400`) or a
+    /// `CONNECT` (`405`) itself, before any floodgate code runs, with a bare body and
+    /// `Server: Pingora`. While a head is awaited, such a write is replaced by floodgate's own
+    /// problem+json answer (with a request id); whatever Pingora writes after it is dropped,
+    /// and the connection closes as Pingora intended. `None`: not such a write.
+    fn replace_bare_answer(
+        &mut self,
+        cx: &mut Context<'_>,
+        first: &[u8],
+        total: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        if self.replaced.is_none() {
+            if self.phase.load(Ordering::Relaxed) & AWAITING_HEAD == 0 {
+                return None;
+            }
+            let problem = if first.starts_with(b"HTTP/1.1 400 ") {
+                crate::response::Problem::bad_request("the request head could not be parsed")
+            } else if first.starts_with(b"HTTP/1.1 405 ") {
+                crate::response::method_not_allowed("CONNECT")
+            } else {
+                return None;
+            };
+            self.replaced = Some((crate::response::raw_answer(problem), 0));
+        }
+        let (answer, written) = self.replaced.as_mut()?;
+        while *written < answer.len() {
+            match Pin::new(&mut self.inner).poll_write(cx, &answer[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Some(Poll::Ready(Err(io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(n)) => *written += n,
+                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                Poll::Pending => return Some(Poll::Pending),
+            }
+        }
+        // Pingora's own bytes are taken as written.
+        Some(Poll::Ready(Ok(total)))
+    }
+}
+
 impl AsyncWrite for GuardedStream {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        if let Some(done) = this.replace_bare_answer(cx, buf, buf.len()) {
+            return done;
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -442,7 +489,16 @@ impl AsyncWrite for GuardedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &b[..]);
+        let total = bufs.iter().map(|b| b.len()).sum();
+        if let Some(done) = this.replace_bare_answer(cx, first, total) {
+            return done;
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -535,7 +591,8 @@ impl Peek for GuardedStream {
                 Err(_) => {
                     if !self.peeked.is_empty() {
                         use tokio::io::AsyncWriteExt;
-                        let write = self.inner.write_all(&REQUEST_TIMEOUT);
+                        let answer = crate::response::request_timeout_bytes();
+                        let write = self.inner.write_all(&answer);
                         let _ = tokio::time::timeout(Duration::from_millis(100), write).await;
                     }
                     metrics()

@@ -310,19 +310,49 @@ impl Answer {
     }
 }
 
-/// The raw HTTP/1.1 bytes of the 408 answer, written below the HTTP layer (see
-/// `crate::connection`) when a request head never completes.
-pub fn request_timeout_bytes() -> Vec<u8> {
-    let body = Problem::request_timeout().to_body();
-    let mut out = String::with_capacity(200 + body.len());
-    out.push_str("HTTP/1.1 408 Request Timeout\r\ncontent-type: ");
+/// A whole HTTP/1.1 answer as raw bytes, for answers written below the HTTP layer (see
+/// `crate::connection`): a request head that never completes (408), or one Pingora refused to
+/// parse (its bare `400`/`405` replaced). It carries a fresh request id (body and
+/// `x-request-id`) and closes the connection.
+pub fn raw_answer(mut problem: Problem) -> Vec<u8> {
+    let id = crate::client::RequestId::of(&http::HeaderMap::new());
+    problem.request_id = Some(id.as_str().to_owned());
+    let body = problem.to_body();
+    let mut out = String::with_capacity(240 + body.len());
+    out.push_str("HTTP/1.1 ");
+    push_u64(&mut out, u64::from(problem.status));
+    out.push(' ');
+    out.push_str(
+        http::StatusCode::from_u16(problem.status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("Error"),
+    );
+    out.push_str("\r\ncontent-type: ");
     out.push_str(PROBLEM_JSON);
     out.push_str("\r\ncontent-length: ");
     push_u64(&mut out, body.len() as u64);
+    out.push_str("\r\nx-request-id: ");
+    out.push_str(id.as_str());
     out.push_str("\r\ncache-control: no-store\r\nconnection: close\r\n\r\n");
     let mut bytes = out.into_bytes();
     bytes.extend_from_slice(&body);
     bytes
+}
+
+/// The raw 408 answer to a request head that did not arrive within `header_timeout`.
+pub fn request_timeout_bytes() -> Vec<u8> {
+    raw_answer(Problem::request_timeout())
+}
+
+/// 405: a method floodgate does not proxy (`CONNECT`).
+pub fn method_not_allowed(method: &str) -> Problem {
+    Problem::new(
+        "urn:floodgate:problem:method-not-allowed",
+        "Method Not Allowed",
+        405,
+        format!("{method} is not proxied"),
+    )
 }
 
 fn push_joined(out: &mut String, names: &[std::sync::Arc<str>]) {
@@ -587,5 +617,10 @@ mod tests {
         assert!(head.contains(&format!("content-length: {}", body.len())));
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["status"], 408);
+        let id = v["request_id"].as_str().unwrap();
+        assert_eq!(id.len(), 32);
+        assert!(head.contains(&format!("x-request-id: {id}")));
+        let other = String::from_utf8(request_timeout_bytes()).unwrap();
+        assert!(!other.contains(id), "each answer has its own id");
     }
 }

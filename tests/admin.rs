@@ -578,3 +578,44 @@ fn admin_settings_are_checked_with_file_line_and_column() {
         "{stdout}{stderr}"
     );
 }
+
+/// Issue 26 (5): the admin listener's refusals are problem+json with a request id (body and
+/// `x-request-id`), as every other answer floodgate makes.
+#[tokio::test]
+async fn admin_refusals_carry_a_request_id() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start_with("admin_token = \"s3cret-admin\"", &config(api.addr), &[]);
+    let c = client();
+    let with_token = |path: &str| {
+        c.get(gw.admin_url(path))
+            .header("authorization", "Bearer s3cret-admin")
+    };
+    // A config that no longer validates, for the 422.
+    let path = gw.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}\n[[rules]]\nname = 1\n")).unwrap();
+    let cases = [
+        (c.get(gw.admin_url("/stats")), 401),
+        (with_token("/nowhere"), 404),
+        (with_token("/top?rule=x&bogus=1"), 400),
+        (
+            c.post(gw.admin_url("/reload"))
+                .header("authorization", "Bearer s3cret-admin"),
+            422,
+        ),
+    ];
+    for (req, status) in cases {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        let header = r
+            .headers()
+            .get("x-request-id")
+            .unwrap_or_else(|| panic!("{status}: no x-request-id"))
+            .to_str()
+            .unwrap()
+            .to_string();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["status"], status, "{v}");
+        assert_eq!(v["request_id"], header.as_str(), "{v}");
+    }
+}

@@ -410,3 +410,58 @@ fn secrets_never_reach_the_logs() {
     assert!(!logs.contains("Bearer partner"));
     assert!(!logs.contains("\"partner\""));
 }
+
+/// Issue 26 (5): the answers Pingora makes on its own — a head it cannot parse, a `CONNECT` —
+/// were a bare status with `Server: Pingora`. They are floodgate's problem+json, with a
+/// request id, like every other answer.
+#[test]
+fn answers_pingora_would_make_are_problem_json_with_a_request_id() {
+    use std::io::{Read, Write};
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&format!(
+        "{}\n[[routes]]\nname = \"all\"\nupstream = \"orders\"\nauth = \"none\"\n",
+        orders_upstream(&[api.addr])
+    ));
+    let cases: [(&[u8], u16, &str); 3] = [
+        (
+            b"GET /orders HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
+            400,
+            "bad-request",
+        ),
+        (
+            b"GET /orders HTTP/1.1\r\nhost: a\r\ncontent-length: x\r\n\r\n",
+            400,
+            "bad-request",
+        ),
+        (
+            b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n",
+            405,
+            "method-not-allowed",
+        ),
+    ];
+    for (request, status, kind) in cases {
+        let mut c = std::net::TcpStream::connect(gw.addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        c.write_all(request).unwrap();
+        let mut raw = Vec::new();
+        let _ = c.read_to_end(&mut raw);
+        let text = String::from_utf8_lossy(&raw);
+        let what = String::from_utf8_lossy(request);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {text}"
+        );
+        assert!(
+            !text.to_ascii_lowercase().contains("server: pingora"),
+            "{what}: {text}"
+        );
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("application/problem+json"), "{what}: {head}");
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {body}"));
+        assert_eq!(v["type"], format!("urn:floodgate:problem:{kind}"), "{what}");
+        assert_eq!(v["status"], status);
+        let id = v["request_id"].as_str().unwrap();
+        assert!(head.contains(&format!("x-request-id: {id}")), "{head}");
+    }
+}
