@@ -223,13 +223,13 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
 /// The rules, in the order they are checked, as a Markdown table.
 pub fn rules_markdown(cfg: &Config) -> String {
     let mut out = String::from(
-        "| # | rule | match | key | algorithm | limit | scope | on store error | shadow |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| # | rule | match | key | algorithm | limit | scope | on store error | cost | shadow | headers | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (i, r) in cfg.rules.iter().enumerate() {
         let keys: Vec<String> = r.key_parts.iter().map(|k| k.to_config_string()).collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             i + 1,
             md(&r.name),
             md(&rule_match(r)),
@@ -238,7 +238,10 @@ pub fn rules_markdown(cfg: &Config) -> String {
             md(&rule_limit(r)),
             r.scope.as_str(),
             r.on_store_error.as_str(),
-            if r.shadow { "yes" } else { "no" }
+            r.cost,
+            if r.shadow { "yes" } else { "no" },
+            if r.headers { "yes" } else { "no" },
+            r.status
         );
     }
     out

@@ -69,7 +69,18 @@ async fn metrics_match_the_traffic_sent() {
             .unwrap();
     }
     c.get(gw.url("/nowhere")).send().await.unwrap();
-    let text = get_text(&c, gw.admin_url("/metrics")).await;
+    // Requests are counted in the logging phase, just after their answer is written: the
+    // client can scrape before the last one is counted.
+    let text = eventually(Duration::from_secs(10), "the 404 counted", || {
+        let c = c.clone();
+        let url = gw.admin_url("/metrics");
+        async move {
+            let text = get_text(&c, &url).await;
+            text.contains("floodgate_requests_total{route=\"-\",status=\"404\"} 1")
+                .then_some(text)
+        }
+    })
+    .await;
     let m = scrape(&text);
     let get = |k: &str| {
         m.get(k)
@@ -170,7 +181,12 @@ async fn rules_markdown_and_diagram() {
         lines[3].contains("| 2 | per-key | route=orders methods=GET | api_key | token_bucket |"),
         "{md}"
     );
-    assert!(lines[4].ends_with("| yes |"), "{md}");
+    // The columns the README promises: cost, shadow, headers, status.
+    assert!(
+        lines[0].ends_with("| on store error | cost | shadow | headers | status |"),
+        "{md}"
+    );
+    assert!(lines[4].ends_with("| 1 | yes | yes | 429 |"), "{md}");
 
     let diagram = get_text(&c, gw.admin_url("/diagram")).await;
     assert!(diagram.starts_with("flowchart LR\n"));
