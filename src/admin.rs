@@ -96,10 +96,7 @@ impl ServeHttp for Admin {
                 let body = serde_json::json!({
                     "status": "ready",
                     "config": cfg.path.display().to_string(),
-                    "store": {
-                        "backend": cfg.store.backend.as_str(),
-                        "up": self.gateway.limiter.shared().is_none_or(|s| s.is_up()),
-                    },
+                    "store": store_in_force(&self.gateway, &cfg),
                     "routes": cfg.routes.len(),
                     "rules": cfg.rules.len(),
                     "reload": reload_json(&st),
@@ -375,7 +372,8 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
             "reload": reload_json(&st),
         },
         "store": {
-            "backend": cfg.store.backend.as_str(),
+            "backend": gateway.backend_in_force().as_str(),
+            "configured_backend": cfg.store.backend.as_str(),
             "up": shared.is_none_or(|s| s.is_up()),
             "breaker": breaker,
             "decisions": h.get_histogram().get_sample_count(),
@@ -446,6 +444,20 @@ fn problem(mut p: Problem) -> Response<Vec<u8>> {
     resp.headers_mut()
         .insert("x-request-id", id.header_value().clone());
     resp
+}
+
+/// The store as `/readyz` shows it: the backend in force (where the counts are kept) and
+/// whether it is up; when the file names another backend, that one too, waiting for a restart.
+fn store_in_force(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "backend": gateway.backend_in_force().as_str(),
+        "up": gateway.limiter.shared().is_none_or(|s| s.is_up()),
+    });
+    if cfg.store.backend != gateway.backend_in_force() {
+        v["configured_backend"] = cfg.store.backend.as_str().into();
+        v["waits_for_restart"] = true.into();
+    }
+    v
 }
 
 /// A JSON response.

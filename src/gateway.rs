@@ -54,6 +54,11 @@ impl Gateway {
         metrics().reloads.with_label_values(&["success"]).inc_by(0);
         metrics().reloads.with_label_values(&["failure"]).inc_by(0);
         metrics().last_reload.set(unix_now() as f64);
+        in_force_metrics()
+            .backend
+            .with_label_values(&[config.store.backend.as_str()])
+            .set(1);
+        in_force_metrics().restart_required.set(0);
         Gateway {
             config: ArcSwap::new(config.clone()),
             limiter,
@@ -66,6 +71,13 @@ impl Gateway {
             }),
             reload_lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The store backend in force: the one the gateway started with. A reload that changes
+    /// `store.backend` waits for a restart (`restart_required`); until then every count stays
+    /// where it was.
+    pub fn backend_in_force(&self) -> crate::config::Backend {
+        self.started_with.store.backend
     }
 
     /// What the last reload said.
@@ -110,6 +122,9 @@ impl Gateway {
                 st.generation += 1;
                 st.last_success_unix = unix_now();
                 st.last_error = None;
+                in_force_metrics()
+                    .restart_required
+                    .set(i64::try_from(restart.len()).unwrap_or(i64::MAX));
                 st.restart_required = restart;
                 tracing::info!(trigger, generation = st.generation, "config reloaded");
                 Ok(st.clone())
@@ -165,6 +180,39 @@ fn register_rule_series(config: &Config) {
     for rule in &config.rules {
         rule.counters.register();
     }
+}
+
+/// What is in force, as metrics: `floodgate_store_backend{backend}` (1 for the backend the
+/// counts are kept in) and `floodgate_restart_required` (settings a reload changed that wait
+/// for a restart; 0 when the file is wholly in force).
+struct InForce {
+    backend: prometheus::IntGaugeVec,
+    restart_required: prometheus::IntGauge,
+}
+
+fn in_force_metrics() -> &'static InForce {
+    static M: std::sync::LazyLock<InForce> = std::sync::LazyLock::new(|| {
+        let backend = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "floodgate_store_backend",
+                "1 for the store backend in force (where the counts are kept); a reload that changes it waits for a restart.",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        let restart_required = prometheus::IntGauge::new(
+            "floodgate_restart_required",
+            "Settings changed by the last reload that take effect only after a restart (0: the file is wholly in force).",
+        )
+        .expect("valid metric");
+        metrics().register(Box::new(backend.clone()));
+        metrics().register(Box::new(restart_required.clone()));
+        InForce {
+            backend,
+            restart_required,
+        }
+    });
+    &M
 }
 
 fn unix_now() -> u64 {

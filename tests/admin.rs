@@ -635,3 +635,45 @@ async fn admin_refusals_carry_a_request_id() {
         assert_eq!(v["request_id"], header.as_str(), "{v}");
     }
 }
+
+/// Issue 26 (3): a reload that changes `store.backend` waits for a restart, and every count
+/// stays where it was: `/readyz`, `/stats` and the metrics say the backend in force, and name
+/// the configured one as waiting, instead of claiming the new one.
+#[tokio::test]
+async fn a_backend_change_waiting_for_a_restart_is_reported_as_such() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&config(api.addr));
+    let c = client();
+    let path = gw.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        format!("{text}\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1/0\"\n"),
+    )
+    .unwrap();
+    let r = c.post(gw.admin_url("/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let ready = get_json(&c, gw.admin_url("/readyz")).await;
+    assert_eq!(ready["store"]["backend"], "memory", "{ready}");
+    assert_eq!(ready["store"]["configured_backend"], "redis", "{ready}");
+    assert_eq!(ready["store"]["waits_for_restart"], true, "{ready}");
+    let waiting = ready["reload"]["restart_required"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(waiting >= 1, "{ready}");
+    let stats = get_json(&c, gw.admin_url("/stats")).await;
+    assert_eq!(stats["store"]["backend"], "memory", "{stats}");
+    assert_eq!(stats["store"]["configured_backend"], "redis", "{stats}");
+    let m = get_text(&c, gw.admin_url("/metrics")).await;
+    assert_eq!(
+        metric_value(&m, "floodgate_store_backend{backend=\"memory\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "floodgate_restart_required"),
+        Some(waiting as f64),
+        "{m}"
+    );
+}
