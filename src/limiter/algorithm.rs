@@ -574,6 +574,37 @@ pub fn expires_at(state: &State) -> u64 {
     }
 }
 
+/// The quota a decision of `limit` shows ([`Decision::limit`]): `burst` for the buckets (the
+/// bucket size), the limit (at most [`MAX_SLIDING_LOG_LIMIT`] for the sliding log) otherwise.
+pub fn quota(limit: &Limit) -> u64 {
+    match limit.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => limit.burst,
+        Algorithm::SlidingWindowLog => limit.limit.min(MAX_SLIDING_LOG_LIMIT),
+        _ => limit.limit,
+    }
+}
+
+/// The longest wait a decision of `limit` can announce on a state this rule wrote: `reset` and
+/// `retry_after` stay within it. A window (two for the sliding counter, whose previous window
+/// still weighs); a bucket's time to refill from empty (plus `max_delay` when shaping: the line
+/// may hold that much more); one second for concurrency. Only a state left by a rule that was
+/// reloaded with longer numbers reaches further; the engine holds a shared store's answers to
+/// it (see [`super::store::bounded`]).
+pub fn horizon(limit: &Limit) -> Duration {
+    let window = u128::from(window_ns(limit));
+    let ns = match limit.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => window,
+        Algorithm::SlidingWindowCounter => 2 * window,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let refill = u128::from(limit.burst) * u128::from(interval_ns(limit));
+            // A `cost > burst` is told to retry after a window.
+            (refill + u128::from(duration_ns(limit.max_delay))).max(window)
+        }
+        Algorithm::Concurrency => u128::from(duration_ns(Duration::from_secs(1))),
+    };
+    nanos(ns)
+}
+
 fn allowed(limit: u64, remaining: u64, reset: u128, delay: u128) -> Decision {
     Decision {
         allowed: true,

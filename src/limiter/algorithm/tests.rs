@@ -418,6 +418,11 @@ proptest! {
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => l.burst,
                 _ => l.limit,
             });
+            prop_assert_eq!(d.limit, quota(&l));
+            // What the engine holds a shared store's answers to never cuts a true one.
+            prop_assert!(d.reset <= horizon(&l), "reset {:?} past {:?}", d.reset, horizon(&l));
+            prop_assert!(d.retry_after <= horizon(&l), "retry {:?} past {:?}", d.retry_after, horizon(&l));
+            prop_assert!(d.delay <= l.max_delay, "delay {:?} past max_delay", d.delay);
             if !d.allowed {
                 prop_assert_eq!(d.remaining, 0);
                 prop_assert!(d.retry_after > Duration::ZERO);
