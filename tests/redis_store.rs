@@ -1026,3 +1026,157 @@ async fn limits_hold_across_a_three_master_cluster() {
             .expect("decide after SCRIPT FLUSH");
     }
 }
+
+/// One check per master of `cluster`, in node order: rule `rule`, `limit` per hour.
+fn one_key_per_master(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    rule: &str,
+    limit: u64,
+) -> Vec<Check> {
+    let l = Limit::police(Algorithm::FixedWindow, limit, secs(3600), limit);
+    let mut found: Vec<Option<Check>> = vec![None; cluster.nodes.len()];
+    for id in 0..1000u64 {
+        let c = check(rule, id, l.clone(), 1);
+        let owner = cluster.owner_of(&store.redis_key(&c));
+        found[owner].get_or_insert(c);
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found
+        .into_iter()
+        .map(|c| c.expect("a key on every master"))
+        .collect()
+}
+
+/// Losing one master of three fails only the keys it holds: its breaker opens and its keys
+/// fail fast (their rules apply on_store_error), while the keys on the other two masters are
+/// still decided exactly by the store, even under bursts of calls to the dead one. The gauges
+/// say which master is in trouble, and its breaker closes once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_fails_only_the_keys_it_holds() {
+    let mut cluster = RedisCluster::start_partial_coverage();
+    let store =
+        RedisStore::new(&store_config(Backend::RedisCluster, cluster.urls())).expect("store");
+    let keys = one_key_per_master(&cluster, &store, "dead-master", 30);
+    for c in &keys {
+        let d = store
+            .decide(std::slice::from_ref(c), 1, GENEROUS)
+            .await
+            .expect("decide");
+        assert!(d[0].allowed);
+    }
+    let dead = cluster.nodes[2].addr().to_string();
+    cluster.nodes[2].stop();
+
+    // Bursts of calls to the dead master between calls to the live ones, 40 rounds: the live
+    // keys (1 of 30 used) admit exactly 29 more, then reject, every answer from the store.
+    // Units charged to each live key: 1 so far.
+    let mut charged = [1u64; 2];
+    let mut dead_failures = 0;
+    for round in 0..40 {
+        for _ in 0..8 {
+            if store.decide(&keys[2..], 1, ms(20)).await.is_err() {
+                dead_failures += 1;
+            }
+        }
+        for (i, c) in keys[..2].iter().enumerate() {
+            let d = store
+                .decide(std::slice::from_ref(c), 1, ms(200))
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: a live master's key failed: {e}"));
+            assert_eq!(d[0].allowed, charged[i] < 30, "round {round}");
+            if d[0].allowed {
+                charged[i] += 1;
+                assert_eq!(d[0].remaining, 30 - charged[i], "round {round}");
+            }
+        }
+    }
+    assert_eq!(charged, [30, 30], "exact limits on the live masters");
+    assert_eq!(dead_failures, 320, "every call to the dead master failed");
+    let states: HashMap<String, BreakerState> = store.node_breakers().into_iter().collect();
+    assert_eq!(states.len(), 3, "{states:?}");
+    for (node, state) in &states {
+        let want = if *node == dead {
+            BreakerState::Open
+        } else {
+            BreakerState::Closed
+        };
+        assert_eq!(*state, want, "{node}: {states:?}");
+    }
+    assert_eq!(
+        store.breaker_state(),
+        BreakerState::Open,
+        "the worst of the masters"
+    );
+    assert!(!store.is_up(), "a master is failing: not up");
+    let rendered = String::from_utf8(floodgate::metrics::metrics().render()).expect("utf-8");
+    assert!(
+        rendered.contains(&format!(
+            "floodgate_store_node_circuit_breaker_state{{node=\"{dead}\"}} 1"
+        )),
+        "{rendered}"
+    );
+
+    // Back (with its slots, empty): its breaker closes after a cool-down, without a restart.
+    cluster.nodes[2].restart();
+    eventually(secs(15), "the dead master's keys decided again", || {
+        let (store, c) = (store.clone(), keys[2].clone());
+        async move { store.decide(&[c], 1, ms(200)).await.ok() }
+    })
+    .await;
+    eventually(secs(5), "every breaker closed", || {
+        let store = store.clone();
+        async move { store.is_up().then_some(()) }
+    })
+    .await;
+}
+
+/// A master replaced by something that answers garbage costs a few connections a second,
+/// however many requests want its keys (its breaker holds them off), while the other masters
+/// keep deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_answering_garbage_costs_few_connections() {
+    let mut cluster = RedisCluster::start_partial_coverage();
+    let store =
+        RedisStore::new(&store_config(Backend::RedisCluster, cluster.urls())).expect("store");
+    let keys = one_key_per_master(&cluster, &store, "junk-master", 1_000_000);
+    for c in &keys {
+        store
+            .decide(std::slice::from_ref(c), 1, GENEROUS)
+            .await
+            .expect("decide");
+    }
+    let port = cluster.nodes[2].port();
+    cluster.nodes[2].stop();
+    let junk = common::redis::JunkServer::start_on(port);
+    let started = Instant::now();
+    let mut settled = None;
+    let mut live_answers = 0;
+    while started.elapsed() < secs(4) {
+        if settled.is_none() && started.elapsed() >= secs(1) {
+            settled = Some(junk.accepted());
+        }
+        for (i, c) in keys.iter().enumerate() {
+            let answer = store.decide(std::slice::from_ref(c), 1, ms(20)).await;
+            if i < 2 {
+                answer.expect("a live master's key");
+                live_answers += 1;
+            }
+        }
+        tokio::time::sleep(ms(5)).await;
+    }
+    let late = junk.accepted() - settled.expect("1 s passed");
+    eprintln!(
+        "{late} connections to the junk node in 3 s ({} in all), {live_answers} live answers",
+        junk.accepted()
+    );
+    assert!(live_answers > 100, "{live_answers}");
+    // About 4 a second: one probe a cool-down (redis-rs retries it once) and redis-rs's own
+    // reconnection, whatever the request rate; each request used to open connections.
+    assert!(
+        late <= 20,
+        "{late} connections in 3 s to a node answering garbage"
+    );
+}
