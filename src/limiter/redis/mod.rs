@@ -11,7 +11,8 @@
 //! # Scripts
 //! `lua/` holds one file per algorithm, each defining one local function that mirrors its
 //! counterpart in [`super::algorithm`] decision for decision (same rounding, same
-//! `remaining`, `reset`, `retry_after` and `delay`), helpers (`common.lua`, `gcra.lua`), and
+//! `remaining`, `reset`, `retry_after` and `delay`), helpers (`common.lua`, `wide.lua`,
+//! `gcra.lua`), and
 //! `decide.lua`, which decides every check of a request against the stored state and charges
 //! all of them only if all admit. They are concatenated at compile time into ONE script
 //! ([`script::DECIDE_LUA`], one SHA) and run with `EVALSHA`; `release.lua` gives concurrency
@@ -23,10 +24,13 @@
 //!
 //! # Units
 //! Lua numbers are doubles, exact below 2^53. Instants are therefore kept in **microseconds**
-//! since the epoch (the resolution of `TIME`), durations in nanoseconds as differences only;
-//! see `lua/common.lua`. Windows are whole microseconds (config windows are whole
-//! milliseconds; a finer window is rounded up to the next microsecond). Numbers passed to the
-//! scripts are capped at 2^53 - 1, which only absurd rules reach.
+//! since the epoch (the resolution of `TIME`), windows in whole microseconds (config windows
+//! are whole milliseconds; a finer window is rounded up to the next microsecond), and the
+//! nanosecond durations of the buckets and of a sliding counter's waits as **wide** numbers:
+//! whole microseconds plus 0..999 nanoseconds (`lua/wide.lua`). Validation bounds every rule
+//! so that all of them stay exact (windows and a bucket's refill up to ten years, limits and
+//! bursts up to 10^15: [`super::algorithm::MAX_WINDOW`], [`super::algorithm::MAX_COUNT`]);
+//! numbers of a hand-built rule past that are capped below 2^53, never wrapped.
 //!
 //! # Redis keys
 //! `<key_prefix><rule>:{<16 hex digits of Check::counter>}`. The counter id is the hash tag, so in
