@@ -26,6 +26,10 @@ local function mul_div(a, b, c)
   if base * c > TWO53 / 2 then
     base = base / 2
   end
+  if base < 2 then
+    -- c past 2^51: no valid rule gets here; inexact then, but never a loop without end.
+    base = 2
+  end
   local digits = {}
   local rest = b
   while rest > 0 do

@@ -601,8 +601,8 @@ pub fn quota(limit: &Limit) -> u64 {
     }
 }
 
-/// The longest wait a decision of `limit` can announce on a state this rule wrote: `reset` and
-/// `retry_after` stay within it. A window (two for the sliding counter, whose previous window
+/// The longest wait a decision of `limit` can announce on a state this rule wrote, for a
+/// cost within its quota (as validation requires): `reset` and `retry_after` stay within it. A window (two for the sliding counter, whose previous window
 /// still weighs); a bucket's time to refill from empty (plus `max_delay` when shaping: the line
 /// may hold that much more); one second for concurrency. Only a state left by a rule that was
 /// reloaded with longer numbers reaches further; the engine holds a shared store's answers to
