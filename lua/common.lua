@@ -1,15 +1,20 @@
 -- floodgate: helpers shared by every algorithm (concatenated first; see src/limiter/redis/script.rs).
 --
 -- Units. Redis scripts compute in Lua 5.1 numbers, which are doubles: integers are exact only
--- below 2^53. Nanoseconds since the Unix epoch (~1.7e18) are not, so:
+-- below 2^53. Nanoseconds since the Unix epoch (~1.7e18) are not, nor are nanosecond durations
+-- past 104 days, so:
 --   * instants (now, window ends, log entry expiries, lease expiries) are MICROSECONDS since the
 --     epoch (~1.7e15 < 2^53), which is also the resolution of Redis TIME;
---   * durations that the reference algorithms compute in nanoseconds (token/leaky debt, reset,
---     retry_after, delay, intervals) stay NANOSECONDS, but only as differences, never absolute,
---     so they stay below 2^53 (about 104 days) for any sane rule.
--- Windows are whole microseconds (config durations are whole milliseconds), so that
--- `window_ns = window_us * 1000` exactly and every decision equals the Rust reference
--- (src/limiter/algorithm.rs) evaluated at `now_ns = now_us * 1000`.
+--   * the windows' durations are whole microseconds too (config durations are whole
+--     milliseconds), so that `window_ns = window_us * 1000` exactly;
+--   * durations the reference computes to the nanosecond (a bucket's interval, debt and
+--     capacity, a sliding counter's wait) are WIDE: two numbers, whole microseconds and 0..999
+--     nanoseconds (see wide.lua), exact up to 2^53 us (285 years);
+--   * products that pass 2^53 (a sliding counter's count x window) go through mul_div, which
+--     never forms them.
+-- Validation keeps every rule within this (windows and a bucket's refill time at most ten
+-- years, limits and bursts at most 10^15), so every decision equals the Rust reference
+-- (src/limiter/algorithm.rs) evaluated at `now_ns = now_us * 1000`, bit for bit.
 
 -- An integer formatted without exponent: tostring() would print 1.7e+15 and lose digits.
 local function fmt(n)
@@ -41,18 +46,16 @@ local function ceil_div(a, b)
   return q
 end
 
--- ceil(a * m / b) without forming a * m, which may pass 2^53: exact while b * m < 2^53.
-local function mul_ceil_div(a, m, b)
-  local q, r = floor_div(a, b)
-  return q * m + ceil_div(r * m, b)
-end
-
--- Milliseconds of TTL for a state that stops mattering `ns` nanoseconds from now: rounded up
--- (a key must never vanish while a decision still depends on it), at least 1.
--- `ttl_pad_ms` is 0 in production; tests that inject the time add a margin (see decide.lua).
+-- Milliseconds of TTL for a state that stops mattering `us` microseconds and `ns` (0..999)
+-- nanoseconds from now: rounded up (a key must never vanish while a decision still depends on
+-- it), at least 1. `ttl_pad_ms` is 0 in production; tests that inject the time add a margin
+-- (see decide.lua).
 local ttl_pad_ms = 0
-local function ttl_ms(ns)
-  local ms = ceil_div(ns, 1000000)
+local function ttl_ms(us, ns)
+  if ns > 0 then
+    us = us + 1
+  end
+  local ms = ceil_div(us, 1000)
   if ms < 1 then
     ms = 1
   end
@@ -61,11 +64,11 @@ local function ttl_ms(ns)
 end
 
 -- String states are packed binary: one tag byte naming the algorithm, then `count` doubles
--- (struct.pack '<B' .. 'd' * count). A double holds every field exactly (instants in us and
--- differences in ns stay below 2^53, see above), and packing costs a tenth of formatting and
+-- (struct.pack '<B' .. 'd' * count). A double holds every field exactly (instants in us, counts,
+-- the two halves of a wide number: see above), and packing costs a tenth of formatting and
 -- parsing decimal text, which was most of a script's time.
 local TAG_FW, TAG_SWC, TAG_TB, TAG_LB = 1, 2, 3, 4
-local STATE_FORMAT = { '<Bd', '<Bdd', '<Bddd' }
+local STATE_FORMAT = { '<Bd', '<Bdd', '<Bddd', '<Bdddd' }
 
 -- The numeric fields of the state at `key`, as `count` values (followed by one more that
 -- callers ignore); nothing (nil) when the key is absent or holds another algorithm's state (the
@@ -78,14 +81,15 @@ local function load_fields(key, tag, count)
   return select(2, struct.unpack(STATE_FORMAT[count], value))
 end
 
--- Stores the state `...` that stops mattering `ns` nanoseconds from now. A state that already
--- stopped mattering is equivalent to no state: the key is deleted instead.
-local function save_fields(key, tag, ns, ...)
-  if ns <= 0 then
+-- Stores the state `...` that stops mattering `us` microseconds and `ns` (0..999) nanoseconds
+-- from now. A state that already stopped mattering is equivalent to no state: the key is
+-- deleted instead.
+local function save_fields(key, tag, us, ns, ...)
+  if us < 0 or (us == 0 and ns <= 0) then
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, struct.pack(STATE_FORMAT[select('#', ...)], tag, ...), 'PX', ttl_ms(ns))
+  redis.call('SET', key, struct.pack(STATE_FORMAT[select('#', ...)], tag, ...), 'PX', ttl_ms(us, ns))
 end
 
 -- Whether `key` holds a sorted set of this kind (members start with `tag`: 'l' sliding log,
@@ -151,5 +155,5 @@ local function zset_charge(key, usable, tag, now, expires, newest, p)
     return
   end
   zadd_members(key, expires, tag .. p.lease .. ':', p.cost)
-  redis.call('PEXPIRE', key, ttl_ms((math.max(expires, newest) - now) * 1000))
+  redis.call('PEXPIRE', key, ttl_ms(math.max(expires, newest) - now, 0))
 end

@@ -5,11 +5,12 @@
 -- expires, and are purged on the next acquire. Normal completion runs release.lua, which
 -- removes the request's members at once. The key expires with its newest lease.
 -- p: cost, limit, lease, lease_ttl (us).
+-- Returns allowed, remaining, reset, retry, delay (each wide: u, n; see wide.lua), charge.
 local function concurrency(key, now, p)
   local usable, in_flight = zset_live(key, 'c', now)
   local charged = in_flight + p.cost
   if charged <= p.limit then
-    return true, p.limit - charged, 0, 0, 0, function()
+    return true, p.limit - charged, 0, 0, 0, 0, 0, 0, function()
       local expires = now + p.lease_ttl
       -- The key lives as long as its longest lease (another gateway's TTL may be longer).
       local newest = expires
@@ -21,5 +22,5 @@ local function concurrency(key, now, p)
   end
   -- A slot frees when some exchange ends, which cannot be predicted: one second, the smallest
   -- Retry-After a client can be told.
-  return false, 0, 0, 1000000000, 0, nil
+  return false, 0, 0, 0, 1000000, 0, 0, 0, nil
 end

@@ -1,6 +1,6 @@
 -- floodgate: decides every global rule of one request atomically, in one call.
--- Composed at build time after common.lua, gcra.lua and the algorithm files (one script, one
--- SHA; see src/limiter/redis/script.rs), and run with EVALSHA.
+-- Composed at build time after common.lua, wide.lua, gcra.lua and the algorithm files (one
+-- script, one SHA; see src/limiter/redis/script.rs), and run with EVALSHA.
 --
 -- KEYS[i]   the state key of check i: <key_prefix><rule>:{<16 hex digits of the key digest>}
 -- ARGV[1]   the request's lease id (16 hex digits): names its log entries and its concurrency
@@ -9,25 +9,26 @@
 -- ARGV[3]   '' in production: "now" is Redis TIME, never a gateway clock. Tests may pass an
 --           instant (us since the epoch) to compare decisions with the Rust reference at
 --           chosen times; TTLs then get an hour of margin, as Redis expires keys in real time.
--- ARGV[3 + i] check i, packed little-endian (struct '<Bdddddddd': one argument instead of nine,
---           read by one C call instead of nine tonumber()s):
+-- ARGV[3 + i] check i, packed little-endian (struct '<Bdddddddddd': one argument instead of
+--           eleven, read by one C call instead of eleven tonumber()s):
 --           algorithm: 1 fixed window, 2 sliding log, 3 sliding counter, 4 token bucket,
 --           5 leaky bucket police, 6 leaky bucket shape, 7 concurrency;
---           cost, limit, window (us), burst, interval (ns), cap (ns: burst * interval for the
---           token bucket and leaky police, the longest wait min(max_delay, burst * interval)
---           for leaky shape), lease, share, all integers below 2^53.
+--           cost, limit, window (us), burst, interval (wide: us, ns), cap (wide: burst *
+--           interval for the token bucket and leaky police, the longest wait min(max_delay,
+--           burst * interval) for leaky shape), lease, share, all integers below 2^53.
 --           lease: 0 for an exact check; otherwise the permits the gateway would like to lease
 --           (at least cost). share: 2 x instances. A lease is granted from the authoritative
 --           state: cost, plus at most floor(remaining / share) more (a fair share of what is
 --           left, shrinking to single permits as the budget runs out), never more than lease.
 --
 -- Every check is decided against the stored state first; only if every one admits is any of
--- them charged (all or nothing). Returns 8 numbers per check, in KEYS order:
---   allowed (1/0), remaining, reset (ns), retry_after (ns, 0 when allowed), delay (ns),
---   granted (permits charged: cost, or the lease), window_left (ns until the aligned window
---   ends: fixed window and sliding counter, else 0), window_end (us, same algorithms, else 0)
+-- them charged (all or nothing). Returns 11 numbers per check, in KEYS order:
+--   allowed (1/0), remaining, reset (wide: us, ns), retry_after (wide, 0 when allowed),
+--   delay (wide), granted (permits charged: cost, or the lease), window_left (us until the
+--   aligned window ends: fixed window and sliding counter, else 0), window_end (us, same
+--   algorithms, else 0)
 -- packed as little-endian doubles in one bulk string (all integers below 2^53, so exact): one
--- reply element instead of 5 per check, cheaper to produce here and to parse in the gateway.
+-- reply element instead of 11 per check, cheaper to produce here and to parse in the gateway.
 
 local algorithms = {
   fixed_window,
@@ -55,11 +56,11 @@ local charges = {}
 local admitted = true
 for i, key in ipairs(KEYS) do
   local packed = ARGV[3 + i]
-  if packed == nil or #packed ~= 65 then
-    return redis.error_reply('floodgate: check ' .. i .. ' is not 65 packed bytes')
+  if packed == nil or #packed ~= 81 then
+    return redis.error_reply('floodgate: check ' .. i .. ' is not 81 packed bytes')
   end
-  local code, cost, limit, window, burst, interval, cap, wanted, share =
-    struct.unpack('<Bdddddddd', packed)
+  local code, cost, limit, window, burst, int_u, int_n, cap_u, cap_n, wanted, share =
+    struct.unpack('<Bdddddddddd', packed)
   local decide = algorithms[code]
   if decide == nil then
     return redis.error_reply('floodgate: unknown algorithm ' .. code)
@@ -69,26 +70,29 @@ for i, key in ipairs(KEYS) do
     limit = limit,
     window = window,
     burst = burst,
-    interval = interval,
-    cap = cap,
+    int_u = int_u,
+    int_n = int_n,
+    cap_u = cap_u,
+    cap_n = cap_n,
     lease = lease,
     lease_ttl = lease_ttl,
   }
-  local allowed, remaining, reset, retry, delay, charge = decide(key, now, p)
+  local allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge =
+    decide(key, now, p)
   local granted, window_left, window_end = cost, 0, 0
   if code == 1 or code == 3 then
     local _, into = floor_div(now, window)
     window_end = now - into + window
-    window_left = (window_end - now) * 1000
+    window_left = window_end - now
   end
   if allowed and wanted > cost then
     local extra = math.min(wanted - cost, math.floor(remaining / share))
     if extra >= 1 then
       -- Admitted by construction (extra <= remaining); checked all the same.
       p.cost = cost + extra
-      local ok, r2, t2, _, _, c2 = decide(key, now, p)
+      local ok, r2, t2_u, t2_n, _, _, _, _, c2 = decide(key, now, p)
       if ok then
-        granted, remaining, reset, charge = p.cost, r2, t2, c2
+        granted, remaining, reset_u, reset_n, charge = p.cost, r2, t2_u, t2_n, c2
       end
       p.cost = cost
     end
@@ -101,9 +105,12 @@ for i, key in ipairs(KEYS) do
     admitted = false
   end
   out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = delay
+  out[#out + 1] = reset_u
+  out[#out + 1] = reset_n
+  out[#out + 1] = retry_u
+  out[#out + 1] = retry_n
+  out[#out + 1] = delay_u
+  out[#out + 1] = delay_n
   out[#out + 1] = granted
   out[#out + 1] = window_left
   out[#out + 1] = window_end

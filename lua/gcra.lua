@@ -1,64 +1,100 @@
 -- GCRA arithmetic shared by the token bucket and the leaky bucket (algorithm::gcra_police,
--- algorithm::gcra_shape, algorithm::backlog).
+-- algorithm::gcra_shape, algorithm::backlog), in wide numbers (see wide.lua): a bucket's
+-- interval, capacity and debt pass 2^53 ns when it refills over more than 104 days.
 --
--- State: <tag>, <written at, us>, <debt, ns>, <interval, ns> (packed). The reference stores the
--- absolute instant `full_at` (token) / `tat` (leaky) in nanoseconds, which a double cannot
--- hold exactly; `written_at * 1000 + debt` is that same instant, kept exact as two numbers.
--- The key expires when the debt is paid off (the bucket is full / empty again).
+-- State: <tag>, <full_at, whole us>, <full_at, 0..999 ns>, <interval, whole us>,
+-- <interval, 0..999 ns> (packed): the reference's `full_at` (token) / `tat` (leaky), the
+-- instant the bucket is full / empty again, to the nanosecond, and the interval it was written
+-- with. The key expires at that instant.
 
--- Time (ns) still to drain at `now`, converted to the rule's current interval if the state
--- was written at another rate (a reload): the number of units is kept, rounded up. The
--- conversion is exact while interval * stored_interval < 2^53; past that it is off by at
--- most a few ns (reloads only).
+-- The bucket's state: full_at (us, ns) and interval (us, ns), or nothing. A state written by an
+-- older floodgate (<written, us>, <debt, ns>, <interval, ns>, all below 2^53) reads as the same
+-- instant and interval.
+local function gcra_load(key, tag)
+  local value = redis.pcall('GET', key)
+  if type(value) ~= 'string' or string.byte(value, 1) ~= tag then
+    return nil
+  end
+  if #value == 33 then
+    local _, full_u, full_n, int_u, int_n = struct.unpack('<Bdddd', value)
+    return full_u, full_n, int_u, int_n
+  end
+  if #value == 25 then
+    local _, written, debt, interval = struct.unpack('<Bddd', value)
+    local debt_u, debt_n = floor_div(debt, 1000)
+    local int_u, int_n = floor_div(interval, 1000)
+    return written + debt_u, debt_n, int_u, int_n
+  end
+  return nil
+end
+
+-- Stores a bucket that is full / empty again `(u, n)` from `now`, at interval `(int_u, int_n)`.
+local function gcra_save(key, tag, now, u, n, int_u, int_n)
+  save_fields(key, tag, u, n, now + u, n, int_u, int_n)
+end
+
+-- Time (wide) still to drain at `now`. A state written at another rate (a reload) keeps its
+-- number of missing units, rounded up to whole ones and at most the rule's burst, at the
+-- rule's interval.
 local function gcra_backlog(key, tag, now, p)
-  local written, debt, stored = load_fields(key, tag, 3)
-  if not written then
-    return 0
+  local full_u, full_n, stored_u, stored_n = gcra_load(key, tag)
+  if not full_u then
+    return 0, 0
   end
-  local backlog = debt + (written - now) * 1000
-  if backlog <= 0 then
-    return 0
+  local u, n = w_norm(full_u - now, full_n)
+  if not w_pos(u, n) then
+    return 0, 0
   end
-  if stored == p.interval or stored <= 0 then
-    return backlog
+  if (stored_u == p.int_u and stored_n == p.int_n) or not w_pos(stored_u, stored_n) then
+    return u, n
   end
-  return mul_ceil_div(backlog, p.interval, stored)
+  local units = p.burst
+  -- The doubles' ratio is close: only a ratio that may be at most burst is computed exactly.
+  if (u * 1000 + n) / (stored_u * 1000 + stored_n) < 2 * p.burst + 2 then
+    units = math.min(w_ceil_div(u, n, stored_u, stored_n), p.burst)
+  end
+  return w_mul(units, p.int_u, p.int_n)
 end
 
 -- Police: admitted if the debt plus cost * interval fits the capacity (burst * interval).
--- p: cost, burst, window (us), interval (ns), cap = burst * interval (ns).
+-- p: cost, burst, window (us), interval (wide), cap = burst * interval (wide).
+-- Returns allowed, remaining, reset, retry, delay (each wide: u, n), charge.
 local function gcra_police(key, tag, now, p)
-  local debt = gcra_backlog(key, tag, now, p)
-  local charged = debt + p.cost * p.interval
-  if charged <= p.cap then
+  local debt_u, debt_n = gcra_backlog(key, tag, now, p)
+  local cost_u, cost_n = w_mul(p.cost, p.int_u, p.int_n)
+  local charged_u, charged_n = w_add(debt_u, debt_n, cost_u, cost_n)
+  if w_le(charged_u, charged_n, p.cap_u, p.cap_n) then
     -- Whole tokens (free places) left.
-    local remaining = floor_div(p.cap - charged, p.interval)
-    return true, remaining, charged, 0, 0, function()
-      save_fields(key, tag, charged, now, charged, p.interval)
+    local left_u, left_n = w_sub(p.cap_u, p.cap_n, charged_u, charged_n)
+    local remaining = w_div(left_u, left_n, p.int_u, p.int_n)
+    return true, remaining, charged_u, charged_n, 0, 0, 0, 0, function()
+      gcra_save(key, tag, now, charged_u, charged_n, p.int_u, p.int_n)
     end
   end
-  local retry = charged - p.cap
   if p.cost > p.burst then
-    retry = p.window * 1000
+    return false, 0, debt_u, debt_n, p.window, 0, 0, 0, nil
   end
-  return false, 0, debt, retry, 0, nil
+  local retry_u, retry_n = w_sub(charged_u, charged_n, p.cap_u, p.cap_n)
+  return false, 0, debt_u, debt_n, retry_u, retry_n, 0, 0, nil
 end
 
 -- Shape: the request departs at the next free slot, after `delay`; admitted while
 -- delay <= longest wait = min(max_delay, burst * interval).
--- p: cost, burst, interval (ns), cap = longest wait (ns).
+-- p: cost, burst, interval (wide), cap = longest wait (wide).
 local function gcra_shape(key, tag, now, p)
-  local delay = gcra_backlog(key, tag, now, p)
-  local longest = p.cap
-  if delay <= longest then
-    local line = delay + p.cost * p.interval
+  local delay_u, delay_n = gcra_backlog(key, tag, now, p)
+  if w_le(delay_u, delay_n, p.cap_u, p.cap_n) then
+    local cost_u, cost_n = w_mul(p.cost, p.int_u, p.int_n)
+    local line_u, line_n = w_add(delay_u, delay_n, cost_u, cost_n)
     local remaining = 0
-    if line <= longest then
-      remaining = math.min(floor_div(longest - line, p.interval) + 1, p.burst)
+    if w_le(line_u, line_n, p.cap_u, p.cap_n) then
+      local left_u, left_n = w_sub(p.cap_u, p.cap_n, line_u, line_n)
+      remaining = math.min(w_div(left_u, left_n, p.int_u, p.int_n) + 1, p.burst)
     end
-    return true, remaining, line, 0, delay, function()
-      save_fields(key, tag, line, now, line, p.interval)
+    return true, remaining, line_u, line_n, 0, 0, delay_u, delay_n, function()
+      gcra_save(key, tag, now, line_u, line_n, p.int_u, p.int_n)
     end
   end
-  return false, 0, delay, delay - longest, 0, nil
+  local retry_u, retry_n = w_sub(delay_u, delay_n, p.cap_u, p.cap_n)
+  return false, 0, delay_u, delay_n, retry_u, retry_n, 0, 0, nil
 end

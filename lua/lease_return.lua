@@ -1,11 +1,12 @@
 -- floodgate: gives back the unspent permits of quota leases, one batched call per gateway
--- (composed after common.lua; see src/limiter/lease.rs and src/limiter/redis/script.rs).
+-- (composed after common.lua, wide.lua and gcra.lua; see src/limiter/lease.rs and
+-- src/limiter/redis/script.rs).
 --
 -- KEYS[i]  the state key a lease was taken from
--- ARGV[i]  packed little-endian '<Bdddd': algorithm code (as decide.lua: 1 fixed window,
+-- ARGV[i]  packed little-endian '<Bddddd': algorithm code (as decide.lua: 1 fixed window,
 --          3 sliding counter, 4 token bucket, 5 leaky bucket police), permits to give back,
---          interval (ns, the buckets), window (us), window end (us, the windows: the aligned
---          window the lease was charged to)
+--          interval (wide: us, ns; the buckets), window (us), window end (us, the windows: the
+--          aligned window the lease was charged to)
 --
 -- A permit is given back by undoing its charge: the window's count goes down (only while the
 -- lease's window is still the current one: a permit of an ended window is worth nothing), and
@@ -17,20 +18,20 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local returned = 0
 for i, key in ipairs(KEYS) do
   local packed = ARGV[i]
-  if packed ~= nil and #packed == 33 then
-    local code, n, interval, window, window_end = struct.unpack('<Bdddd', packed)
+  if packed ~= nil and #packed == 41 then
+    local code, n, int_u, int_n, window, window_end = struct.unpack('<Bddddd', packed)
     if code == 1 then
       local stored_end, count = load_fields(key, TAG_FW, 2)
       if stored_end == window_end and window_end > now then
         local back = math.min(n, count)
-        save_fields(key, TAG_FW, (window_end - now) * 1000, window_end, count - back)
+        save_fields(key, TAG_FW, window_end - now, 0, window_end, count - back)
         returned = returned + back
       end
     elseif code == 3 then
       local expires, prev, cur = load_fields(key, TAG_SWC, 3)
       if expires and expires == window_end + window and window_end > now then
         local back = math.min(n, cur)
-        save_fields(key, TAG_SWC, (expires - now) * 1000, expires, prev, cur - back)
+        save_fields(key, TAG_SWC, expires - now, 0, expires, prev, cur - back)
         returned = returned + back
       end
     elseif code == 4 or code == 5 then
@@ -38,16 +39,18 @@ for i, key in ipairs(KEYS) do
       if code == 5 then
         tag = TAG_LB
       end
-      local written, debt, stored = load_fields(key, tag, 3)
-      if written and stored == interval then
-        local backlog = debt + (written - now) * 1000
-        if backlog > 0 then
-          local back = math.min(n, math.floor(backlog / interval))
-          local left = backlog - n * interval
-          if left < 0 then
-            left = 0
+      local full_u, full_n, stored_u, stored_n = gcra_load(key, tag)
+      if full_u and stored_u == int_u and stored_n == int_n then
+        local u, ns = w_norm(full_u - now, full_n)
+        if w_pos(u, ns) then
+          -- Each permit undoes one interval of debt, never below empty.
+          local back = math.min(n, w_div(u, ns, int_u, int_n))
+          local left_u, left_n = 0, 0
+          if n < w_ceil_div(u, ns, int_u, int_n) then
+            local paid_u, paid_n = w_mul(n, int_u, int_n)
+            left_u, left_n = w_sub(u, ns, paid_u, paid_n)
           end
-          save_fields(key, tag, left, now, left, interval)
+          gcra_save(key, tag, now, left_u, left_n, int_u, int_n)
           returned = returned + back
         end
       end

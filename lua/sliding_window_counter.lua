@@ -1,12 +1,15 @@
 -- Sliding window counter: mirrors algorithm::sliding_window_counter. The previous aligned
 -- window's count weighted by its overlap with the last window, plus the current count:
 --   previous * (window - elapsed) / window + current + cost <= limit
--- compared exactly in integers (all terms in units of 1/window of a request, in us; the
--- reference's nanosecond terms are these times 1000, so every comparison agrees). Exact while
--- limit * window_us < 2^53 (e.g. a limit of 1,000,000 per hour).
+-- compared exactly in integers. The reference compares previous * left + (current + cost) *
+-- window with limit * window (in units of 1/window of a request); those products pass 2^53
+-- with large limits and long windows (a million a day), so this compares the same thing
+-- without forming them: admitted iff ceil(previous * left / window) + current + cost <= limit
+-- (the previous window's units still counting, rounded up; see mul_div in wide.lua).
 -- State: TAG_SWC, <current window start + 2 windows, us>, <previous>, <current>, expiring
 -- when both counts stop mattering.
 -- p: cost, limit, window (us).
+-- Returns allowed, remaining, reset, retry, delay (each wide: u, n), charge.
 local function sliding_window_counter(key, now, p)
   local w, l, c = p.window, p.limit, p.cost
   local _, elapsed = floor_div(now, w)
@@ -22,41 +25,52 @@ local function sliding_window_counter(key, now, p)
     end
   end
   local left = w - elapsed
-  local weighted = prev * left
-  local capacity = l * w
-  local used = weighted + (cur + c) * w
-  if used <= capacity then
-    local remaining = floor_div(capacity - used, w)
+  -- Room left once this request is counted, before the previous window's weight.
+  local room = l - cur - c
+  local weight_q, weight_r = mul_div(prev, left, w)
+  local weight = weight_q
+  if weight_r > 0 then
+    weight = weight + 1
+  end
+  if room >= 0 and weight <= room then
     local reset = 0
     if cur + c > 0 then
-      reset = (left + w) * 1000
+      reset = left + w
     elseif prev > 0 then
-      reset = left * 1000
+      reset = left
     end
-    return true, remaining, reset, 0, 0, function()
+    return true, room - weight, reset, 0, 0, 0, 0, 0, function()
       local expires = start + 2 * w
-      save_fields(key, TAG_SWC, (expires - now) * 1000, expires, prev, cur + c)
+      save_fields(key, TAG_SWC, expires - now, 0, expires, prev, cur + c)
     end
   end
-  local reset = left * 1000
+  local reset = left
   if cur > 0 then
-    reset = (left + w) * 1000
+    reset = left + w
   end
   if c > l then
-    return false, 0, reset, w * 1000, 0, nil
+    return false, 0, reset, 0, w, 0, 0, 0, nil
   end
-  -- Still in this window: need prev * (left - r) + (cur + c) * w <= l * w.
-  if cur + c <= l and prev > 0 then
-    local excess = weighted - (l - cur - c) * w
-    local r = mul_ceil_div(excess, 1000, prev)
-    if r < left * 1000 then
-      return false, 0, reset, r, 0, nil
+  -- Still in this window, r ns from now: need prev * (left - r) <= room * w, i.e.
+  -- r = 1000 left - floor(1000 room w / prev) (ns), if that is before the window ends.
+  if room >= 0 and prev > 0 then
+    local q1, r1 = mul_div(room, w, prev)
+    local q2 = mul_div(1000, r1, prev)
+    if q1 > 0 or q2 > 0 then
+      local retry_u, retry_n = w_sub(left, 0, q1, q2)
+      return false, 0, reset, 0, retry_u, retry_n, 0, 0, nil
     end
   end
-  -- In the next window, x into it: need cur * (w - x) + c * w <= l * w.
-  local x = 0
-  if cur + c > l then
-    x = mul_ceil_div(w * (cur + c - l), 1000, cur)
+  -- In the next window, x ns into it: need cur * (1000 w - x) + 1000 c w <= 1000 l w, i.e.
+  -- x = ceil(1000 w (cur + c - l) / cur).
+  local retry_u, retry_n = left, 0
+  if room < 0 then
+    local q1, r1 = mul_div(w, -room, cur)
+    local q2, r2 = mul_div(1000, r1, cur)
+    if r2 > 0 then
+      q2 = q2 + 1
+    end
+    retry_u, retry_n = w_add(left, 0, q1, q2)
   end
-  return false, 0, reset, left * 1000 + x, 0, nil
+  return false, 0, reset, 0, retry_u, retry_n, 0, 0, nil
 end

@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock, OnceLock};
 
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    Opts, Registry, TextEncoder,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric floodgate exports.
@@ -23,8 +23,12 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     /// `floodgate_store_up`: 1 when the store answered last time, 0 when it failed.
     pub store_up: IntGauge,
-    /// `floodgate_circuit_breaker_state`: 0 closed, 1 open, 2 half-open.
+    /// `floodgate_circuit_breaker_state`: 0 closed, 1 open, 2 half-open (a cluster: the
+    /// worst of its masters' breakers).
     pub circuit_state: IntGauge,
+    /// `floodgate_store_node_circuit_breaker_state{node}`: each Redis Cluster master's own
+    /// breaker (0 closed, 1 open, 2 half-open), labelled with its `host:port`.
+    pub store_node_breaker_state: IntGaugeVec,
     /// `floodgate_store_evicting_policy`: 1 when Redis may evict counter keys.
     pub store_evicting_policy: IntGauge,
     /// `floodgate_connections_open`: client connections open now.
@@ -121,6 +125,17 @@ impl Metrics {
             "floodgate_circuit_breaker_state",
             "Store circuit breaker: 0 closed, 1 open, 2 half-open.",
         );
+        let store_node_breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "floodgate_store_node_circuit_breaker_state",
+                "Circuit breaker of each Redis Cluster master, by node (host:port): 0 closed, 1 open, 2 half-open.",
+            ),
+            &["node"],
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(store_node_breaker_state.clone()))
+            .expect("metric registered once");
         let store_evicting_policy = int_gauge(
             &registry,
             "floodgate_store_evicting_policy",
@@ -218,6 +233,7 @@ impl Metrics {
             store_errors,
             store_up,
             circuit_state,
+            store_node_breaker_state,
             store_evicting_policy,
             connections_open,
             connections_refused,

@@ -318,6 +318,401 @@ async fn reloaded_rules_reinterpret_state_like_the_reference() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Exact over the whole range `check` accepts.
+// ---------------------------------------------------------------------------------------------
+
+/// The example: a token bucket of 1000 per 365 days refills over more than 2^53 ns
+/// (104 days); the scripts once capped its capacity there and admitted 285. Now its whole
+/// burst, as the reference, and the same wait after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_year_long_bucket_admits_its_whole_burst() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let year = secs(365 * 86_400);
+    let now_us = 1_760_000_000_000_000;
+    for (name, l) in [
+        (
+            "year-tb",
+            Limit::police(Algorithm::TokenBucket, 1000, year, 1000),
+        ),
+        (
+            "year-lb",
+            Limit::police(Algorithm::LeakyBucket, 1000, year, 1000),
+        ),
+        (
+            "year-swc",
+            Limit::police(Algorithm::SlidingWindowCounter, 1_000_000, year, 1),
+        ),
+    ] {
+        let quota = algorithm::quota(&l);
+        let c = check(name, 1, l.clone(), 1);
+        let keys = vec![store.redis_key(&c)];
+        let mut reference = Reference::default();
+        let mut admitted = 0;
+        for i in 0..quota + 1 {
+            let want = reference.decide(&keys, std::slice::from_ref(&c), now_us * 1000);
+            let got = store
+                .decide_at(std::slice::from_ref(&c), i, GENEROUS, now_us)
+                .await
+                .expect("decide");
+            assert_eq!(got, want, "{name}: request {i}");
+            admitted += u64::from(got[0].allowed);
+            if quota > 1000 && i == 10 {
+                break;
+            }
+        }
+        if quota <= 1000 {
+            assert_eq!(admitted, quota, "{name}: the whole burst, then no more");
+        }
+    }
+}
+
+/// A bucket written by an older floodgate (`<written, us>`, `<debt, ns>`, `<interval, ns>`)
+/// reads as the same instant and rate: upgrading refills no bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_written_by_an_older_floodgate_keep_their_level() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let now_us: u64 = 1_760_000_000_000_000;
+    for (tag, l) in [
+        (3u8, Limit::police(Algorithm::TokenBucket, 3, secs(1), 5)),
+        (4u8, Limit::police(Algorithm::LeakyBucket, 3, secs(1), 5)),
+    ] {
+        let c = check("older", u64::from(tag), l.clone(), 1);
+        let key = store.redis_key(&c);
+        // Four tokens missing, written 100 ms ago: 3 intervals and a bit still to refill.
+        let (written, debt, interval) = (now_us - 100_000, 4 * 333_333_334u64, 333_333_334u64);
+        let mut old = vec![tag];
+        for n in [written, debt, interval] {
+            old.extend_from_slice(&(n as f64).to_le_bytes());
+        }
+        let mut conn = server.connection();
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(old)
+            .query(&mut conn)
+            .expect("SET");
+        let full_at = written * 1000 + debt;
+        let state = match tag {
+            3 => State::TokenBucket { full_at, interval },
+            _ => State::LeakyBucket {
+                tat: full_at,
+                interval,
+            },
+        };
+        let mut reference = Reference::default();
+        reference.states.insert(key.clone(), state);
+        for i in 0..3 {
+            let want = reference.decide(
+                std::slice::from_ref(&key),
+                std::slice::from_ref(&c),
+                now_us * 1000,
+            );
+            let got = store
+                .decide_at(std::slice::from_ref(&c), i, GENEROUS, now_us)
+                .await
+                .expect("decide");
+            assert_eq!(got, want, "tag {tag}, request {i}");
+        }
+    }
+}
+
+/// A lease of a bucket refilling over a year (its numbers pass 2^53 ns) given back unspent
+/// undoes exactly its charge: the bucket is as if only the spent permit had been taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_year_long_bucket_takes_back_unspent_lease_permits_exactly() {
+    let server = RedisServer::start();
+    let store = standalone(&server);
+    let year = secs(365 * 86_400);
+    for (name, l) in [
+        (
+            "year-lease-tb",
+            Limit::police(Algorithm::TokenBucket, 1000, year, 1000),
+        ),
+        (
+            "year-lease-lb",
+            Limit::police(Algorithm::LeakyBucket, 1000, year, 1000),
+        ),
+    ] {
+        let c = check(name, 1, l, 1);
+        let answer = store
+            .decide_leased(std::slice::from_ref(&c), &[100], 1, 1, GENEROUS)
+            .await
+            .expect("decide");
+        let (d, grant) = &answer[0];
+        assert!(d.allowed);
+        assert_eq!(grant.granted, 100, "{name}: cost + min(99, 999 / 2)");
+        let back = store
+            .give_back(&[floodgate::limiter::store::Return {
+                check: c.clone(),
+                permits: 99,
+                window_end_us: grant.window_end_us,
+            }])
+            .await;
+        assert_eq!(back, 99, "{name}");
+        // One interval is almost nine hours: nothing refilled meanwhile.
+        let d = store
+            .decide(std::slice::from_ref(&c), 2, GENEROUS)
+            .await
+            .expect("decide");
+        assert_eq!((d[0].allowed, d[0].remaining), (true, 998), "{name}");
+    }
+}
+
+/// A value of `bits` binary digits or fewer, at most `max`, each size as likely as the next:
+/// small and huge numbers alike, and `max` itself now and then.
+fn magnitude(rng: &mut fastrand::Rng, min: u64, max: u64) -> u64 {
+    if rng.u8(0..12) == 0 {
+        return if rng.bool() { min } else { max };
+    }
+    let bits = rng.u32(0..=64 - max.leading_zeros());
+    let hi = if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    rng.u64(min..=hi.clamp(min, max))
+}
+
+/// A rule as `check` accepts it, from anywhere in the accepted range: limit and burst up to
+/// 10^15, windows from 1 ms to 3650 d, a bucket's refill (burst × window / limit) up to
+/// 3650 d, shaping delays up to 60 s.
+fn accepted_rule(rng: &mut fastrand::Rng) -> Limit {
+    use algorithm::{MAX_COUNT, MAX_SLIDING_LOG_LIMIT, MAX_WINDOW};
+    let algorithm = Algorithm::ALL[rng.usize(0..Algorithm::ALL.len())];
+    let max_limit = match algorithm {
+        Algorithm::SlidingWindowLog => MAX_SLIDING_LOG_LIMIT,
+        _ => MAX_COUNT,
+    };
+    let limit = magnitude(rng, 1, max_limit);
+    let max_ms = MAX_WINDOW.as_millis() as u64;
+    let window = ms(magnitude(rng, 1, max_ms));
+    if algorithm == Algorithm::Concurrency {
+        return Limit::police(algorithm, limit, Duration::ZERO, limit);
+    }
+    if !matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+        return Limit::police(algorithm, limit, window, limit);
+    }
+    // burst × window <= MAX_WINDOW × limit, as validation compares it.
+    let most =
+        (MAX_WINDOW.as_nanos() * u128::from(limit) / window.as_nanos()).min(MAX_COUNT as u128);
+    let burst = magnitude(rng, 1, most as u64);
+    if algorithm == Algorithm::LeakyBucket && rng.bool() {
+        let max_delay = ms(magnitude(rng, 0, 60_000));
+        Limit::shape(limit, window, burst, max_delay)
+    } else {
+        Limit::police(algorithm, limit, window, burst)
+    }
+}
+
+/// A time step (us) at the scale of `l`: none, a few intervals, a fraction of the window,
+/// several windows.
+fn scaled_step(rng: &mut fastrand::Rng, l: &Limit) -> u64 {
+    let window_us = (l.window().as_micros() as u64).max(1);
+    let interval_us = (window_us / l.limit().max(1)).max(1);
+    match rng.u8(0..10) {
+        0..=2 => 0,
+        3 | 4 => rng.u64(0..=interval_us.saturating_mul(3)),
+        5 | 6 => rng.u64(0..=window_us),
+        7 => rng.u64(0..=window_us.saturating_mul(3)),
+        _ => rng.u64(0..1000),
+    }
+}
+
+/// A cost for `l`: mostly 1, sometimes 0, a share of the quota, all of it, or just past it.
+fn ranged_cost(rng: &mut fastrand::Rng, l: &Limit) -> u64 {
+    let quota = algorithm::quota(l);
+    // A sliding log or concurrency key holds one entry per unit: keep those costs small.
+    let quota = match l.algorithm() {
+        Algorithm::SlidingWindowLog | Algorithm::Concurrency => quota.min(2_000),
+        _ => quota,
+    };
+    match rng.u8(0..12) {
+        0 => 0,
+        1..=3 => magnitude(rng, 1, quota),
+        4 => quota,
+        5 => quota + 1,
+        6 => rng.u64(quota / 2..=quota),
+        _ => 1,
+    }
+}
+
+/// Every algorithm with numbers drawn from the whole range `check` accepts (10^15 a window,
+/// 1 ms to ten-year windows, buckets refilling over up to ten years, at instants up to the
+/// year 2100), alone, combined, and reloaded with other numbers on the same key: the scripts
+/// decide exactly as the Rust reference, to the nanosecond. Many of these numbers pass 2^53
+/// (as nanoseconds, or as products of a count and a window), which a double cannot hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_exact_over_the_whole_accepted_range() {
+    let server = RedisServer::start();
+    // Concurrency slots that outlive every jump in time: the reference's never expire.
+    let options = Options {
+        lease_ttl: secs(50 * 365 * 86_400),
+        ..Options::default()
+    };
+    let store = standalone_with(&server, options);
+    // The year 2118: every instant of the test stays before it.
+    let last_us: u64 = 4_700_000_000_000_000;
+    let two53 = Duration::from_nanos(1 << 53);
+    let mut compared = 0usize;
+    let mut past_2_53 = 0usize;
+    let mut outcomes: HashMap<&'static str, (u32, u32)> = HashMap::new();
+    for seed in 0..400u64 {
+        let mut rng = fastrand::Rng::with_seed(0x5eed_0000 + seed);
+        let mut reference = Reference::default();
+        let mut rules: Vec<Limit> = (0..3).map(|_| accepted_rule(&mut rng)).collect();
+        let mut now_us: u64 = rng.u64(1_700_000_000_000_000..4_100_000_000_000_000);
+        let mut held: Vec<(u64, Vec<Check>)> = Vec::new();
+        for step in 0..30 {
+            let r = rng.usize(0..rules.len());
+            now_us += scaled_step(&mut rng, &rules[r]).min(last_us - now_us);
+            if rng.u8(0..10) == 0 {
+                // A reload: same rule name and key, new numbers (maybe another algorithm).
+                // Not a sliding log's shorter window: the reference keeps its log in
+                // admission order, which only that reload puts out of expiry order (a
+                // question of semantics, not of precision).
+                let next = accepted_rule(&mut rng);
+                let shorter_log = |a: &Limit, b: &Limit| {
+                    a.algorithm() == Algorithm::SlidingWindowLog
+                        && b.algorithm() == Algorithm::SlidingWindowLog
+                        && b.window() < a.window()
+                };
+                if !shorter_log(&rules[r], &next) {
+                    // The reference counts slots, not whose they are: give them back first,
+                    // or a release after the key changed hands would free another's.
+                    for (lease, checks) in held.drain(..) {
+                        store.release(&checks, lease).await;
+                        for c in &checks {
+                            reference.release(&store.redis_key(c), c.cost);
+                        }
+                    }
+                    rules[r] = next;
+                }
+            }
+            if !held.is_empty() && rng.u8(0..3) == 0 {
+                let (lease, checks) = held.swap_remove(rng.usize(0..held.len()));
+                store.release(&checks, lease).await;
+                for c in &checks {
+                    reference.release(&store.redis_key(c), c.cost);
+                }
+            }
+            let mut checks = vec![];
+            for (i, l) in rules.iter().enumerate() {
+                if i == r || rng.u8(0..4) == 0 {
+                    let name = ["range-a", "range-b", "range-c"][i];
+                    checks.push(check(name, seed, l.clone(), ranged_cost(&mut rng, l)));
+                }
+            }
+            let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
+            let lease = rng.u64(..);
+            let got = store
+                .decide_at(&checks, lease, GENEROUS, now_us)
+                .await
+                .expect("decide");
+            let want = reference.decide(&keys, &checks, now_us * 1000);
+            assert_eq!(
+                got,
+                want,
+                "seed {seed} step {step} at {now_us} us: {:?}",
+                checks
+                    .iter()
+                    .map(|c| (c.rule.to_string(), c.limit.clone(), c.cost))
+                    .collect::<Vec<_>>()
+            );
+            compared += got.len();
+            for (c, d) in checks.iter().zip(&got) {
+                past_2_53 += usize::from(d.reset > two53 || d.retry_after > two53);
+                let seen = outcomes.entry(c.limit.algorithm().as_str()).or_default();
+                if d.allowed {
+                    seen.0 += 1;
+                } else {
+                    seen.1 += 1;
+                }
+            }
+            if got.iter().all(|d| d.allowed) {
+                let slots: Vec<Check> = checks
+                    .iter()
+                    .filter(|c| c.limit.algorithm() == Algorithm::Concurrency && c.cost > 0)
+                    .cloned()
+                    .collect();
+                if !slots.is_empty() {
+                    held.push((lease, slots));
+                }
+            }
+        }
+        // Keys of this seed are never used again: keep Redis small.
+        let _: () = server.query(&["FLUSHDB"]);
+    }
+    eprintln!("compared {compared} decisions, {past_2_53} waits past 2^53 ns: {outcomes:?}");
+    assert!(
+        past_2_53 > 100,
+        "too few waits past 2^53 ns compared: {past_2_53}"
+    );
+    for algorithm in Algorithm::ALL {
+        let (admitted, rejected) = outcomes
+            .get(algorithm.as_str())
+            .copied()
+            .unwrap_or_default();
+        assert!(
+            admitted > 50 && rejected > 50,
+            "{}: too few cases ({admitted} admitted, {rejected} rejected)",
+            algorithm.as_str()
+        );
+    }
+}
+
+/// `check` refuses what the scripts could not hold exactly, at the offending key's line and
+/// column, and accepts everything up to the bounds.
+#[test]
+fn rules_past_what_the_store_holds_exactly_fail_check() {
+    let config = |rule: &str| {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n\n[[rules]]\nname = \"x\"\nkey = [\"ip\"]\n{rule}"
+        )
+    };
+    let path = std::path::Path::new("gateway.toml");
+    let parse = |rule: &str| floodgate::config::Config::from_str(path, &config(rule));
+    for (rule, at, says) in [
+        (
+            "algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"3651d\"\n",
+            "gateway.toml:18:10",
+            "3650d",
+        ),
+        (
+            "algorithm = \"sliding_window_counter\"\nlimit = 1000000000000001\nwindow = \"1s\"\n",
+            "gateway.toml:17:9",
+            "at most 1000000000000000",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nburst = 1000000000000001\n",
+            "gateway.toml:19:9",
+            "at most 1000000000000000",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nlimit = 1\nwindow = \"1d\"\nburst = 3651\n",
+            "gateway.toml:19:9",
+            "3651 days to refill",
+        ),
+    ] {
+        let err = parse(rule)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {rule}"));
+        let text = err.to_string();
+        assert!(
+            text.starts_with(at) && text.contains(says),
+            "{rule}: {text}"
+        );
+    }
+    for rule in [
+        "algorithm = \"fixed_window\"\nlimit = 1000000000000000\nwindow = \"3650d\"\n",
+        "algorithm = \"token_bucket\"\nlimit = 1\nwindow = \"1d\"\nburst = 3650\n",
+        "algorithm = \"leaky_bucket\"\nlimit = 1000000000000000\nwindow = \"3650d\"\nburst = 1000000000000000\nmode = \"shape\"\n",
+    ] {
+        parse(rule).unwrap_or_else(|e| panic!("refused {rule}: {e}"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Behaviour on Redis' own clock.
 // ---------------------------------------------------------------------------------------------
 
@@ -1025,4 +1420,158 @@ async fn limits_hold_across_a_three_master_cluster() {
             .await
             .expect("decide after SCRIPT FLUSH");
     }
+}
+
+/// One check per master of `cluster`, in node order: rule `rule`, `limit` per hour.
+fn one_key_per_master(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    rule: &str,
+    limit: u64,
+) -> Vec<Check> {
+    let l = Limit::police(Algorithm::FixedWindow, limit, secs(3600), limit);
+    let mut found: Vec<Option<Check>> = vec![None; cluster.nodes.len()];
+    for id in 0..1000u64 {
+        let c = check(rule, id, l.clone(), 1);
+        let owner = cluster.owner_of(&store.redis_key(&c));
+        found[owner].get_or_insert(c);
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found
+        .into_iter()
+        .map(|c| c.expect("a key on every master"))
+        .collect()
+}
+
+/// Losing one master of three fails only the keys it holds: its breaker opens and its keys
+/// fail fast (their rules apply on_store_error), while the keys on the other two masters are
+/// still decided exactly by the store, even under bursts of calls to the dead one. The gauges
+/// say which master is in trouble, and its breaker closes once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_fails_only_the_keys_it_holds() {
+    let mut cluster = RedisCluster::start_partial_coverage();
+    let store =
+        RedisStore::new(&store_config(Backend::RedisCluster, cluster.urls())).expect("store");
+    let keys = one_key_per_master(&cluster, &store, "dead-master", 30);
+    for c in &keys {
+        let d = store
+            .decide(std::slice::from_ref(c), 1, GENEROUS)
+            .await
+            .expect("decide");
+        assert!(d[0].allowed);
+    }
+    let dead = cluster.nodes[2].addr().to_string();
+    cluster.nodes[2].stop();
+
+    // Bursts of calls to the dead master between calls to the live ones, 40 rounds: the live
+    // keys (1 of 30 used) admit exactly 29 more, then reject, every answer from the store.
+    // Units charged to each live key: 1 so far.
+    let mut charged = [1u64; 2];
+    let mut dead_failures = 0;
+    for round in 0..40 {
+        for _ in 0..8 {
+            if store.decide(&keys[2..], 1, ms(20)).await.is_err() {
+                dead_failures += 1;
+            }
+        }
+        for (i, c) in keys[..2].iter().enumerate() {
+            let d = store
+                .decide(std::slice::from_ref(c), 1, ms(200))
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: a live master's key failed: {e}"));
+            assert_eq!(d[0].allowed, charged[i] < 30, "round {round}");
+            if d[0].allowed {
+                charged[i] += 1;
+                assert_eq!(d[0].remaining, 30 - charged[i], "round {round}");
+            }
+        }
+    }
+    assert_eq!(charged, [30, 30], "exact limits on the live masters");
+    assert_eq!(dead_failures, 320, "every call to the dead master failed");
+    let states: HashMap<String, BreakerState> = store.node_breakers().into_iter().collect();
+    assert_eq!(states.len(), 3, "{states:?}");
+    for (node, state) in &states {
+        let want = if *node == dead {
+            BreakerState::Open
+        } else {
+            BreakerState::Closed
+        };
+        assert_eq!(*state, want, "{node}: {states:?}");
+    }
+    assert_eq!(
+        store.breaker_state(),
+        BreakerState::Open,
+        "the worst of the masters"
+    );
+    assert!(!store.is_up(), "a master is failing: not up");
+    let rendered = String::from_utf8(floodgate::metrics::metrics().render()).expect("utf-8");
+    assert!(
+        rendered.contains(&format!(
+            "floodgate_store_node_circuit_breaker_state{{node=\"{dead}\"}} 1"
+        )),
+        "{rendered}"
+    );
+
+    // Back (with its slots, empty): its breaker closes after a cool-down, without a restart.
+    cluster.nodes[2].restart();
+    eventually(secs(15), "the dead master's keys decided again", || {
+        let (store, c) = (store.clone(), keys[2].clone());
+        async move { store.decide(&[c], 1, ms(200)).await.ok() }
+    })
+    .await;
+    eventually(secs(5), "every breaker closed", || {
+        let store = store.clone();
+        async move { store.is_up().then_some(()) }
+    })
+    .await;
+}
+
+/// A master replaced by something that answers garbage costs a few connections a second,
+/// however many requests want its keys (its breaker holds them off), while the other masters
+/// keep deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_answering_garbage_costs_few_connections() {
+    let mut cluster = RedisCluster::start_partial_coverage();
+    let store =
+        RedisStore::new(&store_config(Backend::RedisCluster, cluster.urls())).expect("store");
+    let keys = one_key_per_master(&cluster, &store, "junk-master", 1_000_000);
+    for c in &keys {
+        store
+            .decide(std::slice::from_ref(c), 1, GENEROUS)
+            .await
+            .expect("decide");
+    }
+    let port = cluster.nodes[2].port();
+    cluster.nodes[2].stop();
+    let junk = common::redis::JunkServer::start_on(port);
+    let started = Instant::now();
+    let mut settled = None;
+    let mut live_answers = 0;
+    while started.elapsed() < secs(4) {
+        if settled.is_none() && started.elapsed() >= secs(1) {
+            settled = Some(junk.accepted());
+        }
+        for (i, c) in keys.iter().enumerate() {
+            let answer = store.decide(std::slice::from_ref(c), 1, ms(20)).await;
+            if i < 2 {
+                answer.expect("a live master's key");
+                live_answers += 1;
+            }
+        }
+        tokio::time::sleep(ms(5)).await;
+    }
+    let late = junk.accepted() - settled.expect("1 s passed");
+    eprintln!(
+        "{late} connections to the junk node in 3 s ({} in all), {live_answers} live answers",
+        junk.accepted()
+    );
+    assert!(live_answers > 100, "{live_answers}");
+    // About 4 a second: one probe a cool-down (redis-rs retries it once) and redis-rs's own
+    // reconnection, whatever the request rate; each request used to open connections.
+    assert!(
+        late <= 20,
+        "{late} connections in 3 s to a node answering garbage"
+    );
 }

@@ -18,6 +18,7 @@ use super::duration::parse_duration;
 use super::schema::*;
 use super::*;
 use crate::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
+use crate::limiter::algorithm::{MAX_COUNT, MAX_WINDOW};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
 use crate::limiter::{Algorithm, LeakyMode, Limit};
@@ -1080,6 +1081,12 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
         }
         let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
         let limit = src.positive(&r.limit, "limit")?;
+        if limit > MAX_COUNT {
+            return Err(src.err(
+                r.limit.span(),
+                format!("rule \"{name}\": limit is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
+            ));
+        }
         let window = match (&r.window, algorithm) {
             (Some(w), Algorithm::Concurrency) => {
                 return Err(src.err(
@@ -1098,6 +1105,12 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
                         format!("rule \"{name}\": window must be at least 1ms"),
                     ));
                 }
+                if d > MAX_WINDOW {
+                    return Err(src.err(
+                        w.span(),
+                        format!("rule \"{name}\": window is at most 3650d (ten years): the shared store times exactly up to there"),
+                    ));
+                }
                 d
             }
             (None, _) => {
@@ -1112,7 +1125,14 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
         };
         let burst = match &r.burst {
             Some(b) if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
-                src.positive(b, "burst")?
+                let burst = src.positive(b, "burst")?;
+                if burst > MAX_COUNT {
+                    return Err(src.err(
+                        b.span(),
+                        format!("rule \"{name}\": burst is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
+                    ));
+                }
+                burst
             }
             Some(b) => {
                 return Err(src.err(
@@ -1156,6 +1176,20 @@ fn rules(src: &Src, raw: &[RawRule], routes: &[Route]) -> Result<Vec<Arc<Rule>>,
             None if mode == LeakyMode::Shape => window.min(MAX_SHAPING_DELAY),
             None => Duration::ZERO,
         };
+        // burst × window / limit: how long an empty bucket takes to refill (a bucket's
+        // state spans that much), compared without rounding.
+        let refill_ns = u128::from(burst) * window.as_nanos();
+        if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+            && refill_ns > MAX_WINDOW.as_nanos() * u128::from(limit)
+        {
+            // Only a burst above the limit refills slower than the window.
+            let span = r.burst.as_ref().map_or(r.limit.span(), |b| b.span());
+            let days = refill_ns.div_ceil(u128::from(limit) * 86_400_000_000_000);
+            return Err(src.err(
+                span,
+                format!("rule \"{name}\": an empty bucket would take {days} days to refill (burst × window / limit); at most 3650d (ten years), the longest the shared store times exactly"),
+            ));
+        }
         let key = r
             .key
             .get_ref()

@@ -157,6 +157,16 @@ impl Update {
 /// key to 8 MB; config validation should reject larger limits for this algorithm.
 pub const MAX_SLIDING_LOG_LIMIT: u64 = 1_000_000;
 
+/// The longest window a rule may have, and the longest a bucket may take to refill from empty
+/// (`burst × window / limit`): ten years. Instants and durations then stay within what the
+/// Redis scripts hold exactly, to the nanosecond (see `lua/common.lua`); validation refuses
+/// more.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3650 * 86_400);
+
+/// The largest `limit` and `burst` a rule may have: 10^15. Counts and their sums then stay
+/// exact in the Redis scripts' numbers (doubles, exact below 2^53); validation refuses more.
+pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
+
 fn new_log(count: u64, expires: u64) -> State {
     let mut log = VecDeque::new();
     push_log(&mut log, count, expires);
@@ -391,8 +401,9 @@ pub fn sliding_window_counter(
 /// - rejected: `retry_after` = time until `cost` tokens are there. A `cost > burst` is never
 ///   admitted; its `retry_after` is the window.
 ///
-/// Reload: the number of missing tokens is kept, refilled at the new rate; a smaller `burst`
-/// applies at once.
+/// Reload: the number of missing tokens is kept (rounded up to whole tokens when the rate
+/// changes, and then at most `burst`), refilled at the new rate; a smaller `burst` applies at
+/// once.
 pub fn token_bucket(
     state: Option<&State>,
     limit: &Limit,
@@ -439,8 +450,9 @@ pub fn token_bucket(
 /// `remaining` = how many more cost-1 requests would be admitted right now; `reset` = time
 /// until the line is empty. Rejected: `retry_after` = time until the wait is short enough.
 ///
-/// Reload: the number of requests in the bucket is kept and drains at the new rate; a change
-/// of mode keeps it too.
+/// Reload: the number of requests in the bucket is kept (rounded up to whole requests when the
+/// rate changes, and then at most `burst`) and drains at the new rate; a change of mode keeps
+/// it too.
 pub fn leaky_bucket(
     state: Option<&State>,
     limit: &Limit,
@@ -467,14 +479,19 @@ pub fn leaky_bucket(
 
 /// The time still to drain from a stored `tat` (token bucket: `full_at`) at `now`, at the
 /// rule's current rate: a backlog stored at another rate (a reload) is converted so that it
-/// counts the same number of units, rounded up.
+/// counts the same number of units, rounded up to whole ones, and at most `burst` of them (a
+/// bucket cannot miss more than it holds; this also keeps the numbers within what the Redis
+/// scripts hold exactly).
 fn backlog(tat: u64, stored_interval: u64, limit: &Limit, now_ns: u64) -> u128 {
     let backlog = u128::from(tat.saturating_sub(now_ns));
     let interval = interval_ns(limit);
     if stored_interval == interval || stored_interval == 0 {
         return backlog;
     }
-    (backlog * u128::from(interval)).div_ceil(u128::from(stored_interval))
+    let units = backlog
+        .div_ceil(u128::from(stored_interval))
+        .min(u128::from(limit.burst));
+    units * u128::from(interval)
 }
 
 /// The token bucket and the police leaky bucket: `debt` is the time until the bucket is full
@@ -572,6 +589,37 @@ pub fn expires_at(state: &State) -> u64 {
         State::Concurrency { in_flight: 0 } => 0,
         State::Concurrency { .. } => u64::MAX,
     }
+}
+
+/// The quota a decision of `limit` shows ([`Decision::limit`]): `burst` for the buckets (the
+/// bucket size), the limit (at most [`MAX_SLIDING_LOG_LIMIT`] for the sliding log) otherwise.
+pub fn quota(limit: &Limit) -> u64 {
+    match limit.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => limit.burst,
+        Algorithm::SlidingWindowLog => limit.limit.min(MAX_SLIDING_LOG_LIMIT),
+        _ => limit.limit,
+    }
+}
+
+/// The longest wait a decision of `limit` can announce on a state this rule wrote, for a
+/// cost within its quota (as validation requires): `reset` and `retry_after` stay within it. A window (two for the sliding counter, whose previous window
+/// still weighs); a bucket's time to refill from empty (plus `max_delay` when shaping: the line
+/// may hold that much more); one second for concurrency. Only a state left by a rule that was
+/// reloaded with longer numbers reaches further; the engine holds a shared store's answers to
+/// it (see [`super::store::bounded`]).
+pub fn horizon(limit: &Limit) -> Duration {
+    let window = u128::from(window_ns(limit));
+    let ns = match limit.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => window,
+        Algorithm::SlidingWindowCounter => 2 * window,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let refill = u128::from(limit.burst) * u128::from(interval_ns(limit));
+            // A `cost > burst` is told to retry after a window.
+            (refill + u128::from(duration_ns(limit.max_delay))).max(window)
+        }
+        Algorithm::Concurrency => u128::from(duration_ns(Duration::from_secs(1))),
+    };
+    nanos(ns)
 }
 
 fn allowed(limit: u64, remaining: u64, reset: u128, delay: u128) -> Decision {

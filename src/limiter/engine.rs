@@ -27,7 +27,7 @@ use super::memory::MemoryStore;
 use super::policy::{FailureMode, Policy, Scope};
 use super::redis::RedisStore;
 use super::settings::{Backend, Store};
-use super::store::{SharedStore, StoreError};
+use super::store::{bounded, Grant, SharedStore, StoreError};
 use super::{Algorithm, Check, Decision, LeakyMode};
 
 /// `Retry-After` of a 503 caused by a failing store: the circuit breaker's cool-down scale.
@@ -345,7 +345,8 @@ impl Limiter {
                     // Exact checks want 0 permits: the same call decides them exactly.
                     let answer = shared
                         .decide_leased(&call_checks, &wants, store.instances, lease, store.timeout)
-                        .await;
+                        .await
+                        .and_then(|answers| checked(answers, &call_checks, &wants));
                     match answer {
                         Ok(answers) => {
                             admitted = answers.iter().all(|(d, _)| d.allowed);
@@ -617,6 +618,27 @@ fn concurrency_checks<'a>(checks: impl IntoIterator<Item = &'a Check>) -> Vec<Ch
         .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
         .cloned()
         .collect()
+}
+
+/// The store's answers, one per check, each held to its rule's own bounds (see [`bounded`]);
+/// an answer that does not hold one decision per check is a store failure, never an admit.
+fn checked(
+    answers: Vec<(Decision, Grant)>,
+    checks: &[Check],
+    wants: &[u64],
+) -> Result<Vec<(Decision, Grant)>, StoreError> {
+    if answers.len() != checks.len() {
+        return Err(StoreError::Redis(format!(
+            "the store answered {} decisions for {} checks",
+            answers.len(),
+            checks.len()
+        )));
+    }
+    Ok(answers
+        .into_iter()
+        .zip(checks.iter().zip(wants))
+        .map(|(answer, (check, &wanted))| bounded(check, wanted, answer))
+        .collect())
 }
 
 /// Puts `ds` (decisions for the checks at `idx`) into their places.

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Check, Decision};
+use super::algorithm::{horizon, quota};
+use super::{Check, Decision, LeakyMode};
 
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -153,4 +154,36 @@ pub trait SharedStore: Send + Sync {
     fn is_up(&self) -> bool {
         self.status().up
     }
+}
+
+/// One answer of a shared store held to what its rule can ever say: a buggy or hostile store,
+/// or a state written by the rule before a reload, cannot hold a request longer than the
+/// rule's `max_delay` (nor any request of a rule that does not shape), tell a client to wait
+/// beyond the rule's [`horizon`], show more quota than the rule has, or lease more permits
+/// than `wanted` (at least the check's cost; 0 for an exact check). The engine applies it to
+/// every answer before using it.
+pub fn bounded(check: &Check, wanted: u64, answer: (Decision, Grant)) -> (Decision, Grant) {
+    let (mut d, mut g) = answer;
+    let limit = &check.limit;
+    let longest = horizon(limit);
+    d.limit = quota(limit);
+    d.reset = d.reset.min(longest);
+    if d.allowed {
+        d.remaining = d.remaining.min(d.limit);
+        d.retry_after = Duration::ZERO;
+        d.delay = if limit.mode() == LeakyMode::Shape {
+            d.delay.min(limit.max_delay())
+        } else {
+            Duration::ZERO
+        };
+        g.granted = g.granted.min(wanted.max(check.cost));
+    } else {
+        d.remaining = 0;
+        // Never 0 either: a client told to retry at once would be rejected again.
+        d.retry_after = d.retry_after.clamp(Duration::from_nanos(1), longest);
+        d.delay = Duration::ZERO;
+        g.granted = 0;
+    }
+    g.window_left = g.window_left.min(limit.window());
+    (d, g)
 }

@@ -218,10 +218,22 @@ impl RedisCluster {
 
     /// Starts `masters` masters (at least 3, Redis' minimum) as one cluster.
     pub fn start_masters(masters: usize) -> RedisCluster {
+        RedisCluster::start_masters_with(masters, &[])
+    }
+
+    /// Starts 3 masters whose survivors keep serving their own slots when one of them dies
+    /// (`cluster-require-full-coverage no`), as a cluster without replicas should be run.
+    pub fn start_partial_coverage() -> RedisCluster {
+        RedisCluster::start_masters_with(3, &["--cluster-require-full-coverage", "no"])
+    }
+
+    /// Starts `masters` masters with `extra` arguments each.
+    pub fn start_masters_with(masters: usize, extra: &[&str]) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
                 RedisServer::start_with(|port, dir| {
-                    vec![
+                    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+                    args.extend([
                         "--cluster-enabled".into(),
                         "yes".into(),
                         "--cluster-config-file".into(),
@@ -232,7 +244,8 @@ impl RedisCluster {
                         free_port().to_string(),
                         "--cluster-node-timeout".into(),
                         "5000".into(),
-                    ]
+                    ]);
+                    args
                 })
             })
             .collect();
@@ -335,4 +348,96 @@ pub async fn hammer(
         *counts.entry(t.await.unwrap()).or_insert(0) += 1;
     }
     counts
+}
+
+/// A TCP server on a free loopback port that answers whatever it is sent with bytes that are
+/// not RESP, and counts the connections it accepts: a "Redis" node that answers garbage (a
+/// wrong service on the port, a proxy gone mad). Stopped, with every connection it holds, when
+/// it drops.
+pub struct JunkServer {
+    addr: SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl JunkServer {
+    /// Starts it on a free loopback port.
+    pub fn start() -> JunkServer {
+        JunkServer::start_on(0)
+    }
+
+    /// Starts it on `port` of 127.0.0.1 (0: a free one), e.g. where a Redis node was.
+    pub fn start_on(port: u16) -> JunkServer {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind junk server");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let addr = listener.local_addr().expect("junk server address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, done) = (accepted.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut peers = Vec::new();
+            while !done.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        count.fetch_add(1, Ordering::AcqRel);
+                        let done = done.clone();
+                        peers.push(std::thread::spawn(move || {
+                            let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+                            let mut buf = [0u8; 4096];
+                            while !done.load(Ordering::Acquire) {
+                                match stream.read(&mut buf) {
+                                    Ok(0) => return,
+                                    Ok(_) => {
+                                        if stream.write_all(b"%%garbage, not RESP\r\n").is_err() {
+                                            return;
+                                        }
+                                    }
+                                    Err(e)
+                                        if matches!(
+                                            e.kind(),
+                                            std::io::ErrorKind::WouldBlock
+                                                | std::io::ErrorKind::TimedOut
+                                        ) => {}
+                                    Err(_) => return,
+                                }
+                            }
+                        }));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+            for peer in peers {
+                let _ = peer.join();
+            }
+        });
+        JunkServer {
+            addr,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for JunkServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }

@@ -411,6 +411,7 @@ proptest! {
     fn decisions_are_exact(l in any_algorithm(), traffic in traffic()) {
         let mut key = Key::default();
         let mut now = 3 * SEC;
+        let mut within = true;
         for (gap, cost) in traffic {
             now += gap;
             let d = key.peek(&l, now, cost);
@@ -418,6 +419,15 @@ proptest! {
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => l.burst,
                 _ => l.limit,
             });
+            prop_assert_eq!(d.limit, quota(&l));
+            // What the engine holds a shared store's answers to never cuts a true one (on a
+            // state that only costs validation lets a rule have wrote).
+            within &= cost <= quota(&l);
+            if within {
+                prop_assert!(d.reset <= horizon(&l), "reset {:?} past {:?}", d.reset, horizon(&l));
+                prop_assert!(d.retry_after <= horizon(&l), "retry {:?} past {:?}", d.retry_after, horizon(&l));
+            }
+            prop_assert!(d.delay <= l.max_delay, "delay {:?} past max_delay", d.delay);
             if !d.allowed {
                 prop_assert_eq!(d.remaining, 0);
                 prop_assert!(d.retry_after > Duration::ZERO);

@@ -10,8 +10,9 @@
 //!   another cool-down. So a Redis that comes back is used again without a restart, at most one
 //!   cool-down after it returned.
 //!
-//! Every transition is published in `floodgate_circuit_breaker_state` (0 closed, 1 open,
-//! 2 half-open).
+//! Every transition is published: in `floodgate_circuit_breaker_state` (0 closed, 1 open,
+//! 2 half-open) for a breaker of its own, or to the hook it was built with (a cluster keeps one
+//! breaker per master, see `nodes`).
 
 use std::time::{Duration, Instant};
 
@@ -48,12 +49,27 @@ impl BreakerState {
     }
 }
 
+/// Told of every transition of a breaker: from, to.
+type Hook = Box<dyn Fn(BreakerState, BreakerState) + Send + Sync>;
+
 /// A circuit breaker. Cheap: one uncontended lock per call.
-#[derive(Debug)]
 pub struct Breaker {
     threshold: u32,
     cool_down: Duration,
     inner: Mutex<Inner>,
+    /// What its log lines name (a cluster node's `host:port`); `None`: the store.
+    name: Option<std::sync::Arc<str>>,
+    /// Where transitions go; `None`: `floodgate_circuit_breaker_state`.
+    hook: Option<Hook>,
+}
+
+impl std::fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Breaker")
+            .field("name", &self.name)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -86,7 +102,39 @@ impl Breaker {
                 opened_at: Instant::now(),
                 probing: false,
             }),
+            name: None,
+            hook: None,
         }
+    }
+
+    /// [`Breaker::new`] for one of several breakers (a cluster node): its log lines name
+    /// `name`, and each transition goes to `hook` (from, to) instead of the gauge. The hook
+    /// runs under the breaker's lock: it must be quick and must not call the breaker.
+    pub fn with_hook(
+        threshold: u32,
+        cool_down: Duration,
+        name: std::sync::Arc<str>,
+        hook: impl Fn(BreakerState, BreakerState) + Send + Sync + 'static,
+    ) -> Self {
+        Breaker {
+            name: Some(name),
+            hook: Some(Box::new(hook)),
+            ..Breaker::new(threshold, cool_down)
+        }
+    }
+
+    /// Moves to `to` and tells whoever watches.
+    fn transition(&self, inner: &mut Inner, to: BreakerState) {
+        let from = std::mem::replace(&mut inner.state, to);
+        match &self.hook {
+            Some(hook) => hook(from, to),
+            None => metrics().circuit_state.set(to.gauge()),
+        }
+    }
+
+    /// What log lines call it.
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("store")
     }
 
     /// Where the breaker stands now.
@@ -104,9 +152,8 @@ impl Breaker {
                 if inner.opened_at.elapsed() < self.cool_down {
                     return None;
                 }
-                inner.state = BreakerState::HalfOpen;
+                self.transition(&mut inner, BreakerState::HalfOpen);
                 inner.probing = true;
-                publish(BreakerState::HalfOpen);
                 Some(Ticket::new(self, true))
             }
             BreakerState::HalfOpen => {
@@ -125,11 +172,13 @@ impl Breaker {
         match inner.state {
             BreakerState::Closed => inner.failures = 0,
             BreakerState::HalfOpen if probe => {
-                inner.state = BreakerState::Closed;
+                self.transition(&mut inner, BreakerState::Closed);
                 inner.failures = 0;
                 inner.probing = false;
-                publish(BreakerState::Closed);
-                tracing::info!("Redis store answers again: circuit breaker closed");
+                tracing::info!(
+                    redis = self.name(),
+                    "Redis answers again: circuit breaker closed"
+                );
             }
             // A call that started before the breaker opened: the probe decides, not it.
             _ => {}
@@ -148,13 +197,13 @@ impl Breaker {
             BreakerState::Open => false,
         };
         if open {
-            inner.state = BreakerState::Open;
+            self.transition(&mut inner, BreakerState::Open);
             inner.opened_at = Instant::now();
             inner.probing = false;
-            publish(BreakerState::Open);
             tracing::warn!(
+                redis = self.name(),
                 cool_down_ms = self.cool_down.as_millis() as u64,
-                "Redis store failing: circuit breaker open, global rules apply on_store_error without calling Redis"
+                "Redis failing: circuit breaker open, global rules whose keys it holds apply on_store_error without calling it"
             );
         }
         open
@@ -168,10 +217,6 @@ impl Breaker {
             }
         }
     }
-}
-
-fn publish(state: BreakerState) {
-    metrics().circuit_state.set(state.gauge());
 }
 
 /// Permission to make one call; report how it went with [`Ticket::success`] or
@@ -281,6 +326,22 @@ mod tests {
         assert!(again.is_probe());
         again.success();
         assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_hook_hears_every_transition() {
+        let heard = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let log = heard.clone();
+        let b = Breaker::with_hook(1, Duration::ZERO, "node:1".into(), move |from, to| {
+            log.lock().push((from, to))
+        });
+        assert!(b.try_call().unwrap().failure());
+        b.try_call().expect("probe").success();
+        use BreakerState::*;
+        assert_eq!(
+            *heard.lock(),
+            [(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)]
+        );
     }
 
     #[test]

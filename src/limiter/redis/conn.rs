@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult,
     ServerErrorKind, Value,
@@ -28,6 +28,9 @@ use crate::limiter::settings::Backend;
 
 /// Budget of one connection attempt (TCP, TLS, AUTH), separate from the decision timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Retries of one cluster call inside redis-rs (see [`RedisClient::build`]).
+const CLUSTER_RETRIES: u32 = 1;
 
 /// Backoff between background connection attempts while Redis cannot be reached.
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
@@ -124,6 +127,11 @@ impl RedisClient {
                 }
                 let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
                     .connection_timeout(CONNECT_TIMEOUT)
+                    // One retry: enough to follow a MOVED or ASK, or to reconnect once to a
+                    // restarted node. Its default (16, each reconnecting at once) made every
+                    // call to a node that answers garbage open several connections; the
+                    // node's breaker (see `nodes`) stands in for further retries.
+                    .retries(CLUSTER_RETRIES)
                     .build()
                     .map_err(|e| {
                         at(
@@ -200,6 +208,27 @@ impl Conn {
         matches!(self, Conn::Lean(c) if c.is_broken())
     }
 
+    /// Sends `cmd` to the cluster node at `host:port` (to the server, standalone).
+    pub(super) async fn on_node(
+        &self,
+        cmd: redis::Cmd,
+        host: &str,
+        port: u16,
+    ) -> RedisResult<Value> {
+        match self {
+            Conn::Cluster(c) => {
+                let to = SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_string(),
+                    port,
+                };
+                c.clone()
+                    .route_command(cmd, RoutingInfo::SingleNode(to))
+                    .await
+            }
+            _ => self.query(&cmd).await,
+        }
+    }
+
     /// Sends `cmd` to the server, or to every master of a cluster.
     pub(super) async fn everywhere(&self, cmd: redis::Cmd) -> RedisResult<Value> {
         match self {
@@ -246,6 +275,12 @@ pub(super) async fn connect_loop(store: Weak<Inner>) {
                 let Some(inner) = store.upgrade() else {
                     return;
                 };
+                if matches!(conn, Conn::Cluster(_)) {
+                    // Know the masters before the first call, so that each is guarded by its
+                    // own breaker from the start.
+                    inner.refresh_topology_with(&conn).await;
+                    inner.keep_topology_fresh();
+                }
                 inner.conn.send_replace(Some(conn.clone()));
                 inner.connecting.store(false, Ordering::Release);
                 tracing::info!(redis = %endpoint, "connected to Redis");

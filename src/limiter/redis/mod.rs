@@ -4,13 +4,15 @@
 //!
 //! Split by concern: [`script`] (the scripts and the Rust↔Lua wire contract), `conn` (what to
 //! connect with, the live connection and the reconnect loop), [`resp`] (floodgate's own
-//! pipelined connection to a `redis://` server), `cluster` (hash-slot grouping), [`breaker`]
+//! pipelined connection to a `redis://` server), `cluster` (hash slots), `topology` (which
+//! master holds which slots), `nodes` (each destination's breaker and health), [`breaker`]
 //! (the circuit breaker) and `probe` (the `maxmemory-policy` eviction probe).
 //!
 //! # Scripts
 //! `lua/` holds one file per algorithm, each defining one local function that mirrors its
 //! counterpart in [`super::algorithm`] decision for decision (same rounding, same
-//! `remaining`, `reset`, `retry_after` and `delay`), helpers (`common.lua`, `gcra.lua`), and
+//! `remaining`, `reset`, `retry_after` and `delay`), helpers (`common.lua`, `wide.lua`,
+//! `gcra.lua`), and
 //! `decide.lua`, which decides every check of a request against the stored state and charges
 //! all of them only if all admit. They are concatenated at compile time into ONE script
 //! ([`script::DECIDE_LUA`], one SHA) and run with `EVALSHA`; `release.lua` gives concurrency
@@ -22,10 +24,13 @@
 //!
 //! # Units
 //! Lua numbers are doubles, exact below 2^53. Instants are therefore kept in **microseconds**
-//! since the epoch (the resolution of `TIME`), durations in nanoseconds as differences only;
-//! see `lua/common.lua`. Windows are whole microseconds (config windows are whole
-//! milliseconds; a finer window is rounded up to the next microsecond). Numbers passed to the
-//! scripts are capped at 2^53 - 1, which only absurd rules reach.
+//! since the epoch (the resolution of `TIME`), windows in whole microseconds (config windows
+//! are whole milliseconds; a finer window is rounded up to the next microsecond), and the
+//! nanosecond durations of the buckets and of a sliding counter's waits as **wide** numbers:
+//! whole microseconds plus 0..999 nanoseconds (`lua/wide.lua`). Validation bounds every rule
+//! so that all of them stay exact (windows and a bucket's refill up to ten years, limits and
+//! bursts up to 10^15: [`super::algorithm::MAX_WINDOW`], [`super::algorithm::MAX_COUNT`]);
+//! numbers of a hand-built rule past that are capped below 2^53, never wrapped.
 //!
 //! # Redis keys
 //! `<key_prefix><rule>:{<16 hex digits of Check::counter>}`. The counter id is the hash tag, so in
@@ -47,36 +52,44 @@
 //! background and keeps retrying. A decision gives up after its `timeout`
 //! ([`StoreError::Timeout`]); after [`breaker::FAILURE_THRESHOLD`] consecutive failures the
 //! circuit breaker fails calls fast for [`breaker::COOL_DOWN`], then probes (see
-//! [`breaker`]). On connect (and on recovery after failures) the store reads Redis'
+//! [`breaker`]). In a cluster every master has a breaker of its own: a request whose keys
+//! live on healthy masters is decided exactly while the keys of a dead one fail fast (a
+//! request touching it fails as a whole, and its rules apply `on_store_error`). On connect (and on recovery after failures) the store reads Redis'
 //! `maxmemory-policy` and warns loudly when it lets Redis evict floodgate's keys.
 
 pub mod breaker;
 mod cluster;
 mod conn;
+mod nodes;
 mod probe;
 pub mod resp;
 pub mod script;
+mod topology;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
 use super::store::{Grant, Return, SharedStore, StoreError, StoreStatus};
 use super::{Check, Decision};
 use crate::limiter::settings::Store;
 use crate::metrics::metrics;
 use crate::text::push_hex16;
-use breaker::{Breaker, BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
+use breaker::{BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
 use conn::{connect_loop, Conn, Target};
 pub use conn::{RedisClient, UrlError, CONNECT_TIMEOUT};
+use nodes::{Census, Node};
 use script::{
     grant, hex16, holds_slot, sat, unpack_reply, Lua, Params, DECIDE, LEASE_RETURN, MAX_EXACT,
     RELEASE, RENEW, REPLY_BYTES,
 };
+use topology::Topology;
 
 /// How long a global concurrency slot (not a quota lease: the word is historical) counts when
 /// its request never releases it (the gateway died mid-request, or the release could not
@@ -137,9 +150,14 @@ struct Inner {
     started: AtomicBool,
     /// A (re)connection task is running.
     connecting: AtomicBool,
-    breaker: Breaker,
-    /// The last call succeeded (false after a failure, until the next success).
-    up: AtomicBool,
+    /// How the nodes (the server; a cluster's masters) stand, summed up.
+    census: Arc<Census>,
+    /// Which node guards each call: a cluster's masters by slot, else the store's one node.
+    topology: ArcSwap<Topology>,
+    /// Asks for the slot map to be read again (a master's breaker opened).
+    refresh: Arc<Notify>,
+    /// The slot map refresh task was spawned.
+    refreshing: AtomicBool,
     /// The last `maxmemory-policy` read (the most dangerous one, in a cluster).
     policy: Mutex<Option<String>>,
 }
@@ -193,19 +211,22 @@ impl RedisStore {
         target: Target,
         endpoint: String,
     ) -> Arc<RedisStore> {
-        let broken = matches!(target, Target::Broken(_));
         let (conn, _) = watch::channel(None);
+        let census = Arc::new(Census::default());
+        let whole = Node::store(&endpoint, &options, &census);
         let store = Arc::new(RedisStore {
             inner: Arc::new(Inner {
                 target,
                 endpoint,
                 key_prefix: store.key_prefix.clone(),
-                breaker: Breaker::new(options.failure_threshold, options.cool_down),
                 options,
                 conn,
                 started: AtomicBool::new(false),
                 connecting: AtomicBool::new(false),
-                up: AtomicBool::new(!broken),
+                census,
+                topology: ArcSwap::from_pointee(Topology::new(whole)),
+                refresh: Arc::new(Notify::new()),
+                refreshing: AtomicBool::new(false),
                 policy: Mutex::new(None),
             }),
         });
@@ -234,12 +255,11 @@ impl RedisStore {
         runtime.spawn(connect_loop(Arc::downgrade(&self.inner)));
     }
 
-    /// Whether the store is usable right now: connected, the last call succeeded, and the
-    /// circuit breaker is closed (for readiness checks).
+    /// Whether the store is usable right now (for readiness checks): connected, the last
+    /// call succeeded and the circuit breaker is closed; in a cluster, the last call to every
+    /// master succeeded and none of their breakers holds calls off.
     pub fn is_up(&self) -> bool {
-        self.inner.conn.borrow().is_some()
-            && self.inner.up.load(Ordering::Acquire)
-            && self.inner.breaker.state() == BreakerState::Closed
+        self.inner.conn.borrow().is_some() && self.inner.census.all_well()
     }
 
     /// Whether a connection has been established (it may be failing now).
@@ -247,9 +267,21 @@ impl RedisStore {
         self.inner.conn.borrow().is_some()
     }
 
-    /// The circuit breaker's state.
+    /// The circuit breaker's state; in a cluster, the worst of the masters' breakers (open,
+    /// else half-open, else closed).
     pub fn breaker_state(&self) -> BreakerState {
-        self.inner.breaker.state()
+        self.inner.census.worst()
+    }
+
+    /// Each known cluster master (`host:port`) with its breaker's state, in slot order; empty
+    /// for a standalone server and until the slot map is read.
+    pub fn node_breakers(&self) -> Vec<(String, BreakerState)> {
+        let topology = self.inner.topology.load();
+        topology
+            .nodes()
+            .iter()
+            .filter_map(|n| Some((n.endpoint()?.to_string(), n.breaker.state())))
+            .collect()
     }
 
     /// Redis' `maxmemory-policy` as last read (in a cluster, the most dangerous among the
@@ -328,44 +360,118 @@ impl RedisStore {
             metrics().store_up.set(0);
             return Err(StoreError::Redis(why.to_string()));
         }
-        let Some(ticket) = inner.breaker.try_call() else {
-            metrics()
-                .store_errors
-                .with_label_values(&["circuit_open"])
-                .inc();
-            return Err(StoreError::CircuitOpen);
-        };
-        let outcome =
-            tokio::time::timeout(timeout, inner.run(checks, wants, instances, lease, now_us)).await;
-        let (error, kind) = match outcome {
-            Ok(Ok((decisions, partial))) => {
-                ticket.success();
-                inner.mark_up();
-                if partial {
-                    // Cluster: another slot rejected; slots this request took elsewhere go back.
-                    inner.spawn_release(checks, lease);
+        let keys: Vec<String> = checks.iter().map(|c| inner.redis_key(c)).collect();
+        let groups = inner.groups(&keys);
+        // Each call is guarded by the breaker of the node it goes to: one ticket per node,
+        // all or none, so that a request touching an open node charges nothing anywhere.
+        let topology = inner.topology.load_full();
+        let clustered = matches!(inner.target, Target::Cluster(_));
+        let mut nodes: Vec<&Arc<Node>> = Vec::with_capacity(1);
+        let guard_of: Vec<usize> = groups
+            .iter()
+            .map(|g| {
+                // Standalone, the one node guards everything (no slot has a master).
+                let slot = if clustered {
+                    cluster::slot(&keys[g[0]])
+                } else {
+                    0
+                };
+                let node = topology.guard(slot);
+                match nodes.iter().position(|n| Arc::ptr_eq(n, node)) {
+                    Some(i) => i,
+                    None => {
+                        nodes.push(node);
+                        nodes.len() - 1
+                    }
                 }
-                return Ok(decisions);
-            }
-            Ok(Err(e)) => (e, "error"),
-            Err(_) => (StoreError::Timeout, "timeout"),
-        };
-        metrics().store_errors.with_label_values(&[kind]).inc();
-        metrics().store_up.set(0);
-        inner.up.store(false, Ordering::Release);
-        let opened = ticket.failure();
-        if inner.conn.borrow().as_ref().is_some_and(Conn::is_broken) {
-            // Our own connection does not reconnect by itself: build the next one now (the
-            // failing calls meanwhile count towards the breaker).
-            inner.spawn_connect();
-        } else if opened && matches!(error, StoreError::Timeout) {
-            // A connection that stopped answering (a black-holed peer) never fails by itself:
-            // build a fresh one in the background while the breaker holds calls off.
-            inner.spawn_connect();
+            })
+            .collect();
+        let mut tickets = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let Some(ticket) = node.breaker.try_call() else {
+                metrics()
+                    .store_errors
+                    .with_label_values(&["circuit_open"])
+                    .inc();
+                return Err(StoreError::CircuitOpen);
+            };
+            tickets.push(ticket);
         }
-        // The call may have taken slots before it failed or after we stopped waiting.
-        inner.spawn_release(checks, lease);
-        Err(error)
+        let deadline = Instant::now() + timeout;
+        let outcomes = inner
+            .run(
+                &keys, &groups, checks, wants, instances, lease, now_us, deadline,
+            )
+            .await;
+        // Settle each node's ticket by its own calls.
+        let mut error = None;
+        for (i, ticket) in tickets.into_iter().enumerate() {
+            let failed = outcomes
+                .iter()
+                .zip(&guard_of)
+                .filter(|(_, &g)| g == i)
+                .find_map(|(o, _)| o.as_ref().err());
+            let node = nodes[i];
+            match failed {
+                None => {
+                    ticket.success();
+                    if node.mark(true) {
+                        // Back after failures: possibly a restarted Redis with another
+                        // configuration.
+                        inner.spawn_policy_check();
+                    }
+                }
+                Some(e) => {
+                    let opened = ticket.failure();
+                    node.mark(false);
+                    if opened {
+                        // A failover may have moved its slots: look again at once.
+                        inner.refresh.notify_one();
+                    }
+                    if inner.conn.borrow().as_ref().is_some_and(Conn::is_broken)
+                        || (opened && matches!(e, StoreError::Timeout))
+                    {
+                        // Our own connection does not reconnect by itself, and one that
+                        // stopped answering (a black-holed peer) never fails by itself:
+                        // build a fresh one in the background while the breaker holds calls
+                        // off.
+                        inner.spawn_connect();
+                    }
+                    if error.is_none() || matches!(e, StoreError::Timeout) {
+                        error = Some(e.clone());
+                    }
+                }
+            }
+        }
+        if let Some(error) = error {
+            let kind = if matches!(error, StoreError::Timeout) {
+                "timeout"
+            } else {
+                "error"
+            };
+            metrics().store_errors.with_label_values(&[kind]).inc();
+            // The calls may have taken slots before they failed or after we stopped waiting.
+            inner.spawn_release(checks, lease);
+            return Err(error);
+        }
+        let mut decisions: Vec<Option<(Decision, Grant)>> = vec![None; checks.len()];
+        let mut some_rejected = false;
+        let mut some_admitted = false;
+        for (group, outcome) in groups.iter().zip(outcomes) {
+            // Every call succeeded (a failure returned above).
+            let Ok(answers) = outcome else { continue };
+            let all = answers.iter().all(|(d, _)| d.allowed);
+            for (&i, answer) in group.iter().zip(answers) {
+                decisions[i] = Some(answer);
+            }
+            some_admitted |= all;
+            some_rejected |= !all;
+        }
+        if some_admitted && some_rejected {
+            // Cluster: another slot rejected; slots this request took elsewhere go back.
+            inner.spawn_release(checks, lease);
+        }
+        Ok(decisions.into_iter().flatten().collect())
     }
 }
 
@@ -476,18 +582,25 @@ impl Inner {
         conn.ok_or_else(|| StoreError::Redis("not connected".into()))
     }
 
-    /// Runs the decide script: the decisions, and whether a cluster request was admitted in
-    /// some slots but rejected in others.
+    /// Runs the decide script, one call per group of `keys` (see [`Inner::groups`]), all
+    /// within `deadline`: each group's decisions and grants, or why its call failed.
+    #[allow(clippy::too_many_arguments)]
     async fn run(
         &self,
+        keys: &[String],
+        groups: &[Vec<usize>],
         checks: &[Check],
         wants: &[u64],
         instances: u64,
         lease: u64,
         now_us: Option<u64>,
-    ) -> Result<(Vec<(Decision, Grant)>, bool), StoreError> {
-        let conn = self.connection().await?;
-        let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
+        deadline: Instant,
+    ) -> Vec<Result<Vec<(Decision, Grant)>, StoreError>> {
+        let conn = match tokio::time::timeout_at(deadline, self.connection()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return groups.iter().map(|_| Err(e.clone())).collect(),
+            Err(_) => return groups.iter().map(|_| Err(StoreError::Timeout)).collect(),
+        };
         let params: Vec<Params> = checks
             .iter()
             .zip(wants.iter().chain(std::iter::repeat(&0)))
@@ -498,7 +611,6 @@ impl Inner {
         let now = now_us
             .map(|n| n.min(MAX_EXACT).to_string())
             .unwrap_or_default();
-        let groups = self.groups(&keys);
         let call = |group: &[usize]| {
             let mut cmd = DECIDE.evalsha(group.len());
             for &i in group {
@@ -509,43 +621,78 @@ impl Inner {
                 cmd.arg(&params[i].packed()[..]);
             }
             let conn = conn.clone();
-            async move { conn.eval::<Vec<u8>>(&DECIDE, &cmd).await }
+            let params = &params;
+            let group = group.to_vec();
+            async move {
+                let reply = tokio::time::timeout_at(deadline, conn.eval::<Vec<u8>>(&DECIDE, &cmd))
+                    .await
+                    .map_err(|_| StoreError::Timeout)?
+                    .map_err(|e| StoreError::Redis(e.to_string()))?;
+                if reply.len() != group.len() * REPLY_BYTES {
+                    return Err(StoreError::Redis(format!(
+                        "decide script answered {} bytes for {} checks",
+                        reply.len(),
+                        group.len()
+                    )));
+                }
+                let numbers: Vec<_> = reply.chunks_exact(REPLY_BYTES).map(unpack_reply).collect();
+                let all = numbers.iter().all(|n| n[0] == 1);
+                Ok(group
+                    .iter()
+                    .zip(&numbers)
+                    .map(|(&i, n)| (params[i].decision(n), grant(n, all)))
+                    .collect())
+            }
         };
-        let replies = match groups.as_slice() {
+        match groups {
             [group] => vec![call(group).await],
             _ => futures::future::join_all(groups.iter().map(|g| call(g))).await,
-        };
-        let mut decisions: Vec<Option<(Decision, Grant)>> = vec![None; checks.len()];
-        let mut some_rejected = false;
-        let mut some_admitted = false;
-        for (group, reply) in groups.iter().zip(replies) {
-            let reply = reply.map_err(|e| StoreError::Redis(e.to_string()))?;
-            if reply.len() != group.len() * REPLY_BYTES {
-                return Err(StoreError::Redis(format!(
-                    "decide script answered {} bytes for {} checks",
-                    reply.len(),
-                    group.len()
-                )));
-            }
-            let numbers: Vec<_> = reply.chunks_exact(REPLY_BYTES).map(unpack_reply).collect();
-            let all = numbers.iter().all(|n| n[0] == 1);
-            for (&i, n) in group.iter().zip(&numbers) {
-                decisions[i] = Some((params[i].decision(n), grant(n, all)));
-            }
-            some_admitted |= all;
-            some_rejected |= !all;
         }
-        let decisions = decisions.into_iter().flatten().collect();
-        Ok((decisions, some_admitted && some_rejected))
     }
 
-    fn mark_up(self: &Arc<Self>) {
-        metrics().store_up.set(1);
-        if !self.up.swap(true, Ordering::AcqRel) {
-            // Back after failures: possibly a restarted Redis with another configuration.
-            if let Some(conn) = self.conn.borrow().clone() {
-                tokio::spawn(probe::check_policy(Arc::downgrade(self), conn));
-            }
+    /// Reads `maxmemory-policy` again in the background (a node came back).
+    fn spawn_policy_check(self: &Arc<Self>) {
+        if let Some(conn) = self.conn.borrow().clone() {
+            tokio::spawn(probe::check_policy(Arc::downgrade(self), conn));
+        }
+    }
+
+    /// Reads the cluster's slot map again on the current connection (see `topology`).
+    async fn refresh_topology(&self) {
+        let Some(conn) = self.conn.borrow().clone() else {
+            return;
+        };
+        self.refresh_topology_with(&conn).await;
+    }
+
+    /// Reads the cluster's slot map on `conn`, from a known master or else a seed, and makes
+    /// each master's node guard its slots. Kept as it was when no node answers.
+    async fn refresh_topology_with(&self, conn: &Conn) {
+        let current = self.topology.load_full();
+        // Masters that answer first: asking one that fails costs a timeout (and, for one that
+        // answers garbage, connections).
+        let mut masters: Vec<&Arc<Node>> = current.nodes().iter().collect();
+        masters.sort_by_key(|n| n.breaker.state() != BreakerState::Closed);
+        let candidates: Vec<String> = masters
+            .iter()
+            .filter_map(|n| n.endpoint().map(str::to_string))
+            .chain(self.endpoint.split(',').map(str::to_string))
+            .collect();
+        let Some(ranges) = topology::read(conn, &candidates).await else {
+            tracing::debug!(redis = %self.endpoint, "cannot read the cluster's slot map; keeping the last one");
+            return;
+        };
+        let next = current.next(ranges, |endpoint| match endpoint {
+            Some(e) => Node::master(e, &self.options, &self.census),
+            None => Node::store(&self.endpoint, &self.options, &self.census),
+        });
+        self.topology.store(Arc::new(next));
+    }
+
+    /// Starts reading the slot map every [`topology::REFRESH_EVERY`], once.
+    fn keep_topology_fresh(self: &Arc<Self>) {
+        if !self.refreshing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(topology::refresh_loop(Arc::downgrade(self)));
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Script};
 
-use super::super::algorithm::{self, MAX_SLIDING_LOG_LIMIT};
+use super::super::algorithm;
 use super::super::store::Grant;
 use super::super::{Algorithm, Check, Decision, LeakyMode};
 use crate::text::push_hex16;
@@ -17,6 +17,8 @@ use crate::text::push_hex16;
 /// (one SHA). See `lua/decide.lua` for its arguments and reply.
 pub const DECIDE_LUA: &str = concat!(
     include_str!("../../../lua/common.lua"),
+    "\n",
+    include_str!("../../../lua/wide.lua"),
     "\n",
     include_str!("../../../lua/gcra.lua"),
     "\n",
@@ -41,6 +43,10 @@ pub const RELEASE_LUA: &str = include_str!("../../../lua/release.lua");
 /// The quota lease return script: helpers, then `lua/lease_return.lua` (see there).
 pub const LEASE_RETURN_LUA: &str = concat!(
     include_str!("../../../lua/common.lua"),
+    "\n",
+    include_str!("../../../lua/wide.lua"),
+    "\n",
+    include_str!("../../../lua/gcra.lua"),
     "\n",
     include_str!("../../../lua/lease_return.lua"),
 );
@@ -89,19 +95,19 @@ impl Lua {
 pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Numbers per check in the decide script's reply.
-pub(super) const REPLY_FIELDS: usize = 8;
+pub(super) const REPLY_FIELDS: usize = 11;
 
 /// Bytes per check in the decide script's reply: the numbers are little-endian doubles.
 pub(super) const REPLY_BYTES: usize = REPLY_FIELDS * 8;
 
 /// Numbers per check in the decide script's arguments, after the algorithm's code.
-const PACKED_NUMBERS: usize = 8;
+const PACKED_NUMBERS: usize = 10;
 
 /// Bytes of one packed check: the algorithm's code, then the numbers as little-endian doubles.
 pub(super) const PACKED_BYTES: usize = 1 + PACKED_NUMBERS * 8;
 
-/// Bytes of one packed lease return (`lua/lease_return.lua`): code, then four doubles.
-pub(super) const RETURN_BYTES: usize = 1 + 4 * 8;
+/// Bytes of one packed lease return (`lua/lease_return.lua`): code, then five doubles.
+pub(super) const RETURN_BYTES: usize = 1 + 5 * 8;
 
 /// The algorithm's number in `decide.lua`'s `algorithms` table (1-based, as Lua indexes).
 pub(super) fn code(algorithm: Algorithm, mode: LeakyMode) -> u8 {
@@ -124,8 +130,10 @@ pub(super) struct Params {
     limit: u64,
     window_us: u64,
     burst: u64,
-    interval_ns: u64,
-    cap_ns: u64,
+    /// Wide (see `lua/wide.lua`): whole microseconds, then 0..999 nanoseconds.
+    interval: [u64; 2],
+    /// Wide, as `interval`.
+    cap: [u64; 2],
     /// `Decision::limit`: the quota shown to clients (burst for the buckets).
     quota: u64,
     /// Permits wanted as a quota lease (at least `cost`); 0: an exact check.
@@ -141,21 +149,16 @@ impl Params {
         // Exactly as the reference computes them.
         let window_ns = algorithm::window_ns(l);
         let interval_ns = algorithm::interval_ns(l);
-        let bucket = sat(u128::from(l.burst) * u128::from(interval_ns));
-        let (limit, cap_ns, quota) = match (l.algorithm, l.mode) {
-            (Algorithm::FixedWindow, _) => (l.limit, 0, l.limit),
-            (Algorithm::SlidingWindowLog, _) => {
-                let q = l.limit.min(MAX_SLIDING_LOG_LIMIT);
-                (q, 0, q)
-            }
-            (Algorithm::SlidingWindowCounter, _) => (l.limit, 0, l.limit),
-            (Algorithm::TokenBucket, _) => (l.limit, bucket, l.burst),
-            (Algorithm::LeakyBucket, LeakyMode::Police) => (l.limit, bucket, l.burst),
-            (Algorithm::LeakyBucket, LeakyMode::Shape) => {
-                let longest = sat(l.max_delay.as_nanos()).min(bucket);
-                (l.limit, longest, l.burst)
-            }
-            (Algorithm::Concurrency, _) => (l.limit, 0, l.limit),
+        let bucket = u128::from(l.burst) * u128::from(interval_ns);
+        let cap = match (l.algorithm, l.mode) {
+            (Algorithm::TokenBucket, _) | (Algorithm::LeakyBucket, LeakyMode::Police) => bucket,
+            (Algorithm::LeakyBucket, LeakyMode::Shape) => l.max_delay.as_nanos().min(bucket),
+            _ => 0,
+        };
+        let quota = algorithm::quota(l);
+        let limit = match l.algorithm {
+            Algorithm::SlidingWindowLog => quota,
+            _ => l.limit,
         };
         Params {
             code: code(l.algorithm, l.mode),
@@ -163,8 +166,8 @@ impl Params {
             limit: limit.min(MAX_EXACT),
             window_us: window_ns.div_ceil(1000).clamp(1, MAX_EXACT),
             burst: l.burst.min(MAX_EXACT),
-            interval_ns: interval_ns.min(MAX_EXACT),
-            cap_ns: cap_ns.min(MAX_EXACT),
+            interval: wide(u128::from(interval_ns)),
+            cap: wide(cap),
             quota,
             lease: 0,
             share: 2,
@@ -189,7 +192,8 @@ impl Params {
             self.code,
             [
                 permits.min(MAX_EXACT),
-                self.interval_ns,
+                self.interval[0],
+                self.interval[1],
                 self.window_us,
                 window_end_us.min(MAX_EXACT),
             ],
@@ -197,42 +201,41 @@ impl Params {
     }
 
     /// The check as `decide.lua` reads it: the algorithm's number, then cost, limit, window,
-    /// burst, interval and cap as little-endian doubles (exact: all are capped below 2^53).
+    /// burst, interval and cap (both wide), lease and share as little-endian doubles (exact:
+    /// all are integers below 2^53).
     pub(super) fn packed(&self) -> [u8; PACKED_BYTES] {
         let numbers: [u64; PACKED_NUMBERS] = [
             self.cost,
             self.limit,
             self.window_us,
             self.burst,
-            self.interval_ns,
-            self.cap_ns,
+            self.interval[0],
+            self.interval[1],
+            self.cap[0],
+            self.cap[1],
             self.lease,
             self.share,
         ];
         pack(self.code, numbers)
     }
 
-    /// The decision from the script's numbers for this check (the first five; the lease's
+    /// The decision from the script's numbers for this check (the first eight; the lease's
     /// are read by [`grant`]).
     pub(super) fn decision(&self, reply: &[u64; REPLY_FIELDS]) -> Decision {
-        let n = |i: usize| reply[i];
-        let allowed = n(0) == 1;
+        let allowed = reply[0] == 1;
+        let duration = |at: usize| nanos(reply[at], reply[at + 1]);
         Decision {
             allowed,
             limit: self.quota,
-            remaining: if allowed { n(1) } else { 0 },
-            reset: Duration::from_nanos(n(2)),
+            remaining: if allowed { reply[1] } else { 0 },
+            reset: duration(2),
             // Never 0 when rejected: a client told to retry at once would be rejected again.
             retry_after: if allowed {
                 Duration::ZERO
             } else {
-                Duration::from_nanos(n(3).max(1))
+                duration(4).max(Duration::from_nanos(1))
             },
-            delay: if allowed {
-                Duration::from_nanos(n(4))
-            } else {
-                Duration::ZERO
-            },
+            delay: if allowed { duration(6) } else { Duration::ZERO },
         }
     }
 }
@@ -242,13 +245,25 @@ impl Params {
 pub(super) fn grant(reply: &[u64; REPLY_FIELDS], charged: bool) -> Grant {
     Grant {
         granted: if charged && reply[0] == 1 {
-            reply[5]
+            reply[8]
         } else {
             0
         },
-        window_left: Duration::from_nanos(reply[6]),
-        window_end_us: reply[7],
+        window_left: Duration::from_micros(reply[9]),
+        window_end_us: reply[10],
     }
+}
+
+/// `ns` nanoseconds as a wide number (see `lua/wide.lua`): whole microseconds (saturating
+/// below 2^53, which no valid rule reaches), then 0..999 nanoseconds.
+fn wide(ns: u128) -> [u64; 2] {
+    [sat(ns / 1000).min(MAX_EXACT), (ns % 1000) as u64]
+}
+
+/// The duration of a wide number the script answered: `us` microseconds and `ns` nanoseconds
+/// (saturating: the script never answers past what a `Duration` of `u64` nanoseconds holds).
+fn nanos(us: u64, ns: u64) -> Duration {
+    Duration::from_nanos(sat(u128::from(us) * 1000 + u128::from(ns)))
 }
 
 /// One check's numbers from the decide script's reply: little-endian doubles holding
@@ -321,8 +336,8 @@ mod tests {
     #[test]
     fn params_match_the_reference_rounding() {
         let p = Params::of(&check(Algorithm::TokenBucket, 3, Duration::from_secs(1), 5));
-        assert_eq!(p.interval_ns, 333_333_334);
-        assert_eq!(p.cap_ns, 5 * 333_333_334);
+        assert_eq!(p.interval, [333_333, 334]);
+        assert_eq!(p.cap, [1_666_666, 670], "5 x 333 333 334 ns");
         assert_eq!(p.window_us, 1_000_000);
         assert_eq!(p.quota, 5);
         let p = Params::of(&check(
@@ -333,17 +348,25 @@ mod tests {
         ));
         assert_eq!(p.code, 6, "leaky shape");
         assert_eq!(
-            p.cap_ns, 250_000_000,
+            p.cap,
+            [250_000, 0],
             "longest wait = min(max_delay, burst * interval)"
         );
+        // A year's bucket passes 2^53 ns: wide, exactly.
+        let year = Duration::from_secs(365 * 86_400);
+        let p = Params::of(&check(Algorithm::TokenBucket, 1000, year, 1000));
+        assert_eq!(p.interval, [31_536_000_000, 0]);
+        assert_eq!(p.cap, [31_536_000_000_000, 0]);
+        let p = Params::of(&check(Algorithm::TokenBucket, 7, year, 3));
+        assert_eq!(p.interval, [4_505_142_857_142, 858], "ceil(365 d / 7)");
         let p = Params::of(&check(
             Algorithm::SlidingWindowLog,
             u64::MAX,
             Duration::from_secs(1),
             1,
         ));
-        assert_eq!(p.limit, MAX_SLIDING_LOG_LIMIT);
-        assert_eq!(p.quota, MAX_SLIDING_LOG_LIMIT);
+        assert_eq!(p.limit, algorithm::MAX_SLIDING_LOG_LIMIT);
+        assert_eq!(p.quota, algorithm::MAX_SLIDING_LOG_LIMIT);
         let p = Params::of(&check(Algorithm::FixedWindow, u64::MAX, Duration::MAX, 1));
         assert_eq!(p.limit, MAX_EXACT);
         assert_eq!(p.window_us, MAX_EXACT);
@@ -352,11 +375,15 @@ mod tests {
     #[test]
     fn rejected_decisions_never_say_retry_now() {
         let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
-        let d = p.decision(&[0, 5, 10, 0, 7, 1, 0, 0]);
+        let d = p.decision(&[0, 5, 10, 3, 0, 0, 7, 1, 1, 0, 0]);
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
+        assert_eq!(d.reset, Duration::from_nanos(10_003), "10 us and 3 ns");
         assert_eq!(d.retry_after, Duration::from_nanos(1));
         assert_eq!(d.delay, Duration::ZERO);
+        let d = p.decision(&[1, 5, u64::MAX, 999, 0, 0, 7, 1, 1, 0, 0]);
+        assert_eq!(d.delay, Duration::from_nanos(7_001));
+        assert_eq!(d.reset, Duration::from_nanos(u64::MAX), "saturating");
     }
 
     #[test]
@@ -367,10 +394,13 @@ mod tests {
             .collect();
         assert_eq!(
             unpack_reply(&packed),
-            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0]
+            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0, 0, 0, 0]
         );
         // A short reply never panics: the missing numbers read as 0.
-        assert_eq!(unpack_reply(&packed[..12]), [1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            unpack_reply(&packed[..12]),
+            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
     }
 
     /// The text between `open` and the next `close` after it in `source`.
@@ -466,7 +496,10 @@ mod tests {
         assert!(decide.contains("struct.pack('<' .. string.rep('d', #out)"));
         let ret = include_str!("../../../lua/lease_return.lua");
         assert!(ret.contains(&format!("#packed == {RETURN_BYTES}")));
-        assert!(ret.contains("struct.unpack('<Bdddd'"));
+        assert!(ret.contains(&format!(
+            "struct.unpack('<B{}'",
+            "d".repeat((RETURN_BYTES - 1) / 8)
+        )));
         assert_eq!(REPLY_BYTES, REPLY_FIELDS * 8);
     }
 }
