@@ -179,6 +179,13 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
 fn register_rule_series(config: &Config) {
     for rule in &config.rules {
         rule.counters.register();
+        if rule.lease.is_some() {
+            let m = crate::limiter::lease::lease_metrics();
+            m.taken.with_label_values(&[&rule.name]);
+            for event in ["leased", "spent", "returned"] {
+                m.permits.with_label_values(&[&rule.name, event]);
+            }
+        }
     }
 }
 

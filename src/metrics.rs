@@ -114,6 +114,9 @@ impl Metrics {
             "Store calls that failed, by kind (error, timeout, circuit_open).",
             &["kind"],
         );
+        for kind in ["error", "timeout", "circuit_open"] {
+            store_errors.with_label_values(&[kind]).inc_by(0);
+        }
         let store_up = int_gauge(
             &registry,
             "floodgate_store_up",

@@ -165,3 +165,51 @@ async fn metrics_pass_promtool_with_a_redis_store_down() {
     }
     assert_promtool_clean(promtool, &text);
 }
+
+/// Issue 26 (6): every series whose labels are known at start is exported at 0 before its
+/// first event (store errors by kind, a leased rule's lease series, each upstream target's
+/// responses by class), so a panel shows 0 and an `increase()` alert sees the first event.
+#[tokio::test]
+async fn series_known_at_start_are_exported_at_zero() {
+    use common::{eventually, metric_value};
+    let api = OrdersApi::start("orders-1");
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1/0\"\n\n{}\n\
+         [[routes]]\nname = \"orders\"\nupstream = \"orders\"\nauth = \"none\"\n\n\
+         [[rules]]\nname = \"leased\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 1000\n\
+         window = \"1m\"\nscope = \"global\"\nlease = \"auto\"\n",
+        orders_upstream(&[api.addr])
+    );
+    let gw = Gateway::start(&body);
+    let c = client();
+    let target = api.addr.to_string();
+    let text = eventually(
+        std::time::Duration::from_secs(10),
+        "target series exported",
+        || {
+            let c = c.clone();
+            let url = gw.admin_url("/metrics");
+            let target = target.clone();
+            async move {
+                let t = get_text(&c, &url).await;
+                t.contains(&format!("target=\"{target}\"")).then_some(t)
+            }
+        },
+    )
+    .await;
+    for series in [
+        "floodgate_store_errors_total{kind=\"error\"}".to_string(),
+        "floodgate_store_errors_total{kind=\"timeout\"}".to_string(),
+        "floodgate_store_errors_total{kind=\"circuit_open\"}".to_string(),
+        "floodgate_lease_taken_total{rule=\"leased\"}".to_string(),
+        "floodgate_lease_permits_total{event=\"spent\",rule=\"leased\"}".to_string(),
+        format!(
+            "floodgate_upstream_target_responses_total{{class=\"error\",target=\"{target}\",upstream=\"orders\"}}"
+        ),
+        format!(
+            "floodgate_upstream_target_responses_total{{class=\"2xx\",target=\"{target}\",upstream=\"orders\"}}"
+        ),
+    ] {
+        assert_eq!(metric_value(&text, &series), Some(0.0), "{series}\n{text}");
+    }
+}

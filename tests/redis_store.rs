@@ -1478,7 +1478,7 @@ async fn a_dead_master_fails_only_the_keys_it_holds() {
         }
         for (i, c) in keys[..2].iter().enumerate() {
             let d = store
-                .decide(std::slice::from_ref(c), 1, ms(200))
+                .decide(std::slice::from_ref(c), 1, GENEROUS)
                 .await
                 .unwrap_or_else(|e| panic!("round {round}: a live master's key failed: {e}"));
             assert_eq!(d[0].allowed, charged[i] < 30, "round {round}");
@@ -1554,7 +1554,10 @@ async fn a_master_answering_garbage_costs_few_connections() {
             settled = Some(junk.accepted());
         }
         for (i, c) in keys.iter().enumerate() {
-            let answer = store.decide(std::slice::from_ref(c), 1, ms(20)).await;
+            // Live masters get a generous budget (the machine may be busy); the junk one a
+            // short one, so that the loop keeps asking it.
+            let budget = if i < 2 { GENEROUS } else { ms(20) };
+            let answer = store.decide(std::slice::from_ref(c), 1, budget).await;
             if i < 2 {
                 answer.expect("a live master's key");
                 live_answers += 1;

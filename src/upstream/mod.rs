@@ -95,6 +95,14 @@ fn now_ms() -> u64 {
 }
 
 impl TargetInfo {
+    /// Exports this target's response and duration series of `upstream` at 0 before its
+    /// first attempt, so a panel or an `increase()` alert sees the first one.
+    pub fn export(&self, upstream: &str) {
+        self.state
+            .metrics
+            .get_or_init(|| metrics::TargetMetrics::new(upstream, &self.label));
+    }
+
     /// Counts one attempt on this target of `upstream`: its status (`None`: no response) and
     /// time to the response header.
     pub fn count(&self, upstream: &str, status: Option<u16>, took: Option<Duration>) {

@@ -117,6 +117,7 @@ impl BackgroundService for UpstreamService {
                 }
                 let gauge = &upstream_metrics().healthy;
                 for (t, up) in pool.targets() {
+                    t.export(&u.name);
                     gauge
                         .with_label_values(&[&*u.name, &*t.label])
                         .set(i64::from(up));
