@@ -236,7 +236,8 @@ impl Rule {
     /// `None` when a key part is absent (the rule then does not apply). The digest covers every
     /// part with its kind and length, so values cannot be shifted from one part into another to
     /// reach someone else's counter. Values are read by [`key::read`] (trailing slash, decoding,
-    /// cap and absence decided there once, for counters, hashing and labels alike).
+    /// cap and absence decided there once, for counters, hashing and labels alike). The
+    /// rule's window is mixed in: a changed window is a fresh counter.
     pub fn counter_id(&self, req: &RequestView<'_>) -> Option<u64> {
         let mut h = Sha256::new();
         for part in &self.key_parts {
@@ -246,6 +247,11 @@ impl Rule {
             h.update((value.len() as u32).to_le_bytes());
             h.update(value);
         }
+        // The window is part of the counter: a reload that changes it starts the rule's counts
+        // over, for every algorithm and store alike (a count of 1 h windows means nothing in
+        // 2 h ones); a changed limit, burst or cost keeps them.
+        h.update([0xff]);
+        h.update(self.limit.window().as_nanos().to_le_bytes());
         let digest = h.finalize();
         let mut first = [0u8; 8];
         first.copy_from_slice(&digest[..8]);

@@ -607,3 +607,62 @@ async fn a_kubernetes_style_data_swap_reloads_the_config_and_its_keys() {
     assert_eq!(r.status(), 200, "the keys file came with it");
     assert!(reload_generation(&c, &gw).await.1.is_none());
 }
+
+/// Issue 26 (4): one rule for every algorithm — a reload that changes a rule's `window` starts
+/// its counts over; one that changes its `limit` keeps them.
+#[tokio::test]
+async fn a_changed_window_starts_the_counts_over_and_a_changed_limit_keeps_them() {
+    let api = OrdersApi::start("orders-1");
+    let c = client();
+    for algorithm in [
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "token_bucket",
+        "leaky_bucket",
+    ] {
+        let cfg = |limit: u64, window: &str| {
+            format!(
+                "{}\n[[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n\
+                 [[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"{window}\"\nscope = \"local\"\n",
+                orders_upstream(&[api.addr])
+            )
+        };
+        let gw = Gateway::start(&cfg(3, "1h"));
+        let status = |path: &'static str| {
+            let c = c.clone();
+            let url = gw.url(path);
+            async move { c.get(url).send().await.unwrap().status().as_u16() }
+        };
+        let reload = |text: String| {
+            std::fs::write(gw.config_path(), text).unwrap();
+            let c = c.clone();
+            let url = gw.admin_url("/reload");
+            async move {
+                let r = c.post(url).send().await.unwrap();
+                assert_eq!(r.status(), 200, "{algorithm}");
+            }
+        };
+        for _ in 0..3 {
+            assert_eq!(status("/debug/a").await, 200, "{algorithm}");
+        }
+        assert_eq!(status("/debug/a").await, 429, "{algorithm}: 3 of 3 used");
+        // 1h -> 2h: a fresh count.
+        reload(cfg(3, "2h")).await;
+        assert_eq!(
+            status("/debug/a").await,
+            200,
+            "{algorithm}: a changed window starts over"
+        );
+        assert_eq!(status("/debug/a").await, 200, "{algorithm}");
+        // limit 3 -> 4, same window: the 2 used stay used, 2 are left.
+        reload(cfg(4, "2h")).await;
+        assert_eq!(status("/debug/a").await, 200, "{algorithm}");
+        assert_eq!(status("/debug/a").await, 200, "{algorithm}");
+        assert_eq!(
+            status("/debug/a").await,
+            429,
+            "{algorithm}: a changed limit keeps the count"
+        );
+    }
+}
