@@ -147,3 +147,12 @@ fn header_safe(src: &Src, v: &Spanned<String>, field: &str) -> Result<HeaderText
         ),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[auth]` (and keys file) fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("auth");
+    }
+}

@@ -68,3 +68,12 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         warnings,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid whole-file (TOML, unknown keys, no routes) fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::fixtures::check_section("file");
+    }
+}

@@ -53,3 +53,12 @@ pub(super) fn routes(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[[routes]]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("routes");
+    }
+}

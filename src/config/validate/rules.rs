@@ -392,3 +392,12 @@ fn rule_lease(
     };
     Ok(Some(Lease { size, ttl }))
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[[rules]]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("rules");
+    }
+}

@@ -274,3 +274,12 @@ fn existing_file(
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[server]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("server");
+    }
+}

@@ -93,3 +93,12 @@ pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
         max_keys,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[store]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("store");
+    }
+}

@@ -392,3 +392,12 @@ fn health_check(
         expect_status,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[[upstreams]]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("upstreams");
+    }
+}
