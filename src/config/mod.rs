@@ -4,6 +4,11 @@
 //! Parsing happens once per load; everything the request path needs (socket addresses, header
 //! names, durations, API key digests, compiled matchers) is converted here so that a request never
 //! parses configuration text.
+//!
+//! A [`Config`] is data, built the same way by `floodgate check` and by a reload: it starts
+//! nothing and holds no run-time state of the gateway (the upstream pools a config runs on are
+//! attached by the gateway when it puts the config in force), and this module knows no gateway.
+//! [`watch`] is what a reload needs of the files (when they are complete, when they change).
 
 pub mod duration;
 pub mod error;

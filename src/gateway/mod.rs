@@ -2,7 +2,7 @@
 //! upstream pools serving it, the limiter's counters, and what the last reload said.
 //!
 //! - [`reload`]: the reload triggers (watched files, SIGHUP) and the one reload they run.
-//! - [`pools`]: the upstream pools each config generation runs on (the config itself is plain
+//! - `pools`: the upstream pools each config generation runs on (the config itself is plain
 //!   data, also built by `check`).
 
 mod pools;

@@ -57,7 +57,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         routes,
         rules,
-        // The same files, in the same order, as the reloader fingerprints (`Config::files`): a
+        // The same files, in the same order, as the reloader fingerprints (`watch::files_of`): a
         // keys or token file only when one is named (an extra empty entry made every start
         // reload once).
         fingerprint: {
