@@ -123,7 +123,7 @@ impl ServeHttp for Admin {
             ("GET", "/stats") => json(StatusCode::OK, &stats(&self.gateway, &cfg)),
             ("GET", "/upstreams") => json(
                 StatusCode::OK,
-                &crate::upstream::status_json(&cfg.upstreams),
+                &crate::upstream::status_json(cfg.upstreams.iter().map(|u| u.pool())),
             ),
             ("GET", "/diagram") => text(
                 StatusCode::OK,
@@ -363,7 +363,8 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
         .map(|b| serde_json::json!([b.upper_bound(), b.cumulative_count()]))
         .collect();
     // The same as `GET /upstreams`: targets and their health.
-    let upstreams = crate::upstream::status_json(&cfg.upstreams)["upstreams"].take();
+    let upstreams =
+        crate::upstream::status_json(cfg.upstreams.iter().map(|u| u.pool()))["upstreams"].take();
     serde_json::json!({
         "now_unix": now,
         "top_clients": cfg.server.top_clients,

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use crate::config::{Config, Route};
 use crate::limiter::{Algorithm, LeakyMode};
 use crate::rules::Rule;
+use crate::text::humantime;
 
 /// A route's match as one short phrase.
 pub fn route_match(r: &Route) -> String {
@@ -62,22 +63,6 @@ pub fn rule_limit(r: &Rule) -> String {
         }
         a => format!("{} {}/{window}", a.as_str(), l.limit()),
     }
-}
-
-/// A duration the way gateway.toml writes it.
-pub fn humantime(d: std::time::Duration) -> String {
-    let ms = d.as_millis();
-    for (unit, size) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ] {
-        if ms >= size && ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
 }
 
 /// The text `floodgate check` prints for a valid config.
@@ -324,17 +309,4 @@ fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_read_like_the_config() {
-        assert_eq!(humantime(Duration::from_secs(60)), "1m");
-        assert_eq!(humantime(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(humantime(Duration::from_secs(86400)), "1d");
-    }
 }

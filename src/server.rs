@@ -10,10 +10,9 @@ use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
-use crate::config::watch::Reloader;
 use crate::config::{Config, Connections};
 use crate::connection::GuardedApp;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Reloader};
 use crate::proxy::Proxy;
 use crate::shutdown::{requests, Drain};
 
@@ -69,7 +68,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     let grace_period = config.server.grace_period;
     // Names are resolved once before serving (bounded), so the first requests find addresses;
     // after that only the upstream service resolves, in the background.
-    crate::upstream::service::prime(&config, std::time::Duration::from_secs(2));
+    crate::upstream::service::prime(
+        config.upstreams.iter().map(|u| (&u.name, &*u.settings)),
+        std::time::Duration::from_secs(2),
+    );
     let gateway = Arc::new(Gateway::new(config));
 
     let connections = config_connections(&gateway);

@@ -1,6 +1,26 @@
-//! Number formatting for the request path. `format!` and `write!` go through `core::fmt`'s
+//! Numbers and durations as text, with no dependency on the rest of the crate (config, upstreams
+//! and descriptions all format through here).
+//!
+//! The digit writers are for the request path: `format!` and `write!` go through `core::fmt`'s
 //! dynamic dispatch, which took about 2 % of a gateway's CPU under `perf` (Redis keys, lease
 //! and request ids, RateLimit headers); these write the digits directly.
+
+/// A duration the way gateway.toml writes it (the inverse of
+/// `crate::config::duration::parse_duration` for whole units): `1m`, `1500ms`, `1d`.
+pub fn humantime(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
 
 /// Appends `n` as 16 lowercase hex digits, zero-padded (like `{:016x}`).
 pub fn push_hex16(out: &mut String, n: u64) {
@@ -30,6 +50,14 @@ pub fn push_u64(out: &mut String, mut n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_like_the_config() {
+        assert_eq!(humantime(Duration::from_secs(60)), "1m");
+        assert_eq!(humantime(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(humantime(Duration::from_secs(86400)), "1d");
+    }
 
     #[test]
     fn same_text_as_format() {

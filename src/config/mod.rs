@@ -4,6 +4,11 @@
 //! Parsing happens once per load; everything the request path needs (socket addresses, header
 //! names, durations, API key digests, compiled matchers) is converted here so that a request never
 //! parses configuration text.
+//!
+//! A [`Config`] is data, built the same way by `floodgate check` and by a reload: it starts
+//! nothing and holds no run-time state of the gateway (the upstream pools a config runs on are
+//! attached by the gateway when it puts the config in force), and this module knows no gateway.
+//! [`watch`] is what a reload needs of the files (when they are complete, when they change).
 
 pub mod duration;
 pub mod error;
@@ -150,33 +155,25 @@ pub struct Auth {
     pub keys: KeyStore,
 }
 
-/// One `[[upstreams]]`: its validated settings, and (built on first use, see [`Upstream::pool`])
-/// the run-time pool that selects its targets.
+/// One `[[upstreams]]`: its name and validated settings. Plain data: the run-time pool that
+/// selects its targets is the gateway's, attached when the config is put in force (`pool()`
+/// is defined with the gateway, in `src/gateway/pools.rs`).
 #[derive(Debug)]
 pub struct Upstream {
     /// Its name, referenced by routes.
     pub name: Arc<str>,
-    /// Targets (never empty), balancing, TLS, timeouts, retries, health checks.
+    /// Targets (never empty), balancing, TLS, timeouts, retries, health checks. Each validated
+    /// upstream has its own `Arc`: the gateway finds the pool serving it by this pointer.
     pub settings: Arc<crate::upstream::Settings>,
-    pool: std::sync::OnceLock<Arc<crate::upstream::Pool>>,
 }
 
 impl Upstream {
-    /// An upstream from validated settings; nothing runs until [`Upstream::pool`] is called.
+    /// An upstream from validated settings.
     pub fn new(name: Arc<str>, settings: crate::upstream::Settings) -> Upstream {
         Upstream {
             name,
             settings: Arc::new(settings),
-            pool: std::sync::OnceLock::new(),
         }
-    }
-
-    /// The pool of this config generation's upstream, attached on first use to the health and
-    /// passive state a previous generation left for the same name (no I/O: names are resolved
-    /// by `crate::upstream::service`).
-    pub fn pool(&self) -> &Arc<crate::upstream::Pool> {
-        self.pool
-            .get_or_init(|| crate::upstream::pools().attach(&self.name, &self.settings))
     }
 }
 

@@ -1,6 +1,8 @@
-//! Hot reload triggers: file changes (with `notify`), SIGHUP, and (from the admin API)
-//! `POST /reload`, all funnelled into [`Gateway::reload`], which reads the files with
-//! [`load_settled`].
+//! What a reload needs of the config's files: when they are complete enough to read
+//! ([`load_settled`]), and when they change ([`ConfigWatch`]). The reloader that acts on them
+//! (file changes, SIGHUP and `POST /reload`, all funnelled into one reload) is the gateway's,
+//! `crate::gateway::reload`: this module loads and watches files and knows nothing of what is in
+//! force.
 //!
 //! Folders are watched, not files: editors that write a temporary file and rename it over the
 //! original, and Kubernetes ConfigMaps that swap a `..data` symlink, replace the file's inode,
@@ -14,25 +16,18 @@
 //! each writer's close), and nothing wrote it for 100 ms. A writer that pauses mid-write,
 //! however long, is waited for; its prefix is never applied.
 
+mod folders;
 mod targets;
 mod writes;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use notify::{RecursiveMode, Watcher};
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
-use tokio::sync::mpsc;
-
+pub use folders::ConfigWatch;
 pub use writes::QUIET;
 use writes::{writes, Readiness};
 
 use super::{fingerprint_of, Config, ConfigError};
-use crate::gateway::Gateway;
 
 /// How long the files must stay quiet (no event) before the watcher reloads: editors write in
 /// several steps.
@@ -42,9 +37,6 @@ pub const DEBOUNCE: Duration = Duration::from_millis(100);
 /// how long two reads must agree before the file is applied. Weaker than a writer's close: a
 /// writer pausing longer than this mid-write is not detected there.
 pub const POLLED_SETTLE: Duration = Duration::from_secs(1);
-
-/// How often folders are polled when inotify cannot watch them.
-const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a reload waits for a writer to close the file, or for the files to stop changing,
 /// before it gives up (the config in force stays, and the reload counts as failed; the
@@ -69,7 +61,7 @@ fn points_of(files: &[PathBuf]) -> Vec<PathBuf> {
 
 /// The files a config was read from, in the order of `Config::fingerprint`: gateway.toml and,
 /// if named, the keys file and the admin token file.
-fn files_of(path: &Path, cfg: &Config) -> Vec<PathBuf> {
+pub fn files_of(path: &Path, cfg: &Config) -> Vec<PathBuf> {
     let mut files = vec![path.to_path_buf()];
     files.extend(cfg.auth.keys_file.iter().cloned());
     files.extend(cfg.server.admin_token_file.iter().cloned());
@@ -166,189 +158,12 @@ pub fn load_settled(path: &Path) -> Result<Config, ConfigError> {
     }
 }
 
-/// The background service that reloads the config.
-pub struct Reloader {
-    /// The gateway to reload.
-    pub gateway: Arc<Gateway>,
-}
-
-/// The files a reload of the config in force reads.
-fn watched_files(gateway: &Gateway) -> Vec<PathBuf> {
-    files_of(&gateway.path, &gateway.config.load())
-}
-
 /// A digest of the files' bytes as they are now, comparable with `Config::fingerprint`.
-fn fingerprint(files: &[PathBuf]) -> [u8; 32] {
+pub fn fingerprint(files: &[PathBuf]) -> [u8; 32] {
     let contents: Vec<Vec<u8>> = files
         .iter()
         .map(|f| std::fs::read(f).unwrap_or_default())
         .collect();
     let slices: Vec<&[u8]> = contents.iter().map(Vec::as_slice).collect();
     fingerprint_of(&slices)
-}
-
-/// The folders being watched, by inotify when it can and by polling otherwise.
-struct Watch {
-    events: mpsc::UnboundedSender<()>,
-    inotify: Option<notify::RecommendedWatcher>,
-    polling: Option<notify::PollWatcher>,
-    /// Folders watched, and whether by inotify.
-    folders: Vec<(PathBuf, bool)>,
-}
-
-impl Watch {
-    fn new(events: mpsc::UnboundedSender<()>) -> Watch {
-        let tx = events.clone();
-        let inotify = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-            if e.is_ok_and(|e| writes().record(&e)) {
-                let _ = tx.send(());
-            }
-        })
-        .map_err(|e| tracing::warn!(error = %e, "cannot watch the config with inotify; polling it every second"))
-        .ok();
-        Watch {
-            events,
-            inotify,
-            polling: None,
-            folders: Vec::new(),
-        }
-    }
-
-    fn polling(&mut self) -> Option<&mut notify::PollWatcher> {
-        if self.polling.is_none() {
-            let tx = self.events.clone();
-            let config = notify::Config::default().with_poll_interval(POLL_INTERVAL);
-            self.polling = notify::PollWatcher::new(
-                move |e: notify::Result<notify::Event>| {
-                    if e.is_ok_and(|e| writes().record(&e)) {
-                        let _ = tx.send(());
-                    }
-                },
-                config,
-            )
-            .map_err(|e| tracing::error!(error = %e, "cannot watch the config; use SIGHUP or POST /reload"))
-            .ok();
-        }
-        self.polling.as_mut()
-    }
-
-    /// Watches the folders of every point of `files` (resolved now) and no other.
-    fn follow(&mut self, files: &[PathBuf]) {
-        let points = points_of(files);
-        let wanted: BTreeSet<PathBuf> = points.iter().map(|p| writes::folder(p)).collect();
-        let mut kept = Vec::new();
-        for (folder, live) in std::mem::take(&mut self.folders) {
-            if wanted.contains(&folder) {
-                kept.push((folder, live));
-                continue;
-            }
-            // Gone already (a swapped ConfigMap's old folder): nothing to undo.
-            let _ = match (live, &mut self.inotify, &mut self.polling) {
-                (true, Some(w), _) => w.unwatch(&folder),
-                (false, _, Some(w)) => w.unwatch(&folder),
-                _ => Ok(()),
-            };
-        }
-        self.folders = kept;
-        for folder in wanted {
-            if self.folders.iter().any(|(f, _)| *f == folder) || !folder.is_dir() {
-                continue;
-            }
-            let by_inotify = self
-                .inotify
-                .as_mut()
-                .map(|w| w.watch(&folder, RecursiveMode::NonRecursive));
-            match by_inotify {
-                Some(Ok(())) => self.folders.push((folder, true)),
-                failed => {
-                    if let Some(Err(e)) = failed {
-                        tracing::warn!(folder = %folder.display(), error = %e, "cannot watch folder with inotify; polling it every second");
-                    }
-                    if let Some(w) = self.polling() {
-                        match w.watch(&folder, RecursiveMode::NonRecursive) {
-                            Ok(()) => self.folders.push((folder, false)),
-                            Err(e) => {
-                                tracing::error!(folder = %folder.display(), error = %e, "cannot watch folder; use SIGHUP or POST /reload")
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let live: Vec<PathBuf> = self
-            .folders
-            .iter()
-            .filter(|(_, live)| *live)
-            .map(|(f, _)| f.clone())
-            .collect();
-        writes().watch(&points, &live);
-    }
-}
-
-#[async_trait]
-impl BackgroundService for Reloader {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut files = watched_files(&self.gateway);
-        let mut watch = Watch::new(tx.clone());
-        watch.follow(&files);
-        // From here on a writer's open file is known. One that was already writing before
-        // (during the start) is not: its next write or its close is.
-        tracing::info!(folders = ?watch.folders.iter().map(|(f, _)| f).collect::<Vec<_>>(), "watching the config files");
-        // Compare with what the config in force was read from, not with the files now: an
-        // edit made while the watch was being set up must not be missed.
-        if fingerprint(&files) != self.gateway.config.load().fingerprint {
-            let _ = tx.send(());
-        }
-        // The files' digest when a reload of them failed, with the writers' closes seen then:
-        // the same bytes would fail again, unless a writer has closed since (the failure may
-        // have been that it was still writing).
-        let mut failed: Option<([u8; 32], u64)> = None;
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot handle SIGHUP");
-                None
-            }
-        };
-        loop {
-            let trigger = tokio::select! {
-                _ = shutdown.changed() => return,
-                Some(()) = rx.recv() => {
-                    // Debounce: wait until the folders have been quiet for DEBOUNCE.
-                    while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
-                    // A link on the way may have been swapped: follow what the names resolve
-                    // to now.
-                    watch.follow(&files);
-                    // A writer still has a file open: its close is the next event.
-                    if matches!(writes().readiness(&points_of(&files)), Readiness::Writing(_)) {
-                        continue;
-                    }
-                    // Nothing to do when the files hold what is in force (a no-op write, or bytes
-                    // a POST /reload or SIGHUP already applied) or what already failed. Compared
-                    // with the config in force, not with the last reload of this loop: a reload
-                    // from elsewhere must not make the watcher miss the file's next state.
-                    let now = fingerprint(&files);
-                    if now == self.gateway.config.load().fingerprint
-                        || failed == Some((now, writes().closes()))
-                    {
-                        continue;
-                    }
-                    "file change"
-                }
-                Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => "SIGHUP",
-            };
-            let before = (fingerprint(&files), writes().closes());
-            failed = match self.gateway.reload(trigger).await {
-                Ok(_) => None,
-                Err(_) => Some(before),
-            };
-            // The keys or token file may have moved: watch what the config in force names.
-            let now_files = watched_files(&self.gateway);
-            if now_files != files {
-                files = now_files;
-                watch.follow(&files);
-            }
-        }
-    }
 }

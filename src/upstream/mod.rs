@@ -9,8 +9,10 @@
 //! shown by `GET /upstreams`.
 //!
 //! State that must survive a hot reload (each target's health, its passive-failure count, the
-//! resolved addresses) lives in [`pools`], keyed by upstream name and target, not in the
-//! [`crate::config::Config`] a reload replaces.
+//! resolved addresses) lives in [`pools`], keyed by upstream name and target, not in the config
+//! a reload replaces. This module reads no config and knows no gateway: it is handed validated
+//! [`Settings`], and the gateway attaches one [`Pool`] per configured upstream when it puts a
+//! config in force (and tells [`service`] which pools are in force).
 //!
 //! - [`settings`]: the validated `[[upstreams]]` settings (what `check` accepts).
 //! - [`discovery`]: resolvers and the `ServiceDiscovery` over their results.
@@ -450,7 +452,7 @@ impl Pools {
 /// One line describing an upstream's balancing, TLS and health checks (for `check` and
 /// `/diagram`).
 pub fn summary(settings: &Settings) -> String {
-    use crate::describe::humantime;
+    use crate::text::humantime;
     let mut out = format!(
         "{} target(s), {}",
         settings.targets.len(),
@@ -501,15 +503,14 @@ pub fn summary(settings: &Settings) -> String {
     out
 }
 
-/// `GET /upstreams`: every target of every upstream with its addresses, health, last check
-/// and requests in flight.
-pub fn status_json(upstreams: &[Arc<crate::config::Upstream>]) -> serde_json::Value {
-    let list: Vec<serde_json::Value> = upstreams
-        .iter()
-        .map(|u| {
-            let pool = u.pool();
+/// `GET /upstreams`: every target of every upstream (the pools of the config in force, in file
+/// order) with its addresses, health, last check and requests in flight.
+pub fn status_json(pools: impl IntoIterator<Item = Arc<Pool>>) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = pools
+        .into_iter()
+        .map(|pool| {
             let live = pool.targets();
-            let targets: Vec<serde_json::Value> = u
+            let targets: Vec<serde_json::Value> = pool
                 .settings
                 .targets
                 .iter()
@@ -545,10 +546,10 @@ pub fn status_json(upstreams: &[Arc<crate::config::Upstream>]) -> serde_json::Va
                 })
                 .collect();
             serde_json::json!({
-                "name": &*u.name,
-                "balance": u.settings.balance.as_str(),
-                "tls": u.settings.tls.is_some(),
-                "health_check": u.settings.health_check.as_ref().map(|h| h.kind.as_str()),
+                "name": &*pool.name,
+                "balance": pool.settings.balance.as_str(),
+                "tls": pool.settings.tls.is_some(),
+                "health_check": pool.settings.health_check.as_ref().map(|h| h.kind.as_str()),
                 "targets": targets,
             })
         })

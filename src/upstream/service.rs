@@ -1,7 +1,7 @@
 //! The background service that keeps upstreams current, off the request path: it re-resolves
 //! DNS names every `resolve_interval`, feeds the addresses to each load balancer, runs the
 //! active health checks every `interval`, and publishes the healthy gauge. It follows hot
-//! reloads by reading the gateway's config on every tick.
+//! reloads by asking which pools are in force ([`InForce`], the gateway's) on every tick.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::ToSocketAddrs;
@@ -15,9 +15,7 @@ use pingora::services::background::BackgroundService;
 
 use super::discovery::{self, HostsFileResolver, Resolver};
 use super::metrics::upstream_metrics;
-use super::pools;
-use crate::config::Config;
-use crate::gateway::Gateway;
+use super::{pools, Pool, Settings};
 
 /// How often the service looks at what is due (resolutions and checks run on their own
 /// intervals; this only bounds how late one starts, and how soon a reload is followed).
@@ -26,19 +24,26 @@ const TICK: Duration = Duration::from_millis(100);
 /// Longest a resolution may take before it counts as failed.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Which pools are in force: one per configured upstream, in file order. The gateway answers,
+/// so this service follows every reload without knowing the config.
+pub trait InForce: Send + Sync {
+    /// The pools of the config in force now.
+    fn pools(&self) -> Vec<Arc<Pool>>;
+}
+
 /// The upstream background service.
 pub struct UpstreamService {
-    /// Whose config to follow.
-    pub gateway: Arc<Gateway>,
+    /// Whose pools to keep current.
+    pub in_force: Arc<dyn InForce>,
     /// How names are resolved.
     pub resolver: Arc<dyn Resolver>,
 }
 
 impl UpstreamService {
     /// The service with the system resolver (after `FLOODGATE_HOSTS_FILE`, when set).
-    pub fn new(gateway: Arc<Gateway>) -> UpstreamService {
+    pub fn new(in_force: Arc<dyn InForce>) -> UpstreamService {
         UpstreamService {
-            gateway,
+            in_force,
             resolver: Arc::new(HostsFileResolver::from_env()),
         }
     }
@@ -47,7 +52,7 @@ impl UpstreamService {
 /// What is due for one upstream, and whether its last work is still running.
 struct Due {
     /// The pool this was planned for: a reload brings a new one, due at once.
-    pool: Arc<super::Pool>,
+    pool: Arc<Pool>,
     resolve: Instant,
     check: Instant,
     resolving: Arc<AtomicBool>,
@@ -60,22 +65,21 @@ impl BackgroundService for UpstreamService {
         let mut due: HashMap<Arc<str>, Due> = HashMap::new();
         let mut published: HashSet<(Arc<str>, Arc<str>)> = HashSet::new();
         loop {
-            let cfg = self.gateway.config.load_full();
+            let in_force = self.in_force.pools();
             let now = Instant::now();
-            let names: BTreeSet<&str> = cfg.upstreams.iter().map(|u| &*u.name).collect();
+            let names: BTreeSet<&str> = in_force.iter().map(|p| &*p.name).collect();
             pools().retain(&names);
             due.retain(|k, _| names.contains(&**k));
             let mut seen = HashSet::new();
-            for u in &cfg.upstreams {
-                let pool = u.pool().clone();
-                let d = due.entry(u.name.clone()).or_insert_with(|| Due {
+            for pool in &in_force {
+                let d = due.entry(pool.name.clone()).or_insert_with(|| Due {
                     pool: pool.clone(),
                     resolve: now,
                     check: now,
                     resolving: Arc::default(),
                     checking: Arc::default(),
                 });
-                if !Arc::ptr_eq(&d.pool, &pool) {
+                if !Arc::ptr_eq(&d.pool, pool) {
                     // A reload: its targets may hold names not resolved yet.
                     d.pool = pool.clone();
                     d.resolve = now;
@@ -117,11 +121,11 @@ impl BackgroundService for UpstreamService {
                 }
                 let gauge = &upstream_metrics().healthy;
                 for (t, up) in pool.targets() {
-                    t.export(&u.name);
+                    t.export(&pool.name);
                     gauge
-                        .with_label_values(&[&*u.name, &*t.label])
+                        .with_label_values(&[&*pool.name, &*t.label])
                         .set(i64::from(up));
-                    seen.insert((u.name.clone(), t.label.clone()));
+                    seen.insert((pool.name.clone(), t.label.clone()));
                 }
             }
             for gone in published.difference(&seen) {
@@ -138,16 +142,21 @@ impl BackgroundService for UpstreamService {
     }
 }
 
-/// Resolves every named target of `config` once, before the server starts serving, so that
-/// the first requests find addresses. Bounded: a name still unresolved after `limit` is a
-/// warning and a target down until the background service resolves it. Never called by
-/// `check`, which does not touch the network.
-pub fn prime(config: &Config, limit: Duration) {
+/// Resolves every named target of `upstreams` (name and settings of each) once, before the
+/// server starts serving and before any pool is attached, so that the first requests find
+/// addresses. Bounded: a name still unresolved after `limit` is a warning and a target down
+/// until the background service resolves it. Never called by `check`, which does not touch
+/// the network.
+pub fn prime<'a>(
+    upstreams: impl IntoIterator<Item = (&'a Arc<str>, &'a Settings)>,
+    limit: Duration,
+) {
+    let upstreams: Vec<(&Arc<str>, &Settings)> = upstreams.into_iter().collect();
     let (tx, rx) = std::sync::mpsc::channel();
     let mut pending = 0;
-    for u in &config.upstreams {
-        for t in u.settings.targets.iter().filter(|t| t.ip.is_none()) {
-            let (tx, name, t) = (tx.clone(), u.name.clone(), t.clone());
+    for (name, settings) in &upstreams {
+        for t in settings.targets.iter().filter(|t| t.ip.is_none()) {
+            let (tx, name, t) = (tx.clone(), Arc::clone(name), t.clone());
             pending += 1;
             std::thread::spawn(move || {
                 let answer = match HostsFileResolver::from_env().from_file(&t.host, t.port) {
@@ -169,11 +178,11 @@ pub fn prime(config: &Config, limit: Duration) {
         discovery::record(&name, &t, answer);
         pending -= 1;
     }
-    for u in &config.upstreams {
-        for t in u.settings.targets.iter() {
+    for (name, settings) in &upstreams {
+        for t in settings.targets.iter() {
             if t.ip.is_none() && discovery::addresses(t).is_empty() {
                 tracing::warn!(
-                    upstream = %u.name,
+                    upstream = %name,
                     target = %t.name,
                     "upstream target has no address yet; it is down until it resolves"
                 );

@@ -1,9 +1,12 @@
 //! The state every request shares: the config in force (swapped whole on reload), the
-//! limiter's counters, and what the last reload said.
+//! upstream pools serving it, the limiter's counters, and what the last reload said.
 //!
-//! A reload parses and validates the whole file first and swaps it in with one atomic pointer
-//! store: requests in flight keep the `Arc<Config>` they started with, new requests see the new
-//! one, and an invalid file changes nothing.
+//! - [`reload`]: the reload triggers (watched files, SIGHUP) and the one reload they run.
+//! - `pools`: the upstream pools each config generation runs on (the config itself is plain
+//!   data, also built by `check`).
+
+mod pools;
+pub mod reload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,22 +15,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::config::{Config, ConfigError};
+pub use reload::{restart_only_changes, ReloadStatus, Reloader};
+
+use crate::config::Config;
 use crate::limiter::engine::Limiter;
 use crate::metrics::metrics;
-
-/// What the last reload attempt said, for the admin API.
-#[derive(Debug, Clone, Default)]
-pub struct ReloadStatus {
-    /// Successful loads (the start counts as the first).
-    pub generation: u64,
-    /// Unix time of the last successful load.
-    pub last_success_unix: u64,
-    /// The error of the last attempt, if it failed (file:line:column: message).
-    pub last_error: Option<String>,
-    /// Settings changed in the file that take effect only after a restart.
-    pub restart_required: Vec<String>,
-}
+use crate::upstream::Pool;
 
 /// Shared gateway state.
 pub struct Gateway {
@@ -50,6 +43,7 @@ impl Gateway {
         let limiter = Limiter::new(&config.store);
         let path = config.path.clone();
         let config = Arc::new(config);
+        pools::bind(&config);
         register_rule_series(&config);
         metrics().reloads.with_label_values(&["success"]).inc_by(0);
         metrics().reloads.with_label_values(&["failure"]).inc_by(0);
@@ -84,93 +78,13 @@ impl Gateway {
     pub fn reload_status(&self) -> ReloadStatus {
         self.status.lock().clone()
     }
-
-    /// Reads, validates and swaps in the config file. On error the old config stays in force
-    /// and the error is logged, counted and remembered for the admin API.
-    pub async fn reload(&self, trigger: &str) -> Result<ReloadStatus, ConfigError> {
-        let _one_at_a_time = self.reload_lock.lock().await;
-        let path = self.path.clone();
-        // Reading files (until two reads agree) and resolving upstream names block: keep it
-        // off the workers.
-        let loaded = tokio::task::spawn_blocking(move || crate::config::watch::load_settled(&path))
-            .await
-            .unwrap_or_else(|e| {
-                Err(ConfigError::whole_file(
-                    &self.path,
-                    format!("reload task failed: {e}"),
-                ))
-            });
-        match loaded {
-            Ok(new) => {
-                let restart = restart_only_changes(&self.started_with, &new);
-                for w in &new.warnings {
-                    tracing::warn!("{w}");
-                }
-                if !restart.is_empty() {
-                    tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
-                }
-                register_rule_series(&new);
-                // Top clients are kept by rule name: a removed rule's go with it.
-                crate::top::top().retain_rules(&new);
-                self.config.store(Arc::new(new));
-                // Quota leases were sized for the old rules: give back what is held (one
-                // batched call); the new rules lease afresh.
-                self.limiter.return_leases().await;
-                metrics().reloads.with_label_values(&["success"]).inc();
-                metrics().last_reload.set(unix_now() as f64);
-                let mut st = self.status.lock();
-                st.generation += 1;
-                st.last_success_unix = unix_now();
-                st.last_error = None;
-                in_force_metrics()
-                    .restart_required
-                    .set(i64::try_from(restart.len()).unwrap_or(i64::MAX));
-                st.restart_required = restart;
-                tracing::info!(trigger, generation = st.generation, "config reloaded");
-                Ok(st.clone())
-            }
-            Err(e) => {
-                metrics().reloads.with_label_values(&["failure"]).inc();
-                tracing::error!(trigger, error = %e, "config reload failed; the previous config stays in force");
-                self.status.lock().last_error = Some(e.to_string());
-                Err(e)
-            }
-        }
-    }
 }
 
-/// Names of settings that differ between the config the process started with and `new`, and
-/// that need a restart (listeners, threads, the store).
-pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut check = |name: &str, changed: bool| {
-        if changed {
-            out.push(name.to_string());
-        }
-    };
-    check("server.listen", old.server.listen != new.server.listen);
-    check(
-        "server.admin_listen",
-        old.server.admin_listen != new.server.admin_listen,
-    );
-    check("server.threads", old.server.threads != new.server.threads);
-    check("server.tls", old.server.tls != new.server.tls);
-    check(
-        "server.grace_period",
-        old.server.grace_period != new.server.grace_period,
-    );
-    check(
-        "server.log_format",
-        old.server.log_format != new.server.log_format,
-    );
-    check("store.backend", old.store.backend != new.store.backend);
-    check("store.url(s)", old.store.urls != new.store.urls);
-    check("store.max_keys", old.store.max_keys != new.store.max_keys);
-    check(
-        "store.key_prefix",
-        old.store.key_prefix != new.store.key_prefix,
-    );
-    out
+impl crate::upstream::service::InForce for Gateway {
+    fn pools(&self) -> Vec<Arc<Pool>> {
+        let config = self.config.load();
+        config.upstreams.iter().map(|u| u.pool()).collect()
+    }
 }
 
 /// Registers the metric series of `config`'s rules as it is put in force. Validation leaves the

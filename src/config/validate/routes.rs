@@ -1,0 +1,64 @@
+//! `[[routes]]`: names, matches and the upstream each names.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::source::Src;
+use crate::config::schema::*;
+use crate::config::*;
+
+/// `[[routes]]` in file order, each naming a defined upstream.
+pub(super) fn routes(
+    src: &Src,
+    raw: &[RawRoute],
+    upstreams: &[Arc<Upstream>],
+) -> Result<Vec<Route>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for r in raw {
+        let name = r.name.get_ref();
+        if !seen.insert(name.clone()) {
+            return Err(src.err(r.name.span(), format!("route \"{name}\" is defined twice")));
+        }
+        let upstream = upstreams
+            .iter()
+            .find(|u| &*u.name == r.upstream.get_ref())
+            .cloned()
+            .ok_or_else(|| {
+                src.err(
+                    r.upstream.span(),
+                    format!(
+                        "route \"{name}\" names upstream \"{}\", which is not defined",
+                        r.upstream.get_ref()
+                    ),
+                )
+            })?;
+        let auth = match &r.auth {
+            Some(a) => src.one_of(a, "route auth", AuthMode::NAMES)?,
+            None => AuthMode::Required,
+        };
+        let m = &r.matcher;
+        out.push(Route {
+            name: name.as_str().into(),
+            matcher: RequestMatch {
+                path: src.path(&m.path)?,
+                path_prefix: src.path(&m.path_prefix)?,
+                host: src.host(&m.host)?,
+                methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+            },
+            upstream,
+            auth,
+            requests: Default::default(),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[[routes]]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("routes");
+    }
+}

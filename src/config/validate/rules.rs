@@ -1,0 +1,437 @@
+//! `[[rules]]`: the algorithm and its shape, the key, scope, cost, answer, leasing and match.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::source::Src;
+use crate::config::schema::*;
+use crate::config::*;
+use crate::limiter::algorithm::{MAX_COUNT, MAX_WINDOW};
+use crate::limiter::engine::MAX_WAITING_PER_RULE;
+use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
+use crate::limiter::{Algorithm, LeakyMode, Limit};
+use crate::rules::{FailureMode, KeyPart, Policy, Rule, RuleMatch, Scope};
+
+/// The longest a shaping leaky bucket may hold a request (`max_delay`, and the default of
+/// `window` is capped to it): every held request keeps its client's connection open.
+pub const MAX_SHAPING_DELAY: Duration = Duration::from_secs(60);
+
+/// `[[rules]]` in file order, each with its policy and the metric handles it will count on
+/// (registered only when the config is put in force).
+pub(super) fn rules(
+    src: &Src,
+    raw: &[RawRule],
+    routes: &[Route],
+) -> Result<Vec<Arc<Rule>>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for r in raw {
+        let name = r.name.get_ref();
+        if name.is_empty()
+            || name.contains('"')
+            || name.contains('\\')
+            || name.chars().any(char::is_control)
+        {
+            return Err(src.err(r.name.span(), "rule name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(src.err(r.name.span(), format!("rule \"{name}\" is defined twice")));
+        }
+        let shape = shape(src, r, name)?;
+        let key = key(src, r, name)?;
+        if shape.algorithm == Algorithm::SlidingWindowLog
+            && shape.limit > crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
+        {
+            return Err(src.err(
+                r.limit.span(),
+                format!(
+                    "rule \"{name}\": sliding_window_log keeps one timestamp per request, so its limit is capped at {}; use sliding_window_counter for larger limits",
+                    crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
+                ),
+            ));
+        }
+        let charge = charge(src, r, name, &shape)?;
+        let matcher = rule_match(src, r, name, routes)?;
+        out.push(Arc::new(Rule {
+            matcher,
+            key_parts: key,
+            policy: Arc::new(Policy {
+                name: name.as_str().into(),
+                // The checks above name the offending key; this is the type's own guard.
+                limit: Limit::new(
+                    shape.algorithm,
+                    shape.limit,
+                    shape.window,
+                    shape.burst,
+                    shape.mode,
+                    shape.max_delay,
+                )
+                .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
+                scope: charge.scope,
+                on_store_error: charge.on_store_error,
+                cost: charge.cost,
+                shadow: r.shadow,
+                headers: r.headers.unwrap_or(true),
+                status: charge.status,
+                counters: crate::metrics::RuleCounters::for_rule(name),
+                lease: charge.lease,
+                max_waiting: charge.max_waiting,
+            }),
+        }));
+    }
+    Ok(out)
+}
+
+/// What a rule counts and how fast: its algorithm and the shape of its limit.
+struct Shape {
+    algorithm: Algorithm,
+    limit: u64,
+    window: Duration,
+    burst: u64,
+    mode: LeakyMode,
+    max_delay: Duration,
+}
+
+/// `algorithm`, `limit`, `window`, `burst`, `mode` and `max_delay`, each checked against the
+/// algorithm it applies to.
+fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
+    let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
+    let limit = src.positive(&r.limit, "limit")?;
+    if limit > MAX_COUNT {
+        return Err(src.err(
+            r.limit.span(),
+            format!("rule \"{name}\": limit is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
+        ));
+    }
+    let window = match (&r.window, algorithm) {
+        (Some(w), Algorithm::Concurrency) => {
+            return Err(src.err(
+                w.span(),
+                format!(
+                    "rule \"{name}\": concurrency limits requests in flight and takes no window"
+                ),
+            ))
+        }
+        (None, Algorithm::Concurrency) => Duration::ZERO,
+        (Some(w), _) => {
+            let d = src.duration(w)?;
+            if d < Duration::from_millis(1) {
+                return Err(src.err(
+                    w.span(),
+                    format!("rule \"{name}\": window must be at least 1ms"),
+                ));
+            }
+            if d > MAX_WINDOW {
+                return Err(src.err(
+                    w.span(),
+                    format!("rule \"{name}\": window is at most 3650d (ten years): the shared store times exactly up to there"),
+                ));
+            }
+            d
+        }
+        (None, _) => {
+            return Err(src.err(
+                r.algorithm.span(),
+                format!(
+                    "rule \"{name}\": {} needs a window, e.g. window = \"1m\"",
+                    algorithm.as_str()
+                ),
+            ))
+        }
+    };
+    let burst = match &r.burst {
+        Some(b) if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
+            let burst = src.positive(b, "burst")?;
+            if burst > MAX_COUNT {
+                return Err(src.err(
+                    b.span(),
+                    format!("rule \"{name}\": burst is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
+                ));
+            }
+            burst
+        }
+        Some(b) => {
+            return Err(src.err(
+                b.span(),
+                format!("rule \"{name}\": burst applies to token_bucket and leaky_bucket only"),
+            ))
+        }
+        None => limit,
+    };
+    let mode = match &r.mode {
+        Some(m) if algorithm == Algorithm::LeakyBucket => {
+            src.one_of(m, "mode", LeakyMode::NAMES)?
+        }
+        Some(m) => {
+            return Err(src.err(
+                m.span(),
+                format!("rule \"{name}\": mode applies to leaky_bucket only"),
+            ))
+        }
+        None => LeakyMode::Police,
+    };
+    let max_delay = match &r.max_delay {
+        Some(d) if mode == LeakyMode::Shape => {
+            let delay = src.duration(d)?;
+            if delay > MAX_SHAPING_DELAY {
+                return Err(src.err(
+                    d.span(),
+                    format!("rule \"{name}\": max_delay is at most 60s (a held request holds its connection); reject sooner, or police instead of shaping"),
+                ));
+            }
+            delay
+        }
+        Some(d) => {
+            return Err(src.err(
+                d.span(),
+                format!(
+                    "rule \"{name}\": max_delay applies to leaky_bucket with mode = \"shape\" only"
+                ),
+            ))
+        }
+        None if mode == LeakyMode::Shape => window.min(MAX_SHAPING_DELAY),
+        None => Duration::ZERO,
+    };
+    // burst × window / limit: how long an empty bucket takes to refill (a bucket's state spans
+    // that much), compared without rounding.
+    let refill_ns = u128::from(burst) * window.as_nanos();
+    if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+        && refill_ns > MAX_WINDOW.as_nanos() * u128::from(limit)
+    {
+        // Only a burst above the limit refills slower than the window.
+        let span = r.burst.as_ref().map_or(r.limit.span(), |b| b.span());
+        let days = refill_ns.div_ceil(u128::from(limit) * 86_400_000_000_000);
+        return Err(src.err(
+            span,
+            format!("rule \"{name}\": an empty bucket would take {days} days to refill (burst × window / limit); at most 3650d (ten years), the longest the shared store times exactly"),
+        ));
+    }
+    Ok(Shape {
+        algorithm,
+        limit,
+        window,
+        burst,
+        mode,
+        max_delay,
+    })
+}
+
+/// `key`: the request parts a counter is per, at least one.
+fn key(src: &Src, r: &RawRule, name: &str) -> Result<Vec<KeyPart>, ConfigError> {
+    let key = r
+        .key
+        .get_ref()
+        .iter()
+        .map(|k| KeyPart::parse(k.get_ref()).map_err(|m| src.err(k.span(), m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    if key.is_empty() {
+        return Err(src.err(
+            r.key.span(),
+            format!("rule \"{name}\": key needs at least one part, e.g. [\"ip\"]"),
+        ));
+    }
+    Ok(key)
+}
+
+/// How a rule charges and answers: where it counts, what a store error does, what a request
+/// costs, the status it refuses with, its quota lease and how many requests it may hold.
+struct Charge {
+    scope: Scope,
+    on_store_error: FailureMode,
+    cost: u64,
+    status: u16,
+    lease: Option<Lease>,
+    max_waiting: usize,
+}
+
+/// `scope`, `on_store_error`, `cost` (never more than the rule can admit at once), `status`,
+/// `lease` / `lease_ttl` and `max_waiting`.
+fn charge(src: &Src, r: &RawRule, name: &str, shape: &Shape) -> Result<Charge, ConfigError> {
+    let scope = match &r.scope {
+        Some(s) => src.one_of(s, "scope", Scope::NAMES)?,
+        None => Scope::Global,
+    };
+    let on_store_error = match &r.on_store_error {
+        Some(s) => src.one_of(s, "on_store_error", FailureMode::NAMES)?,
+        None => FailureMode::Open,
+    };
+    let cost = match &r.cost {
+        Some(c) => src.positive(c, "cost")?,
+        None => 1,
+    };
+    let capacity = if matches!(
+        shape.algorithm,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket
+    ) {
+        shape.burst
+    } else {
+        shape.limit
+    };
+    if cost > capacity {
+        let span = r.cost.as_ref().map_or(r.limit.span(), |c| c.span());
+        return Err(src.err(
+            span,
+            format!("rule \"{name}\": cost {cost} is more than the rule can ever admit at once ({capacity}), so every request would be rejected"),
+        ));
+    }
+    let status = match &r.status {
+        Some(s) if (400..=599).contains(s.get_ref()) => *s.get_ref() as u16,
+        Some(s) => {
+            return Err(src.err(
+                s.span(),
+                format!("rule \"{name}\": status must be between 400 and 599"),
+            ))
+        }
+        None => 429,
+    };
+    let lease = rule_lease(src, r, name, shape.algorithm, shape.mode, scope, cost)?;
+    let shaping = shape.algorithm == Algorithm::LeakyBucket && shape.mode == LeakyMode::Shape;
+    let max_waiting = match &r.max_waiting {
+        Some(m) if shaping => src.positive(m, "max_waiting")? as usize,
+        Some(m) => {
+            let why = "max_waiting applies to leaky_bucket with mode = \"shape\" only";
+            return Err(src.err(m.span(), format!("rule \"{name}\": {why}")));
+        }
+        None => MAX_WAITING_PER_RULE,
+    };
+    Ok(Charge {
+        scope,
+        on_store_error,
+        cost,
+        status,
+        lease,
+        max_waiting,
+    })
+}
+
+/// `match`: the route it names (which must exist), the request's host, path and methods,
+/// the plan, a header.
+fn rule_match(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    routes: &[Route],
+) -> Result<RuleMatch, ConfigError> {
+    let m = &r.matcher;
+    if let Some(route) = &m.route {
+        if !routes.iter().any(|rt| &*rt.name == route.get_ref()) {
+            return Err(src.err(
+                route.span(),
+                format!(
+                    "rule \"{name}\" matches route \"{}\", which is not defined",
+                    route.get_ref()
+                ),
+            ));
+        }
+    }
+    let header = match &m.header {
+        Some(h) => {
+            let hm = h.get_ref();
+            let hn = HeaderName::from_bytes(hm.name.get_ref().as_bytes()).map_err(|_| {
+                src.err(
+                    hm.name.span(),
+                    format!("\"{}\" is not a valid header name", hm.name.get_ref()),
+                )
+            })?;
+            Some((hn, hm.value.clone()))
+        }
+        None => None,
+    };
+    Ok(RuleMatch {
+        route: m.route.as_ref().map(|r| r.get_ref().clone()),
+        request: RequestMatch {
+            path: src.path(&m.path)?,
+            path_prefix: src.path(&m.path_prefix)?,
+            methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+            host: src.host(&m.host)?,
+        },
+        plan: m.plan.clone(),
+        header,
+    })
+}
+
+/// A rule's `lease` and `lease_ttl`: only for global rules of the algorithms whose state a
+/// lease can count (see `crate::limiter::lease::leasable`), with the reason otherwise.
+fn rule_lease(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+    mode: LeakyMode,
+    scope: Scope,
+    cost: u64,
+) -> Result<Option<Lease>, ConfigError> {
+    let Some(raw) = &r.lease else {
+        if let Some(ttl) = &r.lease_ttl {
+            return Err(src.err(
+                ttl.span(),
+                format!("rule \"{name}\": lease_ttl applies only with lease"),
+            ));
+        }
+        return Ok(None);
+    };
+    let span = raw.span();
+    let size = match raw.get_ref() {
+        RawLease::Name(n) if n == "auto" => LeaseSize::Auto,
+        RawLease::Permits(n) if *n >= 1 => {
+            let n = *n as u64;
+            if n < cost {
+                return Err(src.err(
+                    span,
+                    format!("rule \"{name}\": lease {n} is less than the rule's cost {cost}; a lease must hold at least one request"),
+                ));
+            }
+            LeaseSize::Permits(n)
+        }
+        _ => {
+            return Err(src.err(
+                span,
+                format!("rule \"{name}\": lease must be \"auto\" or a whole number of permits of at least 1"),
+            ))
+        }
+    };
+    let why_not = match (algorithm, mode) {
+        (Algorithm::SlidingWindowLog, _) => Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
+        (Algorithm::Concurrency, _) => Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
+        (Algorithm::LeakyBucket, LeakyMode::Shape) => Some("a shaping leaky bucket spaces requests one by one in a shared queue, which leased permits would jump; use mode = \"police\""),
+        _ => None,
+    };
+    if let Some(why) = why_not {
+        return Err(src.err(
+            span,
+            format!("rule \"{name}\": lease is not allowed here: {why}"),
+        ));
+    }
+    if scope == Scope::Local {
+        return Err(src.err(
+            span,
+            format!("rule \"{name}\": lease applies to global rules only (a local rule never calls the store)"),
+        ));
+    }
+    let ttl = match &r.lease_ttl {
+        Some(t) => {
+            let ttl = src.duration(t)?;
+            if ttl < Duration::from_millis(10) {
+                return Err(src.err(
+                    t.span(),
+                    format!("rule \"{name}\": lease_ttl must be at least 10ms"),
+                ));
+            }
+            ttl
+        }
+        None => DEFAULT_LEASE_TTL,
+    };
+    Ok(Some(Lease { size, ttl }))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[[rules]]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("rules");
+    }
+}
