@@ -861,6 +861,12 @@ async fn each_reset_attempt_is_counted_once_with_retries() {
     };
     let attempts = accepted.load(Ordering::SeqCst) as f64;
     assert!(attempts > 0.0);
+    // Round robin gives the failing target every other request's first attempt, not more: a
+    // retry does not take a turn (it used to: 19 of 20 requests tried the bad target first).
+    assert!(
+        attempts <= 11.0,
+        "the failing target got {attempts} first attempts of 20"
+    );
     assert_eq!(series(&bad.to_string(), "error"), attempts, "{m}");
     assert_eq!(series(&api.addr.to_string(), "2xx"), 20.0, "{m}");
 }

@@ -308,7 +308,15 @@ impl Pool {
         if total == 0 {
             return None;
         }
-        let mut turn = self.ties.fetch_add(1, Ordering::Relaxed) % total;
+        // A retry does not take a turn: were it to, a target that fails would get the first
+        // attempt of every other request (turns advance two per failed request), and with
+        // two targets one dead, 19 of 20 requests tried the dead one first.
+        let turn = if tried.is_empty() {
+            self.ties.fetch_add(1, Ordering::Relaxed)
+        } else {
+            self.ties.load(Ordering::Relaxed)
+        };
+        let mut turn = turn % total;
         let mut first = 0;
         for (i, b) in all.iter().enumerate() {
             let w = b.weight.max(1);
