@@ -146,7 +146,10 @@ impl SharedStore for Instant0 {
         _holder: u64,
         _timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        Ok(checks.iter().map(|c| Decision::unlimited(c.limit.limit())).collect())
+        Ok(checks
+            .iter()
+            .map(|c| Decision::unlimited(c.limit.limit()))
+            .collect())
     }
 
     async fn decide_leased(
@@ -207,7 +210,12 @@ fn engine(c: &mut Criterion) {
     let limiter = Limiter::with_shared(1_000_000, None);
     let three = [
         policy("e-ip", Algorithm::TokenBucket, Scope::Global, None),
-        policy("e-key", Algorithm::SlidingWindowCounter, Scope::Global, None),
+        policy(
+            "e-key",
+            Algorithm::SlidingWindowCounter,
+            Scope::Global,
+            None,
+        ),
         policy("e-user", Algorithm::FixedWindow, Scope::Global, None),
     ];
     group.bench_function("memory_three_rules", |b| {
