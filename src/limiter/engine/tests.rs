@@ -93,7 +93,7 @@ fn admitted(outcome: &Outcome) -> bool {
     matches!(outcome.verdict, Verdict::Allow { .. })
 }
 
-/// The rules that rejected the request (panics unless it was rejected with 429-like status).
+/// The rules that rejected the request (panics unless the verdict is a rejection).
 fn rejected_by(outcome: &Outcome) -> Vec<&str> {
     match &outcome.verdict {
         Verdict::Reject { rules, .. } => rules.iter().map(|r| &**r).collect(),
