@@ -50,7 +50,7 @@ pub use background::{Returner, Sweeper, SWEEP_EVERY};
 pub use shaping::MAX_WAITING_PER_RULE;
 pub use slots::Slots;
 
-use plan::{Plan, Step};
+use plan::{Checks, Plan, Step};
 use shaping::Waiting;
 
 /// `Retry-After` of a 503 caused by a failing store: the circuit breaker's cool-down scale.
@@ -199,7 +199,7 @@ impl Limiter {
 
     /// Decides every local step in one atomic call; returns whether they all admit.
     fn charge_local(&self, plan: &mut Plan) -> bool {
-        let checks = plan.local_checks();
+        let checks: Checks = plan.local_checks();
         if checks.is_empty() {
             return true;
         }
@@ -219,7 +219,7 @@ impl Limiter {
         store: &Store,
         slots: &mut Slots,
     ) -> bool {
-        let local = plan.local_checks();
+        let local: Vec<Check> = plan.local_checks();
         let peeked = if local.is_empty() {
             Vec::new()
         } else {

@@ -4,14 +4,13 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
-use super::plan::{Ask, Checks, Step};
+use super::plan::{Ask, Step};
 use super::slots::Slots;
 use crate::limiter::lease::LeaseTable;
 use crate::limiter::memory::Clock;
 use crate::limiter::settings::Store;
 use crate::limiter::store::{SharedStore, StoreError};
+use crate::limiter::Check;
 
 /// Whether any step joins the store call.
 pub(super) fn asks(steps: &[Step]) -> bool {
@@ -31,9 +30,9 @@ pub(super) async fn call(
     slots: &mut Slots,
 ) -> Result<bool, StoreError> {
     let asking = || steps.iter().filter(|s| s.ask.is_some());
-    let checks: Checks = asking().map(|s| s.check.clone()).collect();
+    let checks: Vec<Check> = asking().map(|s| s.check.clone()).collect();
     // Exact checks want 0 permits: the same call decides them exactly.
-    let wants: SmallVec<[u64; 4]> = asking()
+    let wants: Vec<u64> = asking()
         .map(|s| match &s.ask {
             Some(Ask::Lease { want, .. }) => *want,
             _ => 0,

@@ -173,12 +173,12 @@ scope = "local"
     );
     assert_eq!(plan.shadow.len(), 1);
     assert!(Arc::ptr_eq(&plan.shadow[0].0, &rule(&cfg, "plan-shadow")));
-    assert_eq!(plan.local_checks().len(), 1);
+    assert_eq!(plan.local_checks::<Vec<_>>().len(), 1);
 
     let alone = Plan::new(applying(&cfg), false);
     assert!(
         !alone.has_shared(),
         "without a shared store every rule is local"
     );
-    assert_eq!(alone.local_checks().len(), 2);
+    assert_eq!(alone.local_checks::<Vec<_>>().len(), 2);
 }
