@@ -183,7 +183,7 @@ impl Limiter {
     /// Decides a request's applying rules, each with its check, in file order, under `store`
     /// (the config in force: its timeout and instance count apply).
     pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
-        let mut plan = Plan::new(applying, self.shared.is_some());
+        let mut plan = Plan::new(&applying, self.shared.is_some());
         let mut slots = Slots::default();
         let admitted = match &self.shared {
             Some(shared) if plan.has_shared() => {
@@ -198,7 +198,7 @@ impl Limiter {
     }
 
     /// Decides every local step in one atomic call; returns whether they all admit.
-    fn charge_local(&self, plan: &mut Plan) -> bool {
+    fn charge_local(&self, plan: &mut Plan<'_>) -> bool {
         let checks: Checks = plan.local_checks();
         if checks.is_empty() {
             return true;
@@ -214,7 +214,7 @@ impl Limiter {
     /// whether every step admits; slots the store or the fallback took go into `slots`.
     async fn decide_with_store(
         &self,
-        plan: &mut Plan,
+        plan: &mut Plan<'_>,
         shared: &Arc<dyn SharedStore>,
         store: &Store,
         slots: &mut Slots,
@@ -255,7 +255,7 @@ impl Limiter {
     /// Returns whether they all admit.
     async fn ask_shared(
         &self,
-        steps: &mut [Step],
+        steps: &mut [Step<'_>],
         shared: &Arc<dyn SharedStore>,
         store: &Store,
         slots: &mut Slots,

@@ -19,7 +19,7 @@ pub(super) fn apply(
     fallback: &Arc<MemoryStore>,
     clock: &dyn Clock,
     error: &StoreError,
-    steps: &mut [Step],
+    steps: &mut [Step<'_>],
     instances: u64,
     slots: &mut Slots,
 ) -> bool {
@@ -45,7 +45,7 @@ pub(super) fn apply(
             }
             FailureMode::Local => {
                 rule.counters.fail_local.inc();
-                local.push(divided(&step.check, instances));
+                local.push(divided(step.check, instances));
             }
         }
         step.decision = Some(decision);

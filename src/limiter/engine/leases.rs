@@ -21,7 +21,7 @@ const WAITS: usize = 3;
 pub(super) async fn take(
     table: &Arc<LeaseTable>,
     clock: &dyn Clock,
-    steps: &mut [Step],
+    steps: &mut [Step<'_>],
     store: &Store,
 ) -> bool {
     let mut refused = false;
@@ -30,7 +30,7 @@ pub(super) async fn take(
             step.ask = Some(Ask::Exact);
             continue;
         };
-        match take_one(table, clock, &step.check, &lease, store).await {
+        match take_one(table, clock, step.check, &lease, store).await {
             Take::Spent(d) => {
                 step.decision = Some(d);
                 step.from_lease = true;
@@ -39,7 +39,10 @@ pub(super) async fn take(
                 step.decision = Some(d);
                 refused = true;
             }
-            Take::Lease { want, guard } => step.ask = Some(Ask::Lease { want, guard }),
+            Take::Lease { want, guard } => {
+                let guard = Box::new(guard);
+                step.ask = Some(Ask::Lease { want, guard });
+            }
             // Still leasing elsewhere after the waits, or leasing is over: decide exactly.
             Take::Wait(_) | Take::Exact => step.ask = Some(Ask::Exact),
         }
@@ -57,7 +60,7 @@ pub(super) fn abandon(steps: &mut [Step]) {
 
 /// The rule's leasing, where it may lease. Validation allows `lease` only where it is exact;
 /// hand-built policies elsewhere are decided exactly.
-fn lease_of(step: &Step) -> Option<Lease> {
+fn lease_of(step: &Step<'_>) -> Option<Lease> {
     let limit = &step.check.limit;
     step.rule
         .lease

@@ -33,17 +33,23 @@ pub(super) enum Ask {
     Lease {
         /// Permits to ask for (at least the cost).
         want: u64,
-        /// Hands the answer to the lease table.
-        guard: RefillGuard,
+        /// Hands the answer to the lease table. Boxed: it is big, rare (one per lease call,
+        /// which waits for a round trip anyway), and every step would carry its size.
+        guard: Box<RefillGuard>,
     },
 }
 
-/// One enforcing rule on its way through the engine.
-pub(super) struct Step {
+/// One applying rule, with its check: what the proxy hands the engine for a request.
+pub(super) type Applying = (Arc<Policy>, Check);
+
+/// One enforcing rule on its way through the engine. It borrows its rule and check from the
+/// request's applying list, which outlives every phase: a step is then small enough to move
+/// and copy cheaply, and nothing is cloned to make it.
+pub(super) struct Step<'a> {
     /// The rule.
-    pub(super) rule: Arc<Policy>,
+    pub(super) rule: &'a Arc<Policy>,
     /// What it asks of its store for this request.
-    pub(super) check: Check,
+    pub(super) check: &'a Check,
     /// Where it is decided.
     pub(super) place: Place,
     /// Set by the lease phase for the shared steps that join the store call.
@@ -59,20 +65,7 @@ pub(super) struct Step {
     pub(super) fell_back: Option<FailureMode>,
 }
 
-impl Step {
-    /// A step not yet decided.
-    pub(super) fn new(rule: Arc<Policy>, check: Check, place: Place) -> Step {
-        Step {
-            rule,
-            check,
-            place,
-            ask: None,
-            decision: None,
-            from_lease: false,
-            fell_back: None,
-        }
-    }
-
+impl Step<'_> {
     /// Whether its decision (so far) admits: false when undecided. (What tests look at.)
     #[cfg(test)]
     pub(super) fn admits(&self) -> bool {
@@ -80,35 +73,41 @@ impl Step {
     }
 }
 
-/// A request's steps and its shadow rules.
-pub(super) struct Plan {
-    /// The enforcing rules, in file order. On the heap, not inline: a step is a few hundred
-    /// bytes, and the plan moves from phase to phase (measured: inline steps made the
-    /// memory-only decision slower, by their copies, than the one allocation costs).
-    pub(super) steps: Vec<Step>,
-    /// The shadow rules, decided only if the request is admitted (see `settle`).
-    pub(super) shadow: Vec<(Arc<Policy>, Check)>,
+/// A request's steps, and its shadow rules.
+pub(super) struct Plan<'a> {
+    /// The enforcing rules, in file order.
+    pub(super) steps: Vec<Step<'a>>,
+    /// Every applying rule, shadow ones included.
+    applying: &'a [Applying],
 }
 
-impl Plan {
-    /// Splits `applying` (in file order) into enforcing steps and shadow rules. With a
+impl<'a> Plan<'a> {
+    /// One step per enforcing rule of `applying` (in file order); shadow rules wait. With a
     /// `shared` store, global rules are decided there; without one, every rule is local.
-    pub(super) fn new(applying: Vec<(Arc<Policy>, Check)>, shared: bool) -> Plan {
+    pub(super) fn new(applying: &'a [Applying], shared: bool) -> Plan<'a> {
         let mut steps = Vec::with_capacity(applying.len());
-        let mut shadow = Vec::new();
-        for (rule, check) in applying {
-            if rule.shadow {
-                shadow.push((rule, check));
-                continue;
-            }
+        for (rule, check) in applying.iter().filter(|(rule, _)| !rule.shadow) {
             let place = if shared && rule.scope == Scope::Global {
                 Place::Shared
             } else {
                 Place::Local
             };
-            steps.push(Step::new(rule, check, place));
+            steps.push(Step {
+                rule,
+                check,
+                place,
+                ask: None,
+                decision: None,
+                from_lease: false,
+                fell_back: None,
+            });
         }
-        Plan { steps, shadow }
+        Plan { steps, applying }
+    }
+
+    /// The shadow rules, in file order: decided only if the request is admitted (`settle`).
+    pub(super) fn shadow(&self) -> impl Iterator<Item = &'a Applying> {
+        self.applying.iter().filter(|(rule, _)| rule.shadow)
     }
 
     /// Whether any step is decided by the shared store.

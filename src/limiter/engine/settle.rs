@@ -5,17 +5,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::plan::{Place, Plan};
+use super::plan::{Applying, Place, Plan};
 use super::slots::Slots;
 use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
 use crate::limiter::memory::MemoryStore;
-use crate::limiter::policy::{FailureMode, Policy};
-use crate::limiter::Check;
+use crate::limiter::policy::FailureMode;
 
 /// Settles a request whose phases are over: `admitted` is what they concluded, `slots` what
 /// the store or the fallback took on its way.
-pub(super) fn settle(limiter: &Limiter, plan: Plan, admitted: bool, mut slots: Slots) -> Outcome {
-    let Plan { steps, shadow } = plan;
+pub(super) fn settle(
+    limiter: &Limiter,
+    plan: Plan<'_>,
+    admitted: bool,
+    mut slots: Slots,
+) -> Outcome {
     if admitted {
         slots.renew_while_held();
     } else {
@@ -23,29 +26,28 @@ pub(super) fn settle(limiter: &Limiter, plan: Plan, admitted: bool, mut slots: S
         slots = Slots::default();
     }
     let mut closed = Vec::new();
-    let mut applied = Vec::with_capacity(steps.len());
-    for step in steps {
+    let mut applied = Vec::with_capacity(plan.steps.len());
+    for step in &plan.steps {
         if !admitted && step.from_lease {
-            limiter.leases.put_back(&step.check);
+            limiter.leases.put_back(step.check);
         }
         if step.fell_back == Some(FailureMode::Closed) {
             closed.push(step.rule.name.clone());
         }
-        let counter = step.check.counter;
         if admitted && step.place == Place::Local {
             slots.hold_local(&limiter.local, step.check);
         }
-        if let Some(decision) = step.decision {
+        if let Some(decision) = &step.decision {
             applied.push(Applied {
-                rule: step.rule,
-                counter,
-                decision,
+                rule: step.rule.clone(),
+                counter: step.check.counter,
+                decision: decision.clone(),
             });
         }
     }
     let verdict = verdict(admitted, &applied, closed);
     let shadow_rejected = if admitted {
-        shadow_rules(&limiter.local, shadow, &mut slots)
+        shadow_rules(&limiter.local, plan.shadow(), &mut slots)
     } else {
         Vec::new()
     };
@@ -99,14 +101,14 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
 /// Decides an admitted request's shadow rules one by one, in process: they count and never
 /// reject. Returns the ones that would have rejected it; the concurrency slots of those that
 /// admit are held with the request's.
-fn shadow_rules(
+fn shadow_rules<'a>(
     store: &Arc<MemoryStore>,
-    shadow: Vec<(Arc<Policy>, Check)>,
+    shadow: impl Iterator<Item = &'a Applying>,
     slots: &mut Slots,
 ) -> Vec<Arc<str>> {
     let mut rejected = Vec::new();
     for (rule, check) in shadow {
-        let decisions = store.decide(std::slice::from_ref(&check));
+        let decisions = store.decide(std::slice::from_ref(check));
         match decisions.first() {
             Some(d) if !d.allowed => {
                 rule.counters.shadow_rejected.inc();

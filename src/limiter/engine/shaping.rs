@@ -68,15 +68,15 @@ impl Waiting {
 ///
 /// A refused request's units stay charged (as when a concurrent request wins the last local
 /// unit after the peek): only a flood reaches the cap.
-pub(super) fn hold(waiting: &Waiting, steps: &mut [Step], clock: &dyn Clock) -> bool {
-    let holds = |s: &Step| {
+pub(super) fn hold(waiting: &Waiting, steps: &mut [Step<'_>], clock: &dyn Clock) -> bool {
+    let holds = |s: &Step<'_>| {
         s.rule.limit.mode() == LeakyMode::Shape
             && s.decision.as_ref().is_some_and(|d| !d.delay.is_zero())
     };
     if !steps.iter().any(holds) {
         return true;
     }
-    let mut holding: SmallVec<[&mut Step; 4]> = steps.iter_mut().filter(|s| holds(s)).collect();
+    let mut holding: SmallVec<[&mut Step<'_>; 4]> = steps.iter_mut().filter(|s| holds(s)).collect();
     let delay = holding
         .iter()
         .filter_map(|s| s.decision.as_ref().map(|d| d.delay))

@@ -13,7 +13,7 @@ use crate::limiter::store::{SharedStore, StoreError};
 use crate::limiter::Check;
 
 /// Whether any step joins the store call.
-pub(super) fn asks(steps: &[Step]) -> bool {
+pub(super) fn asks(steps: &[Step<'_>]) -> bool {
     steps.iter().any(|s| s.ask.is_some())
 }
 
@@ -25,7 +25,7 @@ pub(super) async fn call(
     table: &Arc<LeaseTable>,
     clock: &dyn Clock,
     shared: &Arc<dyn SharedStore>,
-    steps: &mut [Step],
+    steps: &mut [Step<'_>],
     store: &Store,
     slots: &mut Slots,
 ) -> Result<bool, StoreError> {
@@ -63,7 +63,7 @@ pub(super) async fn call(
     for (step, (decision, grant)) in asking.zip(answers) {
         // Asked and answered: the step leaves the call.
         if let Some(Ask::Lease { guard, .. }) = step.ask.take() {
-            table.fill(guard, &step.check, &decision, grant, admitted, sent);
+            table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
         step.decision = Some(decision);

@@ -32,9 +32,9 @@ fn holds_slot(check: &Check) -> bool {
 
 impl Slots {
     /// Holds `check`'s slot in the in-process `store`, if it is a concurrency check.
-    pub(super) fn hold_local(&mut self, store: &Arc<MemoryStore>, check: Check) {
-        if holds_slot(&check) {
-            self.local.push(check);
+    pub(super) fn hold_local(&mut self, store: &Arc<MemoryStore>, check: &Check) {
+        if holds_slot(check) {
+            self.local.push(check.clone());
             if self.local_store.is_none() {
                 self.local_store = Some(store.clone());
             }

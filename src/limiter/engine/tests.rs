@@ -161,7 +161,8 @@ window = "1m"
 scope = "local"
 "#,
     );
-    let plan = Plan::new(applying(&cfg), true);
+    let requests = applying(&cfg);
+    let plan = Plan::new(&requests, true);
     let places: Vec<(&str, Place)> = plan
         .steps
         .iter()
@@ -171,11 +172,11 @@ scope = "local"
         places,
         [("plan-global", Place::Shared), ("plan-local", Place::Local)]
     );
-    assert_eq!(plan.shadow.len(), 1);
-    assert!(Arc::ptr_eq(&plan.shadow[0].0, &rule(&cfg, "plan-shadow")));
+    let shadow: Vec<&str> = plan.shadow().map(|(r, _)| &*r.name).collect();
+    assert_eq!(shadow, ["plan-shadow"]);
     assert_eq!(plan.local_checks::<Vec<_>>().len(), 1);
 
-    let alone = Plan::new(applying(&cfg), false);
+    let alone = Plan::new(&requests, false);
     assert!(
         !alone.has_shared(),
         "without a shared store every rule is local"

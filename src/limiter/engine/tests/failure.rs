@@ -220,8 +220,9 @@ window = "1m"
     );
     let (fake, _released) = Fake::new();
     let limiter = limiter(&fake);
+    let requests = applying(&cfg);
     let fails = |names: &[&str]| {
-        let mut plan = Plan::new(applying(&cfg), true);
+        let mut plan = Plan::new(&requests, true);
         for step in plan.steps.iter_mut() {
             if names.contains(&&*step.rule.name) {
                 step.ask = Some(Ask::Exact);

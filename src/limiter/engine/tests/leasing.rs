@@ -2,6 +2,7 @@
 //! back by rejected requests, one lease call shared by the requests that wait for it, and the
 //! lease phase alone.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::fake::Fake;
@@ -220,16 +221,21 @@ lease = 4
     assert_eq!(limiter.leases.held(&check(&cfg, "lease-shared-call")), 2);
 }
 
-/// The lease phase alone over a fresh plan of `cfg`: whether the request goes on, and the plan.
-async fn lease_phase(limiter: &Limiter, cfg: &Config) -> (bool, Plan) {
-    let mut plan = Plan::new(applying(cfg), true);
+/// The lease phase alone over a fresh plan of `applying` under `cfg`: whether the request
+/// goes on, and the plan.
+async fn lease_phase<'a>(
+    limiter: &Limiter,
+    cfg: &Config,
+    applying: &'a [(Arc<Policy>, Check)],
+) -> (bool, Plan<'a>) {
+    let mut plan = Plan::new(applying, true);
     let clock = &*limiter.clock;
     let goes_on = leases::take(&limiter.leases, clock, &mut plan.steps, &cfg.store).await;
     (goes_on, plan)
 }
 
 /// How each step joins the store call: `Some(want)` (0: exact), or `None`.
-fn asks(plan: &Plan) -> Vec<Option<u64>> {
+fn asks(plan: &Plan<'_>) -> Vec<Option<u64>> {
     plan.steps
         .iter()
         .map(|s| match &s.ask {
@@ -241,7 +247,7 @@ fn asks(plan: &Plan) -> Vec<Option<u64>> {
 }
 
 /// Answers the lease the first step asked for, as the store call would.
-fn answer(limiter: &Limiter, plan: &mut Plan, decision: &Decision, granted: u64) {
+fn answer(limiter: &Limiter, plan: &mut Plan<'_>, decision: &Decision, granted: u64) {
     let step = &mut plan.steps[0];
     let Some(Ask::Lease { guard, .. }) = step.ask.take() else {
         panic!("a lease was asked for")
@@ -254,7 +260,7 @@ fn answer(limiter: &Limiter, plan: &mut Plan, decision: &Decision, granted: u64)
     let admitted = decision.allowed;
     limiter
         .leases
-        .fill(guard, &step.check, decision, grant, admitted, now);
+        .fill(*guard, step.check, decision, grant, admitted, now);
 }
 
 #[tokio::test]
@@ -288,8 +294,9 @@ scope = "local"
     let (fake, _released) = Fake::new();
     let limiter = limiter(&fake);
     let leased = check(&cfg, "phase-leased");
+    let requests = applying(&cfg);
 
-    let (goes_on, mut plan) = lease_phase(&limiter, &cfg).await;
+    let (goes_on, mut plan) = lease_phase(&limiter, &cfg, &requests).await;
     assert!(goes_on);
     assert_eq!(asks(&plan), [Some(3), Some(0), None], "lease, exact, local");
     answer(&limiter, &mut plan, &Decision::unlimited(100), 3);
@@ -297,14 +304,14 @@ scope = "local"
 
     // Permits in hand: the leased step is decided here and stays out of the call.
     for _ in 0..2 {
-        let (goes_on, plan) = lease_phase(&limiter, &cfg).await;
+        let (goes_on, plan) = lease_phase(&limiter, &cfg, &requests).await;
         assert!(goes_on);
         assert_eq!(asks(&plan), [None, Some(0), None]);
         assert!(plan.steps[0].admits() && plan.steps[0].from_lease);
     }
 
     // Spent: a lease is asked for, and the store refuses the key.
-    let (_, mut plan) = lease_phase(&limiter, &cfg).await;
+    let (_, mut plan) = lease_phase(&limiter, &cfg, &requests).await;
     assert_eq!(asks(&plan)[0], Some(3));
     let mut refused = Decision::unlimited(100);
     refused.allowed = false;
@@ -312,7 +319,7 @@ scope = "local"
     answer(&limiter, &mut plan, &refused, 0);
 
     // Now the phase refuses the request itself: nothing is to be asked.
-    let (goes_on, plan) = lease_phase(&limiter, &cfg).await;
+    let (goes_on, plan) = lease_phase(&limiter, &cfg, &requests).await;
     assert!(!goes_on);
     assert!(!plan.steps[0].admits() && !plan.steps[0].from_lease);
     assert_eq!(fake.calls(), 0, "the phase never calls the store");
