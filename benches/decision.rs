@@ -7,6 +7,10 @@
 //! expensive path). The production clock's own cost is measured apart (`clock/monotonic`):
 //! add it to a decision for the cost of `MemoryStore::new`.
 //!
+//! The `engine/*` cases measure the whole `Limiter::decide` around the stores (splitting the
+//! rules, peeking, leases, the verdict, the counters): on the memory backend, and against an
+//! in-bench shared store that answers at once (so only the engine's own work is measured).
+//!
 //! The memory measurement (printed first, only under `cargo bench`) inserts 1,000,000
 //! token-bucket keys and divides the growth of the resident set by that.
 
@@ -15,8 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
+use floodgate::limiter::engine::{Limiter, Verdict, MAX_WAITING_PER_RULE};
+use floodgate::limiter::lease::{Lease, LeaseSize};
 use floodgate::limiter::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
-use floodgate::limiter::{Algorithm, Check, Limit};
+use floodgate::limiter::settings::{Backend, Store};
+use floodgate::limiter::store::{Grant, SharedStore, StoreError, StoreStatus};
+use floodgate::limiter::{Algorithm, Check, Decision, Limit};
+use floodgate::metrics::RuleCounters;
+use floodgate::rules::{FailureMode, Policy, Scope};
 
 /// Distinct keys of the "many keys" case: more than fit in the CPU caches.
 const MANY_KEYS: u64 = 100_000;
@@ -89,6 +99,153 @@ fn decisions(c: &mut Criterion) {
 
     let clock = MonotonicClock::new();
     c.bench_function("clock/monotonic", |b| b.iter(|| black_box(clock.now_ns())));
+}
+
+/// A rule for the engine cases: limits no bench run reaches on the production clock.
+fn policy(name: &str, algorithm: Algorithm, scope: Scope, lease: Option<Lease>) -> Arc<Policy> {
+    Arc::new(Policy {
+        name: Arc::from(name),
+        limit: Limit::police(algorithm, 1 << 40, Duration::from_secs(1), 1 << 40),
+        scope,
+        on_store_error: FailureMode::Open,
+        cost: 1,
+        shadow: false,
+        headers: true,
+        status: 429,
+        counters: RuleCounters::for_rule(name),
+        lease,
+        max_waiting: MAX_WAITING_PER_RULE,
+    })
+}
+
+/// A request's applying rules, each with its check on counter `key`.
+fn applying(rules: &[Arc<Policy>], key: u64) -> Vec<(Arc<Policy>, Check)> {
+    rules
+        .iter()
+        .map(|rule| {
+            let check = Check {
+                rule: rule.name.clone(),
+                counter: key,
+                limit: rule.limit.clone(),
+                cost: rule.cost,
+            };
+            (rule.clone(), check)
+        })
+        .collect()
+}
+
+/// A shared store that admits everything at once and leases every permit asked for: what is
+/// left to measure is the engine.
+struct Instant0;
+
+#[async_trait::async_trait]
+impl SharedStore for Instant0 {
+    async fn decide(
+        &self,
+        checks: &[Check],
+        _holder: u64,
+        _timeout: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        Ok(checks
+            .iter()
+            .map(|c| Decision::unlimited(c.limit.limit()))
+            .collect())
+    }
+
+    async fn decide_leased(
+        &self,
+        checks: &[Check],
+        wants: &[u64],
+        _instances: u64,
+        _holder: u64,
+        _timeout: Duration,
+    ) -> Result<Vec<(Decision, Grant)>, StoreError> {
+        Ok(checks
+            .iter()
+            .zip(wants)
+            .map(|(c, &want)| {
+                let grant = Grant {
+                    granted: want.max(c.cost),
+                    ..Grant::default()
+                };
+                (Decision::unlimited(c.limit.limit()), grant)
+            })
+            .collect())
+    }
+
+    async fn release(&self, _checks: &[Check], _holder: u64) {}
+
+    fn status(&self) -> StoreStatus {
+        StoreStatus {
+            up: true,
+            connected: true,
+            endpoint: "bench".into(),
+            evicting: false,
+        }
+    }
+}
+
+fn store_settings(backend: Backend) -> Store {
+    Store {
+        backend,
+        urls: Vec::new(),
+        redis: None,
+        timeout: Duration::from_millis(50),
+        key_prefix: String::new(),
+        instances: 1,
+        max_keys: 1_000_000,
+    }
+}
+
+/// `Limiter::decide` for one request, polled to its end (no case here ever waits).
+fn decide_once(limiter: &Limiter, applying: Vec<(Arc<Policy>, Check)>, store: &Store) {
+    let outcome = futures::executor::block_on(limiter.decide(applying, store));
+    assert!(matches!(outcome.verdict, Verdict::Allow { .. }));
+    black_box(outcome);
+}
+
+fn engine(c: &mut Criterion) {
+    let mut group = c.benchmark_group("engine");
+    let memory = store_settings(Backend::Memory);
+    let limiter = Limiter::with_shared(1_000_000, None);
+    let three = [
+        policy("e-ip", Algorithm::TokenBucket, Scope::Global, None),
+        policy(
+            "e-key",
+            Algorithm::SlidingWindowCounter,
+            Scope::Global,
+            None,
+        ),
+        policy("e-user", Algorithm::FixedWindow, Scope::Global, None),
+    ];
+    group.bench_function("memory_three_rules", |b| {
+        b.iter(|| decide_once(&limiter, applying(&three, 1), &memory))
+    });
+
+    let redis = store_settings(Backend::Redis);
+    let shared = Limiter::with_shared(1_000_000, Some(Arc::new(Instant0)));
+    let mixed = [
+        policy("e-local", Algorithm::TokenBucket, Scope::Local, None),
+        policy("e-global", Algorithm::FixedWindow, Scope::Global, None),
+    ];
+    group.bench_function("shared_local_and_global", |b| {
+        b.iter(|| decide_once(&shared, applying(&mixed, 1), &redis))
+    });
+
+    let lease = Lease {
+        size: LeaseSize::Permits(1 << 30),
+        ttl: Duration::from_secs(3600),
+    };
+    let leased = [policy(
+        "e-leased",
+        Algorithm::TokenBucket,
+        Scope::Global,
+        Some(lease),
+    )];
+    group.bench_function("leased_spent_in_process", |b| {
+        b.iter(|| decide_once(&shared, applying(&leased, 1), &redis))
+    });
+    group.finish();
 }
 
 /// Resident memory of this process in bytes, from /proc (Linux only).
@@ -165,6 +322,7 @@ fn main() {
         .measurement_time(Duration::from_secs(1))
         .configure_from_args();
     decisions(&mut criterion);
+    engine(&mut criterion);
     metrics_per_request(&mut criterion);
     criterion.final_summary();
 }

@@ -57,7 +57,7 @@ pub struct Admission {
     /// The `Host` to forward when the client sent an absolute-form target without one.
     pub host: Option<String>,
     /// Concurrency slots held for the exchange: dropping them releases them.
-    pub leases: Option<Slots>,
+    pub slots: Option<Slots>,
     /// Forward or answer.
     pub next: Next,
 }
@@ -85,7 +85,7 @@ impl Admission {
             identity: None,
             target: None,
             host: None,
-            leases: None,
+            slots: None,
             next: Next::Answer(Box::new(problem.answer())),
         }
     }
@@ -153,7 +153,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         identity,
         target,
         host: forward_host,
-        leases: None,
+        slots: None,
         next: Next::Forward {
             delay: Duration::ZERO,
             ratelimit: None,
@@ -211,7 +211,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         cfg.server.legacy_headers,
         !matches!(outcome.verdict, Verdict::Allow { .. }),
     );
-    admission.leases = Some(outcome.leases);
+    admission.slots = Some(outcome.slots);
     admission.next = match outcome.verdict {
         Verdict::Allow { delay } => Next::Forward {
             delay,

@@ -73,7 +73,7 @@ pub struct RequestCtx {
     /// Set when no target was available: the 503's Retry-After.
     no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
-    leases: Option<Slots>,
+    slots: Option<Slots>,
     /// The request body's deadline and what was read ahead of the upstream.
     body: crate::body::Body,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
@@ -117,7 +117,7 @@ impl ProxyHttp for Proxy {
             deadline: None,
             responded: false,
             no_healthy: None,
-            leases: None,
+            slots: None,
             body: crate::body::Body::default(),
             _in_flight: crate::shutdown::requests().enter(),
         }
@@ -163,7 +163,7 @@ impl ProxyHttp for Proxy {
         ctx.identity = admitted.identity;
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
-        ctx.leases = admitted.leases;
+        ctx.slots = admitted.slots;
         match admitted.next {
             Next::Forward { delay, ratelimit } => {
                 ctx.headers = ratelimit;
@@ -496,7 +496,7 @@ impl ProxyHttp for Proxy {
         // The response is complete: a kept-alive connection now waits for its next request.
         crate::connection::exchange_done(session);
         // Give concurrency slots back now rather than when Pingora drops the context.
-        ctx.leases = None;
+        ctx.slots = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let req = session.req_header();
         let route = ctx.route();

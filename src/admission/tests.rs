@@ -291,11 +291,11 @@ async fn rule_outcomes() {
 }
 
 #[tokio::test]
-async fn concurrency_slots_are_held_until_the_leases_drop() {
+async fn concurrency_slots_are_held_until_they_drop() {
     let f = fixture(CONFIG);
     let first = f.admit(&req("/catalog/1", &[])).await;
     assert!(forwarded(&first));
-    assert!(first.leases.is_some());
+    assert!(first.slots.is_some());
     let second = f.admit(&req("/catalog/1", &[])).await;
     assert_eq!(answer(&second).status(), 429);
     drop(first);

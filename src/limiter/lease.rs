@@ -185,6 +185,8 @@ pub enum Take {
 pub struct RefillGuard {
     table: Arc<LeaseTable>,
     key: Key,
+    /// The rule's leasing settings when the lease was asked for: what the answer is held to.
+    lease: Lease,
     _tx: watch::Sender<()>,
 }
 
@@ -276,6 +278,7 @@ impl LeaseTable {
             guard: RefillGuard {
                 table: self.clone(),
                 key,
+                lease: *lease,
                 _tx: tx,
             },
         }
@@ -285,18 +288,17 @@ impl LeaseTable {
     /// (0: none); `admitted`: the request itself was admitted and spends its cost. Otherwise
     /// (another rule rejected it) the whole grant goes to the lease in hand. `sent`: when the
     /// call was sent (the lease's time runs from then, so it ends no later than in the store's
-    /// time).
-    #[allow(clippy::too_many_arguments)]
+    /// time). The lease settings are those the guard was taken under.
     pub fn fill(
         &self,
         guard: RefillGuard,
         check: &Check,
-        lease: &Lease,
         decision: &Decision,
         grant: Grant,
         admitted: bool,
         sent: Instant,
     ) {
+        let lease = guard.lease;
         let mut spare = None;
         {
             let mut shard = self.shard(&guard.key).lock();
@@ -487,7 +489,7 @@ mod tests {
             panic!("expected to wait")
         };
         let d = Decision::unlimited(1000);
-        t.fill(guard, &c, &AUTO, &d, granted(5), true, now);
+        t.fill(guard, &c, &d, granted(5), true, now);
         assert!(rx.changed().await.is_err(), "waiters are woken");
         assert_eq!(t.held(&c), 4);
         let Take::Spent(d) = t.take(&c, &AUTO, now) else {
@@ -509,7 +511,6 @@ mod tests {
         t.fill(
             guard,
             &c,
-            &AUTO,
             &Decision::unlimited(1000),
             granted(10),
             true,
@@ -526,7 +527,7 @@ mod tests {
         let mut refused = Decision::unlimited(1000);
         refused.allowed = false;
         refused.retry_after = Duration::from_millis(200);
-        t.fill(guard, &c, &AUTO, &refused, granted(0), false, later);
+        t.fill(guard, &c, &refused, granted(0), false, later);
         assert!(matches!(t.take(&c, &AUTO, later), Take::Denied(_)));
         let after = later + Duration::from_millis(250);
         assert!(matches!(t.take(&c, &AUTO, after), Take::Lease { .. }));
@@ -538,15 +539,7 @@ mod tests {
         let c = check(3);
         let now = Instant::now();
         let (_, guard) = lease(&t, &c, now);
-        t.fill(
-            guard,
-            &c,
-            &AUTO,
-            &Decision::unlimited(1000),
-            granted(7),
-            true,
-            now,
-        );
+        t.fill(guard, &c, &Decision::unlimited(1000), granted(7), true, now);
         t.close();
         assert!(matches!(t.take(&c, &AUTO, now), Take::Exact));
         let due = t.due(true, now);

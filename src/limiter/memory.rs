@@ -68,11 +68,16 @@ use prometheus::IntCounter;
 use super::algorithm::{self, State, Update};
 use super::{Check, Decision, Limit};
 
-/// Where the store's time comes from, in nanoseconds. Injected so that tests and benches
-/// control time exactly instead of sleeping.
+/// Where the limiter's time comes from. Injected so that tests and benches control time
+/// exactly instead of sleeping: the stores read [`Clock::now_ns`], the engine (quota leases,
+/// shaping waits, store-failure log pacing) reads both.
 pub trait Clock: Send + Sync {
     /// The current time in nanoseconds. Must never go backwards.
     fn now_ns(&self) -> u64;
+
+    /// The same time as an [`Instant`]: what deadlines kept in process (a lease's end, a
+    /// shaping wait's end) are measured in. Moves exactly as [`Clock::now_ns`] does.
+    fn instant(&self) -> Instant;
 }
 
 /// The production clock: monotonic (immune to wall-clock steps), but starting from the Unix
@@ -109,12 +114,26 @@ impl Clock for MonotonicClock {
         let elapsed = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.origin_unix_ns.saturating_add(elapsed)
     }
+
+    fn instant(&self) -> Instant {
+        Instant::now()
+    }
 }
 
 /// A clock that moves only when told: for tests and benches.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ManualClock {
     now: AtomicU64,
+    /// What [`Clock::instant`] reads while the clock reads `start_ns`: an `Instant` cannot be
+    /// made from a number, only moved from one taken once.
+    origin: Instant,
+    start_ns: u64,
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock::new(0)
+    }
 }
 
 impl ManualClock {
@@ -122,6 +141,8 @@ impl ManualClock {
     pub fn new(start_ns: u64) -> Self {
         ManualClock {
             now: AtomicU64::new(start_ns),
+            origin: Instant::now(),
+            start_ns,
         }
     }
 
@@ -145,6 +166,12 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ns(&self) -> u64 {
         self.now.load(Ordering::Relaxed)
+    }
+
+    fn instant(&self) -> Instant {
+        // Set below its start (which `Clock` forbids anyway), it reads its start.
+        let moved = self.now_ns().saturating_sub(self.start_ns);
+        self.origin + Duration::from_nanos(moved)
     }
 }
 

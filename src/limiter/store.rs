@@ -3,7 +3,7 @@
 //!
 //! [`super::redis::RedisStore`] is the one implementation the gateway runs; the engine's unit
 //! tests drive the engine through an in-test implementation to exercise every failure mode,
-//! partial admits and lease release without a server.
+//! partial admits, quota leases and slot release without a server.
 
 use std::time::Duration;
 
@@ -72,27 +72,30 @@ pub struct StoreStatus {
 /// and gives back concurrency slots when the request ends.
 #[async_trait]
 pub trait SharedStore: Send + Sync {
-    /// Decides `checks` (one decision each, in order), giving up after `timeout`. `lease`
-    /// identifies this request's concurrency slots: unique per request (a random `u64`), and
-    /// passed again to [`SharedStore::release`] once the request ends.
+    /// Decides `checks` (one decision each, in order), giving up after `timeout`. `holder`
+    /// identifies this request's concurrency slots (the slots' holder, not a quota lease):
+    /// unique per request (a random `u64`), and passed again to [`SharedStore::release`] once
+    /// the request ends.
     ///
     /// All or nothing: when any check rejects, the request keeps no concurrency slot in the
     /// store. A store whose atomic steps do not span every key (Redis Cluster: one call per
     /// hash slot) may have charged the steps that admitted; it gives their concurrency slots
     /// back by itself, while the rate units they charged stay charged. On an error the store
     /// likewise gives back whatever the failed call may have taken (only the store knows
-    /// whether the call went out). So the engine releases a lease only for requests it kept.
+    /// whether the call went out). So the engine releases a holder's slots only for requests
+    /// it kept.
     async fn decide(
         &self,
         checks: &[Check],
-        lease: u64,
+        holder: u64,
         timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError>;
 
-    /// Gives back the concurrency slots that `lease` took for `checks` (other checks are
-    /// ignored). Best effort: a slot that cannot be released expires with its lease. Called off
-    /// the request path, when the request's leases are dropped.
-    async fn release(&self, checks: &[Check], lease: u64);
+    /// Gives back the concurrency slots that `holder` took for `checks` (other checks are
+    /// ignored). Best effort: a slot that cannot be released expires after
+    /// [`SharedStore::slot_ttl`]. Called off the request path, when the request's
+    /// [`Slots`](super::engine::Slots) are dropped.
+    async fn release(&self, checks: &[Check], holder: u64);
 
     /// [`SharedStore::decide`], where `wants[i] > 0` asks to *lease* that many permits for
     /// check `i` (quota leasing): the store charges the request's cost plus at most a fair
@@ -104,11 +107,11 @@ pub trait SharedStore: Send + Sync {
         checks: &[Check],
         wants: &[u64],
         instances: u64,
-        lease: u64,
+        holder: u64,
         timeout: Duration,
     ) -> Result<Vec<(Decision, Grant)>, StoreError> {
         let _ = (wants, instances);
-        let ds = self.decide(checks, lease, timeout).await?;
+        let ds = self.decide(checks, holder, timeout).await?;
         let all = ds.iter().all(|d| d.allowed);
         Ok(ds
             .into_iter()
@@ -135,10 +138,10 @@ pub trait SharedStore: Send + Sync {
         0
     }
 
-    /// Keeps the concurrency slots `lease` holds for `checks` alive while their request runs
+    /// Keeps the concurrency slots `holder` holds for `checks` alive while their request runs
     /// (see [`SharedStore::decide`]); called periodically until the request ends.
-    async fn renew(&self, checks: &[Check], lease: u64) {
-        let _ = (checks, lease);
+    async fn renew(&self, checks: &[Check], holder: u64) {
+        let _ = (checks, holder);
     }
 
     /// How long a concurrency slot counts when its request never releases it; held slots are

@@ -1,0 +1,103 @@
+//! The failure phase: the store call failed (error, timeout, open circuit), and each rule it
+//! was asking for decides by its `on_store_error`: `open` admits uncounted, `closed` refuses
+//! (the request is answered 503), `local` decides in process with `limit / instances`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::plan::{Checks, Step};
+use super::slots::Slots;
+use super::STORE_RETRY_AFTER;
+use crate::limiter::memory::{Clock, MemoryStore};
+use crate::limiter::policy::FailureMode;
+use crate::limiter::store::StoreError;
+use crate::limiter::{Check, Decision};
+
+/// Decides every step the failed call was asking for (and takes it out of the call). Returns
+/// whether they all admit; concurrency slots the `local` fallback took go into `slots`.
+pub(super) fn apply(
+    fallback: &Arc<MemoryStore>,
+    clock: &dyn Clock,
+    error: &StoreError,
+    steps: &mut [Step<'_>],
+    instances: u64,
+    slots: &mut Slots,
+) -> bool {
+    let now_s = clock.now_ns() / 1_000_000_000;
+    let mut closed = false;
+    let mut local = Checks::new();
+    for step in steps.iter_mut().filter(|s| s.ask.is_some()) {
+        step.ask = None;
+        let rule = &step.rule;
+        let mode = rule.on_store_error;
+        log_store_failure(error, &rule.name, mode.as_str(), now_s);
+        step.fell_back = Some(mode);
+        // Open shows the quota full: nothing was counted. Local shows it so until decided.
+        let mut decision = Decision::unlimited(step.check.limit.limit());
+        match mode {
+            FailureMode::Open => rule.counters.fail_open.inc(),
+            FailureMode::Closed => {
+                rule.counters.fail_closed.inc();
+                closed = true;
+                decision.allowed = false;
+                decision.remaining = 0;
+                decision.retry_after = STORE_RETRY_AFTER;
+            }
+            FailureMode::Local => {
+                rule.counters.fail_local.inc();
+                local.push(divided(step.check, instances));
+            }
+        }
+        step.decision = Some(decision);
+    }
+    if closed {
+        // Answered 503 whatever the others say: nothing is decided in process.
+        return false;
+    }
+    if local.is_empty() {
+        return true;
+    }
+    let decisions = fallback.decide(&local);
+    let admitted = decisions.iter().all(|d| d.allowed);
+    if admitted {
+        slots.hold_fallback(fallback, &local);
+    }
+    let fell_back_local = steps
+        .iter_mut()
+        .filter(|s| s.fell_back == Some(FailureMode::Local));
+    for (step, d) in fell_back_local.zip(decisions) {
+        step.decision = Some(d);
+    }
+    admitted
+}
+
+/// The check with its limit shared out among `instances` gateways (at least 1 each).
+fn divided(check: &Check, instances: u64) -> Check {
+    let mut c = check.clone();
+    c.limit = check.limit.divided(instances);
+    c
+}
+
+/// Store failures can come at request rate: one log line per second (of `now_s`) at most,
+/// with how many decisions were made that way since the last line. Every decision is
+/// counted in metrics.
+fn log_store_failure(error: &StoreError, rule: &str, mode: &str, now_s: u64) {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static SINCE: AtomicU64 = AtomicU64::new(0);
+    let suppressed = SINCE.fetch_add(1, Ordering::Relaxed);
+    let last = LAST.load(Ordering::Relaxed);
+    if now_s > last
+        && LAST
+            .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        SINCE.store(0, Ordering::Relaxed);
+        tracing::warn!(
+            error = %error,
+            rule,
+            on_store_error = mode,
+            decisions_since_last_line = suppressed + 1,
+            "store failed; rule decided by its on_store_error"
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! The last phase: the steps' decisions become the verdict and the rules' counters; an
+//! admitted request keeps its concurrency slots and has its shadow rules decided, a rejected
+//! one gives back every slot and puts its leased permits back, uncharged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::plan::{Applying, Place, Plan};
+use super::slots::Slots;
+use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
+use crate::limiter::memory::MemoryStore;
+use crate::limiter::policy::FailureMode;
+
+/// Settles a request whose phases are over: `admitted` is what they concluded, `slots` what
+/// the store or the fallback took on its way.
+pub(super) fn settle(
+    limiter: &Limiter,
+    plan: Plan<'_>,
+    admitted: bool,
+    mut slots: Slots,
+) -> Outcome {
+    if admitted {
+        slots.renew_while_held();
+    } else {
+        // Nothing is kept: slots the shared store or the fallback took are given back now.
+        slots = Slots::default();
+    }
+    let mut closed = Vec::new();
+    let mut applied = Vec::with_capacity(plan.steps.len());
+    for step in &plan.steps {
+        if !admitted && step.from_lease {
+            limiter.leases.put_back(step.check);
+        }
+        if step.fell_back == Some(FailureMode::Closed) {
+            closed.push(step.rule.name.clone());
+        }
+        if admitted && step.place == Place::Local {
+            slots.hold_local(&limiter.local, step.check);
+        }
+        if let Some(decision) = &step.decision {
+            applied.push(Applied {
+                rule: step.rule.clone(),
+                counter: step.check.counter,
+                decision: decision.clone(),
+            });
+        }
+    }
+    let verdict = verdict(admitted, &applied, closed);
+    let shadow_rejected = if admitted {
+        shadow_rules(&limiter.local, plan.shadow(), &mut slots)
+    } else {
+        Vec::new()
+    };
+    Outcome {
+        verdict,
+        applied,
+        shadow_rejected,
+        slots,
+    }
+}
+
+/// The verdict, counting each rule's decision: every rule of an admitted request counts it
+/// allowed; the rules that rejected a rejected one count it rejected (a 503 of `closed`
+/// rules is counted by the fallback).
+fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdict {
+    if admitted {
+        for a in applied {
+            a.rule.counters.allowed.inc();
+        }
+        let delay = applied
+            .iter()
+            .map(|a| a.decision.delay)
+            .max()
+            .unwrap_or_default();
+        return Verdict::Allow { delay };
+    }
+    if !closed.is_empty() {
+        return Verdict::Unavailable {
+            retry_after: STORE_RETRY_AFTER,
+            rules: closed,
+        };
+    }
+    let mut status = 429;
+    let mut retry_after = Duration::ZERO;
+    let mut names = Vec::new();
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        if names.is_empty() {
+            status = a.rule.status;
+        }
+        a.rule.counters.rejected.inc();
+        retry_after = retry_after.max(a.decision.retry_after);
+        names.push(a.rule.name.clone());
+    }
+    Verdict::Reject {
+        status,
+        retry_after,
+        rules: names,
+    }
+}
+
+/// Decides an admitted request's shadow rules one by one, in process: they count and never
+/// reject. Returns the ones that would have rejected it; the concurrency slots of those that
+/// admit are held with the request's.
+fn shadow_rules<'a>(
+    store: &Arc<MemoryStore>,
+    shadow: impl Iterator<Item = &'a Applying>,
+    slots: &mut Slots,
+) -> Vec<Arc<str>> {
+    let mut rejected = Vec::new();
+    for (rule, check) in shadow {
+        let decisions = store.decide(std::slice::from_ref(check));
+        match decisions.first() {
+            Some(d) if !d.allowed => {
+                rule.counters.shadow_rejected.inc();
+                rejected.push(rule.name.clone());
+            }
+            Some(_) => {
+                rule.counters.allowed.inc();
+                slots.hold_local(store, check);
+            }
+            None => {}
+        }
+    }
+    rejected
+}
