@@ -20,11 +20,12 @@ use http::{HeaderMap, Method, Uri};
 
 use crate::auth::{presented_key, Identity};
 use crate::client::client_ip;
-use crate::config::{AuthMode, Config};
+use crate::config::{AuthMode, Config, Route};
 use crate::limiter::engine::{Limiter, Slots, Verdict};
+use crate::limiter::Check;
 use crate::metrics::metrics;
 use crate::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
-use crate::rules::{single_valued, RequestView};
+use crate::rules::{single_valued, Policy, RequestView};
 
 /// What admission reads of a request.
 #[derive(Debug, Clone, Copy)]
@@ -122,21 +123,10 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         }
     }
 
-    let mut identity = None;
-    if route.auth != AuthMode::None {
-        match presented_key(req.headers, &cfg.auth.header).map(|k| cfg.auth.keys.lookup(k)) {
-            Some(Some(found)) => identity = Some(found),
-            Some(None) => {
-                let p = Problem::unauthorized(false);
-                return Admission::answer(ip, Some(route_idx), p, id);
-            }
-            None if route.auth == AuthMode::Required => {
-                let p = Problem::unauthorized(true);
-                return Admission::answer(ip, Some(route_idx), p, id);
-            }
-            None => {}
-        }
-    }
+    let identity = match identify(cfg, route, req.headers) {
+        Ok(identity) => identity,
+        Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
+    };
 
     // The upstream gets the normalized path. An HTTP/1.1 absolute-form target goes upstream in
     // origin form, its authority as the Host; HTTP/2 keeps its `:authority`.
@@ -173,23 +163,10 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         ip,
         identity: admission.identity.as_deref(),
     };
-    let mut applying = Vec::new();
-    for rule in &cfg.rules {
-        match rule.matching(&view) {
-            Ok(true) => {
-                if let Some(check) = rule.check_for(&view) {
-                    applying.push((rule.policy.clone(), check));
-                }
-            }
-            // A shadow rule never refuses: it just cannot count this request.
-            Ok(false) | Err(_) if rule.shadow => {}
-            Ok(false) => {}
-            Err(e) => {
-                let p = Problem::bad_request(e.to_string());
-                return Admission::answer(ip, Some(route_idx), p, id);
-            }
-        }
-    }
+    let applying = match applying_rules(cfg, &view) {
+        Ok(applying) => applying,
+        Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
+    };
     if applying.is_empty() {
         return admission;
     }
@@ -212,7 +189,56 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         !matches!(outcome.verdict, Verdict::Allow { .. }),
     );
     admission.slots = Some(outcome.slots);
-    admission.next = match outcome.verdict {
+    admission.next = next_for(outcome.verdict, ratelimit, id);
+    admission
+}
+
+/// The caller's identity on `route`: `None` when the route reads no key, or an optional key
+/// is absent; the 401 when a key is wrong, or a required one missing.
+fn identify(
+    cfg: &Config,
+    route: &Route,
+    headers: &http::HeaderMap,
+) -> Result<Option<Arc<Identity>>, Box<Problem>> {
+    if route.auth == AuthMode::None {
+        return Ok(None);
+    }
+    match presented_key(headers, &cfg.auth.header).map(|k| cfg.auth.keys.lookup(k)) {
+        Some(Some(found)) => Ok(Some(found)),
+        Some(None) => Err(Box::new(Problem::unauthorized(false))),
+        None if route.auth == AuthMode::Required => Err(Box::new(Problem::unauthorized(true))),
+        None => Ok(None),
+    }
+}
+
+/// Every rule that applies to the request, in file order, with its check; the 400 when a
+/// request repeats a value an enforcing rule reads (a shadow rule only skips it).
+fn applying_rules(
+    cfg: &Config,
+    view: &RequestView<'_>,
+) -> Result<Vec<(Arc<Policy>, Check)>, Box<Problem>> {
+    let mut applying = Vec::new();
+    for rule in &cfg.rules {
+        match rule.matching(view) {
+            Ok(true) => {
+                if let Some(check) = rule.check_for(view) {
+                    applying.push((rule.policy.clone(), check));
+                }
+            }
+            // A shadow rule never refuses: it just cannot count this request.
+            Ok(false) | Err(_) if rule.shadow => {}
+            Ok(false) => {}
+            Err(e) => return Err(Box::new(Problem::bad_request(e.to_string()))),
+        }
+    }
+    Ok(applying)
+}
+
+/// What the request gets after the limiter's verdict: forwarded (after a shaping delay) with
+/// its RateLimit headers, or refused (429 or the rule's status with them; 503 when the store
+/// failed a closed rule).
+fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
+    match verdict {
         Verdict::Allow { delay } => Next::Forward {
             delay,
             ratelimit: Some(ratelimit),
@@ -235,8 +261,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
             problem.request_id = Some(id.to_string());
             Next::Answer(Box::new(problem.answer()))
         }
-    };
-    admission
+    }
 }
 
 /// Refuses what an upstream could read as another request than the one routed and counted:

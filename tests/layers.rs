@@ -77,7 +77,14 @@ fn graph(src: &Path) -> Graph {
     collect(src, &mut files);
     let test_only = test_only_files(&files);
     let mut g = Graph::new();
-    for file in files.iter().filter(|f| !test_only.contains(*f)) {
+    // A test-only module's own child modules (`engine/tests/*.rs` under `engine/tests.rs`)
+    // are test-only too.
+    let under_test_only = |f: &Path| {
+        test_only
+            .iter()
+            .any(|t| f.starts_with(t.with_extension("")) || t == f)
+    };
+    for file in files.iter().filter(|f| !under_test_only(f)) {
         let rel = file.strip_prefix(src).unwrap();
         let first = rel
             .components()
