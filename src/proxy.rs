@@ -330,7 +330,10 @@ impl ProxyHttp for Proxy {
             }
             ProxyRetry::No => e.set_retry(false),
         }
-        if let (Some(u), Some(t)) = (&upstream, &ctx.target) {
+        // A client that went away is not the target's failure: counting it (and ejecting the
+        // target on it) would let clients that abort their requests take healthy targets out.
+        let clients_fault = matches!(e.esource(), pingora::ErrorSource::Downstream);
+        if let (Some(u), Some(t), false) = (&upstream, &ctx.target, clients_fault) {
             if !ctx.responded {
                 t.count(&u.name, None, None);
             }

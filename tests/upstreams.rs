@@ -870,3 +870,79 @@ async fn each_reset_attempt_is_counted_once_with_retries() {
     assert_eq!(series(&bad.to_string(), "error"), attempts, "{m}");
     assert_eq!(series(&api.addr.to_string(), "2xx"), 20.0, "{m}");
 }
+
+/// A client that goes away mid-exchange is not the target's failure: hostile clients that
+/// abort requests (reset their connection before the answer) must not get a healthy target
+/// ejected by passive outlier detection, nor counted as its errors.
+#[tokio::test]
+async fn clients_that_abort_do_not_eject_a_healthy_target() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let api = OrdersApi::start("orders-live");
+    let body = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\"]\n\
+         passive = {{ consecutive_failures = 2, eject = \"1h\" }}\n\n\
+         [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n",
+        api.addr
+    );
+    let gw = Gateway::start(&body);
+    for i in 0..6 {
+        let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+        s.write_all(
+            format!("GET /debug/abort{i}?delay_ms=200 HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        // Reset (SO_LINGER 0) before the answer comes.
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt on a socket this test owns, with a struct of the right size.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &linger as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        drop(s);
+    }
+    // Let the aborted exchanges end (their upstream answers come after 200 ms).
+    let c = client();
+    eventually(
+        Duration::from_secs(10),
+        "the aborted requests are over",
+        || {
+            let c = c.clone();
+            let url = gw.admin_url("/metrics");
+            async move {
+                let m = get_text(&c, &url).await;
+                let ended: f64 = m
+                    .lines()
+                    .filter(|l| l.starts_with("floodgate_requests_total{route=\"debug\""))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                (ended >= 6.0).then_some(())
+            }
+        },
+    )
+    .await;
+    let v = get_json(&c, gw.admin_url("/upstreams")).await;
+    let target = &v["upstreams"][0]["targets"][0]["addrs"][0];
+    assert_eq!(target["ejected"], false, "{v}");
+    let m = get_text(&c, gw.admin_url("/metrics")).await;
+    let errors = m
+        .lines()
+        .find(|l| l.starts_with("floodgate_upstream_target_responses_total{class=\"error\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(
+        errors,
+        Some(0.0),
+        "a client's abort counted as the target's error\n{m}"
+    );
+    let r = c.get(gw.url("/debug/after")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
