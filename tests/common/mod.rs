@@ -350,7 +350,11 @@ pub fn http_get(
     path: &str,
     read_timeout: Duration,
 ) -> Result<(u16, String), String> {
-    let text = http_get_raw(addr, path, read_timeout)?;
+    status_and_body(&http_get_raw(addr, path, read_timeout)?)
+}
+
+/// An answer's status and body.
+fn status_and_body(text: &str) -> Result<(u16, String), String> {
     let status = text
         .split(' ')
         .nth(1)
@@ -366,29 +370,7 @@ pub fn http_get(
 /// `GET path` from the admin listener at `addr` on a raw connection, with a `Host` the admin
 /// listener answers (`localhost`; it refuses names it does not know): (status, body).
 pub fn admin_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    use std::io::Read as _;
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").as_bytes(),
-    )
-    .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status line in {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    status_and_body(&raw_get(addr, path, "localhost", Duration::from_secs(10))?)
 }
 
 /// [`http_get`]'s exchange, the whole answer as text (status line, headers and body).
@@ -397,14 +379,23 @@ pub fn http_get_raw(
     path: &str,
     read_timeout: Duration,
 ) -> Result<String, String> {
+    raw_get(addr, path, "floodgate.test", read_timeout)
+}
+
+/// `GET path` with `Host: host` on a new connection, closed after the answer: all of it.
+fn raw_get(
+    addr: SocketAddr,
+    path: &str,
+    host: &str,
+    read_timeout: Duration,
+) -> Result<String, String> {
     use std::io::Read as _;
     let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("connect: {e}"))?;
     conn.set_read_timeout(Some(read_timeout))
         .map_err(|e| e.to_string())?;
     conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n")
-            .as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes(),
     )
     .map_err(|e| format!("write: {e}"))?;
     let mut raw = Vec::new();
