@@ -448,6 +448,40 @@ mod tests {
         );
     }
 
+    /// `lease_return.lua` undoes the charge of exactly the algorithms (and modes) whose
+    /// capabilities say they can lease: a leasable algorithm it does not know would keep its
+    /// unspent permits charged, and one it knows that cannot lease is a stale branch.
+    #[test]
+    fn lease_return_handles_exactly_the_leasable_codes() {
+        let ret = include_str!("../../../lua/lease_return.lua");
+        let mut handled: Vec<u8> = ret
+            .split("code == ")
+            .skip(1)
+            .map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().expect("a code after `code == `")
+            })
+            .collect();
+        handled.sort_unstable();
+        handled.dedup();
+        let mut leasable = Vec::new();
+        for algorithm in Algorithm::ALL {
+            for mode in [LeakyMode::Police, LeakyMode::Shape] {
+                let caps = algorithm.capabilities();
+                let applies = mode == LeakyMode::Police || caps.shaping.is_some();
+                if applies && caps.lease_refused(mode).is_none() {
+                    leasable.push(caps.lua_fn(mode).code);
+                }
+            }
+        }
+        leasable.sort_unstable();
+        leasable.dedup();
+        assert_eq!(
+            handled, leasable,
+            "codes lease_return.lua undoes vs leasable codes"
+        );
+    }
+
     /// The packed check is the size and layout `decide.lua` unpacks, and the reply holds as
     /// many numbers per check as the script appends.
     #[test]
