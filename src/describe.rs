@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::config::{Config, Route};
-use crate::limiter::{Algorithm, LeakyMode};
+use crate::limiter::{LeakyMode, Window};
 use crate::rules::Rule;
 use crate::text::humantime;
 
@@ -44,25 +44,24 @@ pub fn rule_match(r: &Rule) -> String {
 /// A rule's limit as one short phrase, e.g. `token_bucket 100/1m burst 20`.
 pub fn rule_limit(r: &Rule) -> String {
     let l = &r.limit;
-    let window = humantime(l.window());
-    match l.algorithm() {
-        Algorithm::Concurrency => format!("concurrency {} in flight", l.limit()),
-        Algorithm::TokenBucket => {
-            format!("token_bucket {}/{window} burst {}", l.limit(), l.burst())
-        }
-        Algorithm::LeakyBucket => {
-            let mode = match l.mode() {
-                LeakyMode::Police => "police".to_string(),
-                LeakyMode::Shape => format!("shape max_delay {}", humantime(l.max_delay())),
-            };
-            format!(
-                "leaky_bucket {}/{window} burst {} {mode}",
-                l.limit(),
-                l.burst()
-            )
-        }
-        a => format!("{} {}/{window}", a.as_str(), l.limit()),
+    let caps = l.algorithm().capabilities();
+    let name = l.algorithm().as_str();
+    let mut out = match caps.window {
+        Window::None { .. } => format!("{name} {} in flight", l.limit()),
+        Window::Required => format!("{name} {}/{}", l.limit(), humantime(l.window())),
+    };
+    if caps.burst {
+        let _ = write!(out, " burst {}", l.burst());
     }
+    if caps.shaping.is_some() {
+        match l.mode() {
+            LeakyMode::Police => out.push_str(" police"),
+            LeakyMode::Shape => {
+                let _ = write!(out, " shape max_delay {}", humantime(l.max_delay()));
+            }
+        }
+    }
+    out
 }
 
 /// The text `floodgate check` prints for a valid config.
@@ -176,7 +175,8 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         "headers": r.headers,
         "status": r.status,
     });
-    if l.algorithm() != Algorithm::Concurrency {
+    let caps = l.algorithm().capabilities();
+    if caps.window == Window::Required {
         v["window"] = humantime(l.window()).into();
     }
     if let Some(lease) = &r.lease {
@@ -186,18 +186,11 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         };
         v["lease_ttl"] = humantime(lease.ttl).into();
     }
-    if matches!(
-        l.algorithm(),
-        Algorithm::TokenBucket | Algorithm::LeakyBucket
-    ) {
+    if caps.burst {
         v["burst"] = l.burst().into();
     }
-    if l.algorithm() == Algorithm::LeakyBucket {
-        v["mode"] = match l.mode() {
-            LeakyMode::Police => "police",
-            LeakyMode::Shape => "shape",
-        }
-        .into();
+    if caps.shaping.is_some() {
+        v["mode"] = l.mode().as_str().into();
         if l.mode() == LeakyMode::Shape {
             v["max_delay"] = humantime(l.max_delay()).into();
         }

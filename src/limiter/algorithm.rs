@@ -591,14 +591,14 @@ pub fn expires_at(state: &State) -> u64 {
     }
 }
 
-/// The quota a decision of `limit` shows ([`Decision::limit`]): `burst` for the buckets (the
-/// bucket size), the limit (at most [`MAX_SLIDING_LOG_LIMIT`] for the sliding log) otherwise.
+/// The quota a decision of `limit` shows ([`Decision::limit`]): its capacity (see
+/// [`super::Capabilities::capacity`]): `burst` for the buckets (the bucket size), the limit
+/// (at most [`MAX_SLIDING_LOG_LIMIT`] for the sliding log) otherwise.
 pub fn quota(limit: &Limit) -> u64 {
-    match limit.algorithm {
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => limit.burst,
-        Algorithm::SlidingWindowLog => limit.limit.min(MAX_SLIDING_LOG_LIMIT),
-        _ => limit.limit,
-    }
+    limit
+        .algorithm
+        .capabilities()
+        .capacity(limit.limit, limit.burst)
 }
 
 /// The longest wait a decision of `limit` can announce on a state this rule wrote, for a

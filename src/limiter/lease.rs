@@ -63,11 +63,7 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(1);
 /// can undo. The sliding log keeps one entry per request, concurrency counts requests in
 /// flight (not a rate), and shaping holds requests in a queue whose order a lease would break.
 pub fn leasable(algorithm: Algorithm, mode: LeakyMode) -> bool {
-    match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket => true,
-        Algorithm::LeakyBucket => mode == LeakyMode::Police,
-        Algorithm::SlidingWindowLog | Algorithm::Concurrency => false,
-    }
+    algorithm.capabilities().lease_refused(mode).is_none()
 }
 
 /// How often the returner looks for ended leases (and at most how late an unspent permit is

@@ -59,6 +59,195 @@ impl Algorithm {
     pub fn as_str(self) -> &'static str {
         crate::names::name_of(Self::NAMES, self)
     }
+
+    /// What this algorithm allows and how it counts: the one place that decides it. The
+    /// match has no `_` arm, so a new algorithm does not compile until it states each
+    /// capability; validation, [`Limit::new`], leasing, the Redis scripts' parameters and
+    /// `describe` all read this instead of naming algorithms.
+    pub const fn capabilities(self) -> Capabilities {
+        match self {
+            Algorithm::FixedWindow => Capabilities {
+                window: Window::Required,
+                burst: false,
+                limit_cap: None,
+                shaping: None,
+                lease_refused: None,
+                lua: LuaFn::new(1, "fixed_window"),
+                holds_slots: false,
+            },
+            Algorithm::SlidingWindowLog => Capabilities {
+                window: Window::Required,
+                burst: false,
+                limit_cap: Some(LimitCap {
+                    max: algorithm::MAX_SLIDING_LOG_LIMIT,
+                    why: "sliding_window_log keeps one timestamp per request",
+                    instead: "use sliding_window_counter for larger limits",
+                }),
+                shaping: None,
+                lease_refused: Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
+                lua: LuaFn::new(2, "sliding_window_log"),
+                holds_slots: false,
+            },
+            Algorithm::SlidingWindowCounter => Capabilities {
+                window: Window::Required,
+                burst: false,
+                limit_cap: None,
+                shaping: None,
+                lease_refused: None,
+                lua: LuaFn::new(3, "sliding_window_counter"),
+                holds_slots: false,
+            },
+            Algorithm::TokenBucket => Capabilities {
+                window: Window::Required,
+                burst: true,
+                limit_cap: None,
+                shaping: None,
+                lease_refused: None,
+                lua: LuaFn::new(4, "token_bucket"),
+                holds_slots: false,
+            },
+            Algorithm::LeakyBucket => Capabilities {
+                window: Window::Required,
+                burst: true,
+                limit_cap: None,
+                shaping: Some(Shaping {
+                    lua: LuaFn::new(6, "leaky_bucket_shape"),
+                    lease_refused: "a shaping leaky bucket spaces requests one by one in a shared queue, which leased permits would jump; use mode = \"police\"",
+                }),
+                lease_refused: None,
+                lua: LuaFn::new(5, "leaky_bucket_police"),
+                holds_slots: false,
+            },
+            Algorithm::Concurrency => Capabilities {
+                window: Window::None {
+                    why: "concurrency limits requests in flight",
+                },
+                burst: false,
+                limit_cap: None,
+                shaping: None,
+                lease_refused: Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
+                lua: LuaFn::new(7, "concurrency"),
+                holds_slots: true,
+            },
+        }
+    }
+
+    /// The names of the algorithms that have a capability, for error messages:
+    /// `token_bucket and leaky_bucket`, `a, b and c`.
+    pub fn names_where(has: fn(Capabilities) -> bool) -> String {
+        let names: Vec<&str> = Self::ALL
+            .into_iter()
+            .filter(|a| has(a.capabilities()))
+            .map(Algorithm::as_str)
+            .collect();
+        match names.split_last() {
+            Some((last, [])) => (*last).to_string(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+}
+
+/// What one algorithm allows in a rule and how it counts (see [`Algorithm::capabilities`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Whether a rule needs a `window`. Without one, the limit's window is zero and the
+    /// `RateLimit-Policy` header shows no `w`.
+    pub window: Window,
+    /// Whether a rule may set `burst`: the bucket size, which is then the rule's capacity
+    /// (default: `limit`). Such an algorithm is a bucket, whose refill time validation bounds.
+    pub burst: bool,
+    /// A `limit` bound below [`algorithm::MAX_COUNT`], if the algorithm has one.
+    pub limit_cap: Option<LimitCap>,
+    /// Whether the algorithm can shape (`mode = "shape"`, `max_delay`, `max_waiting`).
+    pub shaping: Option<Shaping>,
+    /// Why quota leasing cannot count this algorithm's state (in any mode); `None`: it can.
+    pub lease_refused: Option<&'static str>,
+    /// Its entry in `lua/decide.lua`'s `algorithms` table (police mode, or its only mode).
+    pub lua: LuaFn,
+    /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
+    pub holds_slots: bool,
+}
+
+impl Capabilities {
+    /// What a rule can ever admit at once (and the quota clients are shown): `burst` for a
+    /// bucket, else `limit`, within the algorithm's cap.
+    pub fn capacity(self, limit: u64, burst: u64) -> u64 {
+        if self.burst {
+            burst
+        } else {
+            self.limit_cap.map_or(limit, |c| limit.min(c.max))
+        }
+    }
+
+    /// Why a rule of this algorithm in `mode` cannot lease; `None`: it can.
+    pub fn lease_refused(self, mode: LeakyMode) -> Option<&'static str> {
+        match (mode, self.shaping) {
+            (LeakyMode::Shape, Some(s)) => self.lease_refused.or(Some(s.lease_refused)),
+            _ => self.lease_refused,
+        }
+    }
+
+    /// The entry of `lua/decide.lua`'s table that decides a rule in `mode`.
+    pub fn lua_fn(self, mode: LeakyMode) -> LuaFn {
+        match (mode, self.shaping) {
+            (LeakyMode::Shape, Some(s)) => s.lua,
+            _ => self.lua,
+        }
+    }
+}
+
+/// Whether a rule of an algorithm takes a `window`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// A window of at least 1 ms is required.
+    Required,
+    /// None may be given, and `why` says so in the error.
+    None {
+        /// What the algorithm counts instead, e.g. "concurrency limits requests in flight".
+        why: &'static str,
+    },
+}
+
+/// An algorithm's own bound on `limit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitCap {
+    /// The largest limit honoured (and accepted by validation).
+    pub max: u64,
+    /// Why, for the error: "<algorithm> keeps ...".
+    pub why: &'static str,
+    /// What to use instead, for the error.
+    pub instead: &'static str,
+}
+
+/// How an algorithm shapes (holds a request until its turn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shaping {
+    /// Its entry in `lua/decide.lua`'s table when shaping.
+    pub lua: LuaFn,
+    /// Why a shaping rule cannot lease.
+    pub lease_refused: &'static str,
+}
+
+/// One entry of `lua/decide.lua`'s `algorithms` table; a unit test in `redis/script.rs`
+/// checks the table against every algorithm's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LuaFn {
+    /// Its 1-based index, sent as the packed check's first byte.
+    pub code: u8,
+    /// The Lua function at that index.
+    pub name: &'static str,
+}
+
+impl LuaFn {
+    const fn new(code: u8, name: &'static str) -> Self {
+        LuaFn { code, name }
+    }
+}
+
+/// The algorithms that can shape, for error messages (`leaky_bucket`).
+pub fn shaping_names() -> String {
+    Algorithm::names_where(|c| c.shaping.is_some())
 }
 
 /// What a leaky bucket does with a request that does not fit right now.
@@ -97,9 +286,9 @@ pub struct Limit {
 
 impl Limit {
     /// A limit, or why it cannot be one: `limit` and `burst` at least 1; a window of at least
-    /// 1 ms for every algorithm but concurrency, which has none (a window given to it is
-    /// dropped; validation refuses one with its location); `mode` shape only for the leaky
-    /// bucket, and a `max_delay` only with it.
+    /// 1 ms for every algorithm that takes one (see [`Capabilities::window`]; a window given
+    /// to one that takes none is dropped, validation refuses it with its location); `mode`
+    /// shape only for an algorithm that can shape, and a `max_delay` only with it.
     pub fn new(
         algorithm: Algorithm,
         limit: u64,
@@ -114,19 +303,23 @@ impl Limit {
         if burst == 0 {
             return Err("burst must be at least 1".into());
         }
-        // A concurrency limit has no window: whatever is given is not kept.
-        let window = if algorithm == Algorithm::Concurrency {
-            Duration::ZERO
-        } else if window < Duration::from_millis(1) {
-            return Err("window must be at least 1ms".into());
-        } else {
-            window
+        let caps = algorithm.capabilities();
+        // An algorithm without a window: whatever is given is not kept.
+        let window = match caps.window {
+            Window::None { .. } => Duration::ZERO,
+            Window::Required if window < Duration::from_millis(1) => {
+                return Err("window must be at least 1ms".into());
+            }
+            Window::Required => window,
         };
-        if mode == LeakyMode::Shape && algorithm != Algorithm::LeakyBucket {
-            return Err("mode applies to leaky_bucket only".into());
+        if mode == LeakyMode::Shape && caps.shaping.is_none() {
+            return Err(format!("mode applies to {} only", shaping_names()));
         }
         if mode == LeakyMode::Police && !max_delay.is_zero() {
-            return Err("max_delay applies to leaky_bucket with mode = \"shape\" only".into());
+            return Err(format!(
+                "max_delay applies to {} with mode = \"shape\" only",
+                shaping_names()
+            ));
         }
         Ok(Limit {
             algorithm,

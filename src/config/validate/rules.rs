@@ -12,7 +12,7 @@ use crate::config::*;
 use crate::limiter::algorithm::{MAX_COUNT, MAX_WINDOW};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
-use crate::limiter::{Algorithm, LeakyMode, Limit};
+use crate::limiter::{shaping_names, Algorithm, LeakyMode, Limit, Window};
 use crate::rules::{FailureMode, KeyPart, Policy, Rule, RuleMatch, Scope};
 
 /// The longest a shaping leaky bucket may hold a request (`max_delay`, and the default of
@@ -42,16 +42,16 @@ pub(super) fn rules(
         }
         let shape = shape(src, r, name)?;
         let key = key(src, r, name)?;
-        if shape.algorithm == Algorithm::SlidingWindowLog
-            && shape.limit > crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
-        {
-            return Err(src.err(
-                r.limit.span(),
-                format!(
-                    "rule \"{name}\": sliding_window_log keeps one timestamp per request, so its limit is capped at {}; use sliding_window_counter for larger limits",
-                    crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
-                ),
-            ));
+        if let Some(cap) = shape.algorithm.capabilities().limit_cap {
+            if shape.limit > cap.max {
+                return Err(src.err(
+                    r.limit.span(),
+                    format!(
+                        "rule \"{name}\": {}, so its limit is capped at {}; {}",
+                        cap.why, cap.max, cap.instead
+                    ),
+                ));
+            }
         }
         let charge = charge(src, r, name, &shape)?;
         let matcher = rule_match(src, r, name, routes)?;
@@ -106,17 +106,16 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
             format!("rule \"{name}\": limit is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
         ));
     }
-    let window = match (&r.window, algorithm) {
-        (Some(w), Algorithm::Concurrency) => {
+    let caps = algorithm.capabilities();
+    let window = match (&r.window, caps.window) {
+        (Some(w), Window::None { why }) => {
             return Err(src.err(
                 w.span(),
-                format!(
-                    "rule \"{name}\": concurrency limits requests in flight and takes no window"
-                ),
+                format!("rule \"{name}\": {why} and takes no window"),
             ))
         }
-        (None, Algorithm::Concurrency) => Duration::ZERO,
-        (Some(w), _) => {
+        (None, Window::None { .. }) => Duration::ZERO,
+        (Some(w), Window::Required) => {
             let d = src.duration(w)?;
             if d < Duration::from_millis(1) {
                 return Err(src.err(
@@ -132,7 +131,7 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
             }
             d
         }
-        (None, _) => {
+        (None, Window::Required) => {
             return Err(src.err(
                 r.algorithm.span(),
                 format!(
@@ -143,7 +142,7 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
         }
     };
     let burst = match &r.burst {
-        Some(b) if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
+        Some(b) if caps.burst => {
             let burst = src.positive(b, "burst")?;
             if burst > MAX_COUNT {
                 return Err(src.err(
@@ -156,19 +155,20 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
         Some(b) => {
             return Err(src.err(
                 b.span(),
-                format!("rule \"{name}\": burst applies to token_bucket and leaky_bucket only"),
+                format!(
+                    "rule \"{name}\": burst applies to {} only",
+                    Algorithm::names_where(|c| c.burst)
+                ),
             ))
         }
         None => limit,
     };
     let mode = match &r.mode {
-        Some(m) if algorithm == Algorithm::LeakyBucket => {
-            src.one_of(m, "mode", LeakyMode::NAMES)?
-        }
+        Some(m) if caps.shaping.is_some() => src.one_of(m, "mode", LeakyMode::NAMES)?,
         Some(m) => {
             return Err(src.err(
                 m.span(),
-                format!("rule \"{name}\": mode applies to leaky_bucket only"),
+                format!("rule \"{name}\": mode applies to {} only", shaping_names()),
             ))
         }
         None => LeakyMode::Police,
@@ -188,7 +188,8 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
             return Err(src.err(
                 d.span(),
                 format!(
-                    "rule \"{name}\": max_delay applies to leaky_bucket with mode = \"shape\" only"
+                    "rule \"{name}\": max_delay applies to {} with mode = \"shape\" only",
+                    shaping_names()
                 ),
             ))
         }
@@ -198,9 +199,7 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
     // burst × window / limit: how long an empty bucket takes to refill (a bucket's state spans
     // that much), compared without rounding.
     let refill_ns = u128::from(burst) * window.as_nanos();
-    if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
-        && refill_ns > MAX_WINDOW.as_nanos() * u128::from(limit)
-    {
+    if caps.burst && refill_ns > MAX_WINDOW.as_nanos() * u128::from(limit) {
         // Only a burst above the limit refills slower than the window.
         let span = r.burst.as_ref().map_or(r.limit.span(), |b| b.span());
         let days = refill_ns.div_ceil(u128::from(limit) * 86_400_000_000_000);
@@ -262,14 +261,10 @@ fn charge(src: &Src, r: &RawRule, name: &str, shape: &Shape) -> Result<Charge, C
         Some(c) => src.positive(c, "cost")?,
         None => 1,
     };
-    let capacity = if matches!(
-        shape.algorithm,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket
-    ) {
-        shape.burst
-    } else {
-        shape.limit
-    };
+    let capacity = shape
+        .algorithm
+        .capabilities()
+        .capacity(shape.limit, shape.burst);
     if cost > capacity {
         let span = r.cost.as_ref().map_or(r.limit.span(), |c| c.span());
         return Err(src.err(
@@ -288,11 +283,12 @@ fn charge(src: &Src, r: &RawRule, name: &str, shape: &Shape) -> Result<Charge, C
         None => 429,
     };
     let lease = rule_lease(src, r, name, shape.algorithm, shape.mode, scope, cost)?;
-    let shaping = shape.algorithm == Algorithm::LeakyBucket && shape.mode == LeakyMode::Shape;
+    // `shape` accepted mode = "shape" only for an algorithm that can shape.
     let max_waiting = match &r.max_waiting {
-        Some(m) if shaping => src.positive(m, "max_waiting")? as usize,
+        Some(m) if shape.mode == LeakyMode::Shape => src.positive(m, "max_waiting")? as usize,
         Some(m) => {
-            let why = "max_waiting applies to leaky_bucket with mode = \"shape\" only";
+            let names = shaping_names();
+            let why = format!("max_waiting applies to {names} with mode = \"shape\" only");
             return Err(src.err(m.span(), format!("rule \"{name}\": {why}")));
         }
         None => MAX_WAITING_PER_RULE,
@@ -354,7 +350,8 @@ fn rule_match(
 }
 
 /// A rule's `lease` and `lease_ttl`: only for global rules of the algorithms whose state a
-/// lease can count (see `crate::limiter::lease::leasable`), with the reason otherwise.
+/// lease can count (see `crate::limiter::Capabilities::lease_refused`), with the reason
+/// otherwise.
 fn rule_lease(
     src: &Src,
     r: &RawRule,
@@ -393,13 +390,7 @@ fn rule_lease(
             ))
         }
     };
-    let why_not = match (algorithm, mode) {
-        (Algorithm::SlidingWindowLog, _) => Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
-        (Algorithm::Concurrency, _) => Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
-        (Algorithm::LeakyBucket, LeakyMode::Shape) => Some("a shaping leaky bucket spaces requests one by one in a shared queue, which leased permits would jump; use mode = \"police\""),
-        _ => None,
-    };
-    if let Some(why) = why_not {
+    if let Some(why) = algorithm.capabilities().lease_refused(mode) {
         return Err(src.err(
             span,
             format!("rule \"{name}\": lease is not allowed here: {why}"),

@@ -592,3 +592,144 @@ proptest! {
         prop_assert_eq!(key.peek(&l, 0, 1).remaining, l.limit - 1);
     }
 }
+
+/// Every algorithm's capabilities, spelled out: a new algorithm fails to compile here (the
+/// match has no `_` arm) until its row is written, and a changed capability must be changed
+/// here on purpose. Columns: takes a window, takes burst, limit cap, can shape, leases when
+/// policing, leases when shaping, Lua function (police, shape), holds slots, capacity of
+/// limit 10 burst 3.
+#[test]
+fn every_algorithm_states_its_capabilities() {
+    type Row = (
+        bool,
+        bool,
+        Option<u64>,
+        bool,
+        bool,
+        bool,
+        (&'static str, &'static str),
+        bool,
+        u64,
+    );
+    for a in Algorithm::ALL {
+        let expected: Row = match a {
+            Algorithm::FixedWindow => (
+                true,
+                false,
+                None,
+                false,
+                true,
+                true,
+                ("fixed_window", "fixed_window"),
+                false,
+                10,
+            ),
+            Algorithm::SlidingWindowLog => (
+                true,
+                false,
+                Some(MAX_SLIDING_LOG_LIMIT),
+                false,
+                false,
+                false,
+                ("sliding_window_log", "sliding_window_log"),
+                false,
+                10,
+            ),
+            Algorithm::SlidingWindowCounter => (
+                true,
+                false,
+                None,
+                false,
+                true,
+                true,
+                ("sliding_window_counter", "sliding_window_counter"),
+                false,
+                10,
+            ),
+            Algorithm::TokenBucket => (
+                true,
+                true,
+                None,
+                false,
+                true,
+                true,
+                ("token_bucket", "token_bucket"),
+                false,
+                3,
+            ),
+            Algorithm::LeakyBucket => (
+                true,
+                true,
+                None,
+                true,
+                true,
+                false,
+                ("leaky_bucket_police", "leaky_bucket_shape"),
+                false,
+                3,
+            ),
+            Algorithm::Concurrency => (
+                false,
+                false,
+                None,
+                false,
+                false,
+                false,
+                ("concurrency", "concurrency"),
+                true,
+                10,
+            ),
+        };
+        let c = a.capabilities();
+        let actual: Row = (
+            c.window == super::super::Window::Required,
+            c.burst,
+            c.limit_cap.map(|cap| cap.max),
+            c.shaping.is_some(),
+            c.lease_refused(LeakyMode::Police).is_none(),
+            c.lease_refused(LeakyMode::Shape).is_none(),
+            (
+                c.lua_fn(LeakyMode::Police).name,
+                c.lua_fn(LeakyMode::Shape).name,
+            ),
+            c.holds_slots,
+            c.capacity(10, 3),
+        );
+        assert_eq!(actual, expected, "{}", a.as_str());
+    }
+}
+
+/// A capped algorithm's cap applies to its capacity, which is what its decisions show.
+#[test]
+fn capacity_is_within_the_limit_cap_and_is_the_quota() {
+    let log = Algorithm::SlidingWindowLog.capabilities();
+    assert_eq!(log.capacity(u64::MAX, 1), MAX_SLIDING_LOG_LIMIT);
+    for a in Algorithm::ALL {
+        let l = Limit::police(a, 10, Duration::from_secs(1), 3);
+        assert_eq!(
+            quota(&l),
+            a.capabilities().capacity(10, 3),
+            "{}",
+            a.as_str()
+        );
+    }
+}
+
+/// The algorithm names that validation's messages list come from the capabilities.
+#[test]
+fn names_where_lists_the_algorithms_with_a_capability() {
+    assert_eq!(
+        Algorithm::names_where(|c| c.burst),
+        "token_bucket and leaky_bucket"
+    );
+    assert_eq!(crate::limiter::shaping_names(), "leaky_bucket");
+    assert_eq!(
+        Algorithm::names_where(|c| c.lease_refused.is_some()),
+        "sliding_window_log and concurrency"
+    );
+    assert_eq!(
+        Algorithm::names_where(|c| c.window == super::super::Window::Required),
+        "fixed_window, sliding_window_log, sliding_window_counter, token_bucket and leaky_bucket"
+    );
+    assert_eq!(Algorithm::names_where(|_| false), "");
+}

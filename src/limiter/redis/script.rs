@@ -111,15 +111,7 @@ pub(super) const RETURN_BYTES: usize = 1 + 5 * 8;
 
 /// The algorithm's number in `decide.lua`'s `algorithms` table (1-based, as Lua indexes).
 pub(super) fn code(algorithm: Algorithm, mode: LeakyMode) -> u8 {
-    match (algorithm, mode) {
-        (Algorithm::FixedWindow, _) => 1,
-        (Algorithm::SlidingWindowLog, _) => 2,
-        (Algorithm::SlidingWindowCounter, _) => 3,
-        (Algorithm::TokenBucket, _) => 4,
-        (Algorithm::LeakyBucket, LeakyMode::Police) => 5,
-        (Algorithm::LeakyBucket, LeakyMode::Shape) => 6,
-        (Algorithm::Concurrency, _) => 7,
-    }
+    algorithm.capabilities().lua_fn(mode).code
 }
 
 /// The numbers one check passes to the decide script (see `lua/decide.lua`).
@@ -150,16 +142,17 @@ impl Params {
         let window_ns = algorithm::window_ns(l);
         let interval_ns = algorithm::interval_ns(l);
         let bucket = u128::from(l.burst) * u128::from(interval_ns);
-        let cap = match (l.algorithm, l.mode) {
-            (Algorithm::TokenBucket, _) | (Algorithm::LeakyBucket, LeakyMode::Police) => bucket,
-            (Algorithm::LeakyBucket, LeakyMode::Shape) => l.max_delay.as_nanos().min(bucket),
-            _ => 0,
+        let caps = l.algorithm.capabilities();
+        // A bucket's size in time; when shaping, the longest a request may wait in it.
+        let shaping = caps.shaping.is_some() && l.mode == LeakyMode::Shape;
+        let cap = match (caps.burst, shaping) {
+            (false, _) => 0,
+            (true, false) => bucket,
+            (true, true) => l.max_delay.as_nanos().min(bucket),
         };
         let quota = algorithm::quota(l);
-        let limit = match l.algorithm {
-            Algorithm::SlidingWindowLog => quota,
-            _ => l.limit,
-        };
+        // The scripts honour the same cap on `limit` as the reference.
+        let limit = caps.limit_cap.map_or(l.limit, |c| l.limit.min(c.max));
         Params {
             code: code(l.algorithm, l.mode),
             cost: check.cost.min(MAX_EXACT),
@@ -291,7 +284,7 @@ pub(super) fn hex16(lease: u64) -> String {
 
 /// Whether `check` takes a concurrency slot that `release.lua` must give back.
 pub(super) fn holds_slot(check: &Check) -> bool {
-    check.limit.algorithm == Algorithm::Concurrency && check.cost > 0
+    check.limit.algorithm.capabilities().holds_slots && check.cost > 0
 }
 
 /// `v` as a `u64`, saturating.
@@ -315,7 +308,7 @@ fn pack<const BYTES: usize, const NUMBERS: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Limit;
+    use crate::limiter::{Limit, LuaFn};
 
     fn check(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> Check {
         Check {
@@ -415,15 +408,6 @@ mod tests {
         &source[start..start + len]
     }
 
-    /// The Lua function that mirrors each algorithm (and leaky bucket mode).
-    fn lua_name(algorithm: Algorithm, mode: LeakyMode) -> String {
-        match (algorithm, mode) {
-            (Algorithm::LeakyBucket, LeakyMode::Police) => "leaky_bucket_police".into(),
-            (Algorithm::LeakyBucket, LeakyMode::Shape) => "leaky_bucket_shape".into(),
-            (a, _) => a.as_str().into(),
-        }
-    }
-
     /// Every algorithm code Rust sends names, in `decide.lua`'s table, the Lua function that
     /// mirrors that algorithm, and that function exists in the composed script; the table
     /// holds no code Rust does not send.
@@ -438,14 +422,13 @@ mod tests {
         let mut sent = Vec::new();
         for algorithm in Algorithm::ALL {
             for mode in [LeakyMode::Police, LeakyMode::Shape] {
-                let code = code(algorithm, mode);
-                let name = lua_name(algorithm, mode);
+                let LuaFn { code, name } = algorithm.capabilities().lua_fn(mode);
                 let at = usize::from(code)
                     .checked_sub(1)
                     .expect("Lua tables are 1-based");
                 assert_eq!(
                     table.get(at).copied(),
-                    Some(name.as_str()),
+                    Some(name),
                     "code {code} is {name} in Rust but {:?} in decide.lua",
                     table.get(at)
                 );
@@ -462,6 +445,40 @@ mod tests {
             sent.len(),
             table.len(),
             "decide.lua's table has codes Rust never sends"
+        );
+    }
+
+    /// `lease_return.lua` undoes the charge of exactly the algorithms (and modes) whose
+    /// capabilities say they can lease: a leasable algorithm it does not know would keep its
+    /// unspent permits charged, and one it knows that cannot lease is a stale branch.
+    #[test]
+    fn lease_return_handles_exactly_the_leasable_codes() {
+        let ret = include_str!("../../../lua/lease_return.lua");
+        let mut handled: Vec<u8> = ret
+            .split("code == ")
+            .skip(1)
+            .map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().expect("a code after `code == `")
+            })
+            .collect();
+        handled.sort_unstable();
+        handled.dedup();
+        let mut leasable = Vec::new();
+        for algorithm in Algorithm::ALL {
+            for mode in [LeakyMode::Police, LeakyMode::Shape] {
+                let caps = algorithm.capabilities();
+                let applies = mode == LeakyMode::Police || caps.shaping.is_some();
+                if applies && caps.lease_refused(mode).is_none() {
+                    leasable.push(caps.lua_fn(mode).code);
+                }
+            }
+        }
+        leasable.sort_unstable();
+        leasable.dedup();
+        assert_eq!(
+            handled, leasable,
+            "codes lease_return.lua undoes vs leasable codes"
         );
     }
 
