@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::store::SharedStore;
-use crate::limiter::{Algorithm, Check};
+use crate::limiter::Check;
 
 /// Concurrency slots held by one request (not quota leases: see [`crate::limiter::lease`]).
 /// Dropping it releases them, so a slot is given back however the exchange ends: finished,
@@ -27,7 +27,7 @@ pub struct Slots {
 
 /// Whether `check` holds a slot while its request runs (rather than a rate unit).
 fn holds_slot(check: &Check) -> bool {
-    check.limit.algorithm() == Algorithm::Concurrency
+    check.limit.algorithm().capabilities().holds_slots
 }
 
 impl Slots {
