@@ -15,6 +15,10 @@
 //! overflow the buffer and end the body (there would be no next piece to put them in front
 //! of): see [`may_read_ahead`].
 //!
+//! A client that sends `Expect: 100-continue` gets floodgate's `100 Continue` once the request
+//! is admitted (the upstream is not asked yet), and the request goes upstream without the
+//! `Expect`.
+//!
 //! HTTP/2 multiplexes: one connection may have at most [`MAX_WAITING_PER_H2_CONNECTION`]
 //! requests reading their bodies ahead at once; more are answered `429`, so a connection's
 //! read-ahead memory stays bounded (`100 streams × 64 KiB` otherwise).
@@ -77,6 +81,9 @@ pub struct Body {
     deadline: Option<Instant>,
     /// Bytes read ahead that Pingora's retry buffer could not hold (it overflowed).
     held: Vec<Bytes>,
+    /// floodgate answered the client's `Expect: 100-continue` itself (the upstream must not
+    /// be asked to again).
+    continued: bool,
 }
 
 /// How reading ahead ended.
@@ -116,6 +123,15 @@ impl Body {
             h2,
             length: declared_length(session),
         };
+        if !h2 && expects_continue(session) {
+            // A client that waits for `100 Continue` before its body would wait for an
+            // upstream that is not asked yet: floodgate says it, once the request is admitted.
+            let interim = pingora::http::ResponseHeader::build(100, Some(0))?;
+            session
+                .write_response_header(Box::new(interim), false)
+                .await?;
+            self.continued = true;
+        }
         session.as_mut().enable_retry_buffering();
         let mut read = 0;
         let mut pieces = Vec::new();
@@ -154,6 +170,12 @@ impl Body {
         *piece = Some(out.freeze());
     }
 
+    /// Whether floodgate answered `Expect: 100-continue` itself: the request goes upstream
+    /// without its `Expect` (the body is already on its way).
+    pub fn continued(&self) -> bool {
+        self.continued
+    }
+
     /// Whether the body's deadline has passed (checked as each streamed piece goes upstream).
     pub fn late(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() > d)
@@ -171,6 +193,16 @@ impl Body {
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))));
         }
     }
+}
+
+/// Whether an HTTP/1.1 request asks for `100 Continue` before it sends its body.
+fn expects_continue(session: &Session) -> bool {
+    let req = session.req_header();
+    req.version == http::Version::HTTP_11
+        && req
+            .headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// The body's declared length, when it is framed by `Content-Length` (not chunked).

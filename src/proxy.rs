@@ -353,6 +353,9 @@ impl ProxyHttp for Proxy {
         };
         // First: it joins repeated X-Forwarded-For lines that `forwarding::apply` appends to.
         crate::header_policy::for_upstream(upstream_request, cfg.server.headers_with_underscores);
+        if ctx.body.continued() {
+            upstream_request.remove_header(&http::header::EXPECT);
+        }
         ctx.upstream_start = Some(Instant::now());
         let reads_keys = ctx.route().is_some_and(|r| r.auth != AuthMode::None);
         let forwarded = Forwarded {

@@ -399,3 +399,36 @@ async fn h2_streams_waiting_on_bodies_are_bounded_per_connection() {
     assert_eq!(timed_out, 16, "{statuses:?}");
     assert_eq!(up.accepted.load(Ordering::SeqCst), 0);
 }
+
+/// A client that waits for `100 Continue` before it sends its body (as curl does for large
+/// uploads) is told to go on by floodgate, which reads the body before the upstream is asked:
+/// without that it would wait out body_timeout.
+#[test]
+fn expect_100_continue_is_answered_before_the_body_is_read() {
+    let up = CountingUpstream::start();
+    let gw = gateway(&up);
+    let body: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let mut c = TcpStream::connect(gw.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(
+        format!(
+            "POST /up HTTP/1.1\r\nhost: a\r\ncontent-length: {}\r\nexpect: 100-continue\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut interim = Vec::new();
+    let mut byte = [0u8; 1];
+    while !interim.ends_with(b"\r\n\r\n") {
+        assert_eq!(c.read(&mut byte).unwrap(), 1, "closed before 100 Continue");
+        interim.push(byte[0]);
+    }
+    let interim = String::from_utf8_lossy(&interim);
+    assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+    c.write_all(&body).unwrap();
+    let (status, head, answer) = read_answer(&mut c).expect("an answer");
+    assert_eq!(status, 200, "{head}{answer}");
+    let want = format!("{} {}", body.len(), hex::encode(Sha256::digest(&body)));
+    assert!(answer.ends_with(&want), "{answer}");
+}
