@@ -17,7 +17,10 @@
 --           interval for the token bucket and leaky police, the longest wait min(max_delay,
 --           burst * interval) for leaky shape), lease, share, all integers below 2^53.
 --           lease: 0 for an exact check; otherwise the permits the gateway would like to lease
---           (at least cost). share: 2 x instances. A lease is granted from the authoritative
+--           (at least cost). share: 2 x instances.
+--           A calendar rule (fixed window only) appends four more doubles (113 bytes): the
+--           boundaries of the previous, current and next periods around the gateway's time
+--           (previous start, current start, next start, next end, us); see fixed_window.lua. A lease is granted from the authoritative
 --           state: cost, plus at most floor(remaining / share) more (a fair share of what is
 --           left, shrinking to single permits as the budget runs out), never more than lease.
 --
@@ -56,11 +59,15 @@ local charges = {}
 local admitted = true
 for i, key in ipairs(KEYS) do
   local packed = ARGV[3 + i]
-  if packed == nil or #packed ~= 81 then
-    return redis.error_reply('floodgate: check ' .. i .. ' is not 81 packed bytes')
+  if packed == nil or (#packed ~= 81 and #packed ~= 113) then
+    return redis.error_reply('floodgate: check ' .. i .. ' is not 81 or 113 packed bytes')
   end
   local code, cost, limit, window, burst, int_u, int_n, cap_u, cap_n, wanted, share =
     struct.unpack('<Bdddddddddd', packed)
+  local periods = nil
+  if #packed == 113 then
+    periods = { struct.unpack('<dddd', packed, 82) }
+  end
   local decide = algorithms[code]
   if decide == nil then
     return redis.error_reply('floodgate: unknown algorithm ' .. code)
@@ -76,11 +83,16 @@ for i, key in ipairs(KEYS) do
     cap_n = cap_n,
     lease = lease,
     lease_ttl = lease_ttl,
+    periods = periods,
   }
   local allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge =
     decide(key, now, p)
   local granted, window_left, window_end = cost, 0, 0
-  if code == 1 or code == 3 then
+  if code == 1 then
+    local _
+    _, window_end = fw_window(now, p)
+    window_left = window_end - now
+  elseif code == 3 then
     local _, into = floor_div(now, window)
     window_end = now - into + window
     window_left = window_end - now

@@ -48,7 +48,15 @@ pub fn rule_limit(r: &Rule) -> String {
     let name = l.algorithm().as_str();
     let mut out = match caps.window {
         Window::None { .. } => format!("{name} {} in flight", l.limit()),
-        Window::Required => format!("{name} {}/{}", l.limit(), humantime(l.window())),
+        Window::Required => match l.calendar() {
+            Some(c) => format!(
+                "{name} {}/{} {}",
+                l.limit(),
+                c.period().as_str(),
+                c.zone_name()
+            ),
+            None => format!("{name} {}/{}", l.limit(), humantime(l.window())),
+        },
     };
     if caps.burst {
         let _ = write!(out, " burst {}", l.burst());
@@ -176,7 +184,10 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         "status": r.status,
     });
     let caps = l.algorithm().capabilities();
-    if caps.window == Window::Required {
+    if let Some(c) = l.calendar() {
+        v["calendar"] = c.period().as_str().into();
+        v["timezone"] = c.zone_name().into();
+    } else if caps.window == Window::Required {
         v["window"] = humantime(l.window()).into();
     }
     if let Some(lease) = &r.lease {

@@ -396,6 +396,14 @@ pub fn whole_seconds_at_least_one(d: Duration) -> u64 {
     ceil_secs(d).max(1)
 }
 
+/// The wall-clock time in ns since the epoch, for the length of a calendar rule's current
+/// period in `RateLimit-Policy`.
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// Whole seconds, rounded up (`t` of RateLimit may be 0 when the quota is already full).
 pub fn ceil_secs(d: Duration) -> u64 {
     // Saturating: `Duration::MAX` would overflow, and a header value is no place to panic.
@@ -478,7 +486,11 @@ impl RateLimitHeaders {
             push_sf_string(&mut h.policy, &rule.name);
             h.policy.push_str(";q=");
             push_sf_integer(&mut h.policy, rule.limit.limit());
-            if !rule.limit.window().is_zero() {
+            if let Some(c) = rule.limit.calendar() {
+                // A calendar period's own length: a day is 23 or 25 hours across DST.
+                h.policy.push_str(";w=");
+                push_sf_integer(&mut h.policy, ceil_secs(c.length_at(unix_now_ns())).max(1));
+            } else if !rule.limit.window().is_zero() {
                 h.policy.push_str(";w=");
                 push_sf_integer(&mut h.policy, ceil_secs(rule.limit.window()).max(1));
             }

@@ -252,6 +252,14 @@ impl Rule {
         // 2 h ones); a changed limit, burst or cost keeps them.
         h.update([0xff]);
         h.update(self.limit.window().as_nanos().to_le_bytes());
+        // A calendar rule's zone too: a day in Tokyo is not a day in New York. Only for
+        // calendar rules, so every other rule keeps its counters' ids.
+        if let Some(c) = self.limit.calendar() {
+            h.update([0xfe]);
+            h.update(c.period().as_str().as_bytes());
+            h.update([0]);
+            h.update(c.zone_name().as_bytes());
+        }
         let digest = h.finalize();
         let mut first = [0u8; 8];
         first.copy_from_slice(&digest[..8]);

@@ -218,6 +218,10 @@ pub struct RawRule {
     pub status: Option<Spanned<i64>>,
     pub lease: Option<Spanned<RawLease>>,
     pub lease_ttl: Option<Spanned<String>>,
+    /// Calendar quotas (issue 23): `calendar = "day" | "week" | "month"` instead of `window`.
+    pub calendar: Option<Spanned<String>>,
+    /// The IANA zone of `calendar` (default `"UTC"`).
+    pub timezone: Option<Spanned<String>>,
 }
 
 /// A rule's `lease`: `"auto"` or a number of permits.

@@ -208,15 +208,19 @@ pub fn decide(state: Option<&State>, limit: &Limit, now_ns: u64, cost: u64) -> (
 ///
 /// Reload: a changed `limit` keeps the count; a changed `window` moves the boundaries, and a
 /// count that belongs to no current window is dropped.
+///
+/// Calendar rules ([`Limit::calendar`]): the window is the calendar period holding `now`
+/// (a day of 23 or 25 hours across DST), so `reset` is the time to the period's end.
 pub fn fixed_window(
     state: Option<&State>,
     limit: &Limit,
     now_ns: u64,
     cost: u64,
 ) -> (Decision, Update) {
-    let window = window_ns(limit);
+    // A calendar rule's window is the period of its zone that holds `now`.
+    let (window_start, window_end) = limit.window_at(now_ns);
+    let window = window_end - window_start;
     let quota = limit.limit;
-    let window_end = (now_ns - now_ns % window).saturating_add(window);
     let count = match state {
         Some(State::FixedWindow {
             window_end: end,

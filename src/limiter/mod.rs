@@ -7,6 +7,7 @@
 //! or none is. The `engine` combines a request's rules over them.
 
 pub mod algorithm;
+pub mod calendar;
 pub mod engine;
 pub mod lease;
 pub mod memory;
@@ -15,6 +16,7 @@ pub mod redis;
 pub mod settings;
 pub mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which algorithm a rule uses. See the README's "Algorithms" section for each one's guarantee.
@@ -74,6 +76,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(1, "fixed_window"),
                 holds_slots: false,
+                calendar: true,
             },
             Algorithm::SlidingWindowLog => Capabilities {
                 window: Window::Required,
@@ -87,6 +90,7 @@ impl Algorithm {
                 lease_refused: Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
                 lua: LuaFn::new(2, "sliding_window_log"),
                 holds_slots: false,
+                calendar: false,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
                 window: Window::Required,
@@ -96,6 +100,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(3, "sliding_window_counter"),
                 holds_slots: false,
+                calendar: false,
             },
             Algorithm::TokenBucket => Capabilities {
                 window: Window::Required,
@@ -105,6 +110,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(4, "token_bucket"),
                 holds_slots: false,
+                calendar: false,
             },
             Algorithm::LeakyBucket => Capabilities {
                 window: Window::Required,
@@ -117,6 +123,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(5, "leaky_bucket_police"),
                 holds_slots: false,
+                calendar: false,
             },
             Algorithm::Concurrency => Capabilities {
                 window: Window::None {
@@ -128,6 +135,7 @@ impl Algorithm {
                 lease_refused: Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
                 lua: LuaFn::new(7, "concurrency"),
                 holds_slots: true,
+                calendar: false,
             },
         }
     }
@@ -167,6 +175,9 @@ pub struct Capabilities {
     pub lua: LuaFn,
     /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
     pub holds_slots: bool,
+    /// Whether a rule may count per calendar period (`calendar`, `timezone`) instead of per
+    /// aligned window: only a counter that starts over at a window's end can.
+    pub calendar: bool,
 }
 
 impl Capabilities {
@@ -282,6 +293,9 @@ pub struct Limit {
     burst: u64,
     mode: LeakyMode,
     max_delay: Duration,
+    /// A calendar rule's period and zone (`calendar`, `timezone`); `window` is then the
+    /// period's longest length ([`calendar::Period::longest`]).
+    calendar: Option<Arc<calendar::Calendar>>,
 }
 
 impl Limit {
@@ -328,7 +342,43 @@ impl Limit {
             burst,
             mode,
             max_delay,
+            calendar: None,
         })
+    }
+
+    /// This limit counted per calendar period of `calendar` instead of per aligned window:
+    /// for an algorithm whose capabilities allow it (fixed window) only. Its window becomes
+    /// the period's longest length, which bounds what its decisions can announce.
+    pub fn with_calendar(self, calendar: calendar::Calendar) -> Result<Limit, String> {
+        if !self.algorithm.capabilities().calendar {
+            return Err(format!(
+                "calendar applies to {} only",
+                Algorithm::names_where(|c| c.calendar)
+            ));
+        }
+        Ok(Limit {
+            window: calendar.period().longest(),
+            calendar: Some(Arc::new(calendar)),
+            ..self
+        })
+    }
+
+    /// The calendar period this limit counts in, if it is a calendar rule.
+    pub fn calendar(&self) -> Option<&calendar::Calendar> {
+        self.calendar.as_deref()
+    }
+
+    /// The window that contains `now_ns` (ns since the epoch): `[start, end)`. The calendar
+    /// period for a calendar rule, else the window aligned on multiples of `window`.
+    pub fn window_at(&self, now_ns: u64) -> (u64, u64) {
+        match &self.calendar {
+            Some(c) => c.period_at(now_ns),
+            None => {
+                let w = algorithm::window_ns(self);
+                let start = now_ns - now_ns % w;
+                (start, start.saturating_add(w))
+            }
+        }
     }
 
     /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a

@@ -10,6 +10,7 @@ use super::source::Src;
 use crate::config::schema::*;
 use crate::config::*;
 use crate::limiter::algorithm::{MAX_COUNT, MAX_WINDOW};
+use crate::limiter::calendar::{Calendar, Period};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
 use crate::limiter::{shaping_names, Algorithm, LeakyMode, Limit, Window};
@@ -69,6 +70,10 @@ pub(super) fn rules(
                     shape.mode,
                     shape.max_delay,
                 )
+                .and_then(|l| match shape.calendar.clone() {
+                    Some(c) => l.with_calendar(c),
+                    None => Ok(l),
+                })
                 .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
                 scope: charge.scope,
                 on_store_error: charge.on_store_error,
@@ -93,6 +98,8 @@ struct Shape {
     burst: u64,
     mode: LeakyMode,
     max_delay: Duration,
+    /// `calendar` and `timezone`: the rule counts per calendar period.
+    calendar: Option<Calendar>,
 }
 
 /// `algorithm`, `limit`, `window`, `burst`, `mode` and `max_delay`, each checked against the
@@ -107,7 +114,17 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
         ));
     }
     let caps = algorithm.capabilities();
+    let calendar = calendar(src, r, name, algorithm)?;
     let window = match (&r.window, caps.window) {
+        (Some(w), _) if calendar.is_some() => {
+            return Err(src.err(
+                w.span(),
+                format!("rule \"{name}\": calendar replaces window; give one of them"),
+            ))
+        }
+        (None, _) if calendar.is_some() => calendar
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.period().longest()),
         (Some(w), Window::None { why }) => {
             return Err(src.err(
                 w.span(),
@@ -215,6 +232,44 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
         burst,
         mode,
         max_delay,
+        calendar,
+    })
+}
+
+/// `calendar` and `timezone` (issue 23): a period of an IANA zone, for the algorithms whose
+/// capabilities allow it; a `timezone` alone is refused, as it would be silently ignored.
+fn calendar(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+) -> Result<Option<Calendar>, ConfigError> {
+    let Some(c) = &r.calendar else {
+        return match &r.timezone {
+            Some(tz) => Err(src.err(
+                tz.span(),
+                format!("rule \"{name}\": timezone applies to calendar rules only (calendar = \"day\", \"week\" or \"month\")"),
+            )),
+            None => Ok(None),
+        };
+    };
+    if !algorithm.capabilities().calendar {
+        return Err(src.err(
+            c.span(),
+            format!(
+                "rule \"{name}\": calendar applies to {} only",
+                Algorithm::names_where(|caps| caps.calendar)
+            ),
+        ));
+    }
+    let period = src.one_of(c, "calendar", Period::NAMES)?;
+    let zone = r
+        .timezone
+        .as_ref()
+        .map_or("UTC", |tz| tz.get_ref().as_str());
+    Calendar::new(period, zone).map(Some).map_err(|e| {
+        let span = r.timezone.as_ref().map_or(c.span(), |tz| tz.span());
+        src.err(span, format!("rule \"{name}\": {e}"))
     })
 }
 

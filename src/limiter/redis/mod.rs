@@ -604,7 +604,11 @@ impl Inner {
         let params: Vec<Params> = checks
             .iter()
             .zip(wants.iter().chain(std::iter::repeat(&0)))
-            .map(|(c, &w)| Params::leasing(c, w, instances))
+            .map(|(c, &w)| match now_us {
+                // An injected time is the gateway's too: calendar periods are around it.
+                Some(us) => Params::leasing(c, w, instances).around(c, us.saturating_mul(1000)),
+                None => Params::leasing(c, w, instances),
+            })
             .collect();
         let lease = hex16(lease);
         let lease_ttl_us = self.options.lease_ttl_us();

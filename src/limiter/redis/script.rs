@@ -106,6 +106,11 @@ const PACKED_NUMBERS: usize = 10;
 /// Bytes of one packed check: the algorithm's code, then the numbers as little-endian doubles.
 pub(super) const PACKED_BYTES: usize = 1 + PACKED_NUMBERS * 8;
 
+/// Bytes of one packed check of a calendar rule: [`PACKED_BYTES`], then the four period
+/// boundaries around the gateway's time (previous start, current start, next start, next
+/// end, us) as little-endian doubles.
+pub(super) const CALENDAR_PACKED_BYTES: usize = PACKED_BYTES + 4 * 8;
+
 /// Bytes of one packed lease return (`lua/lease_return.lua`): code, then five doubles.
 pub(super) const RETURN_BYTES: usize = 1 + 5 * 8;
 
@@ -132,6 +137,9 @@ pub(super) struct Params {
     lease: u64,
     /// The fair-share divisor of a lease: 2 x instances.
     share: u64,
+    /// A calendar rule's period boundaries around the gateway's time, us (see
+    /// [`CALENDAR_PACKED_BYTES`]); the script picks the period by Redis' time.
+    periods: Option<[u64; 4]>,
 }
 
 impl Params {
@@ -164,7 +172,20 @@ impl Params {
             quota,
             lease: 0,
             share: 2,
+            periods: l.calendar().map(|c| {
+                // Whole seconds in every zone's rules, so exact in microseconds.
+                c.around(unix_now_ns()).map(|ns| (ns / 1000).min(MAX_EXACT))
+            }),
         }
+    }
+
+    /// These numbers with a calendar rule's periods computed around `gateway_ns` instead of
+    /// the gateway's clock: for the test hook that injects the time.
+    pub(super) fn around(mut self, check: &Check, gateway_ns: u64) -> Params {
+        if let Some(c) = check.limit.calendar() {
+            self.periods = Some(c.around(gateway_ns).map(|ns| (ns / 1000).min(MAX_EXACT)));
+        }
+        self
     }
 
     /// The script's numbers for `check` asking to lease `wanted` permits (at least its cost)
@@ -196,7 +217,7 @@ impl Params {
     /// The check as `decide.lua` reads it: the algorithm's number, then cost, limit, window,
     /// burst, interval and cap (both wide), lease and share as little-endian doubles (exact:
     /// all are integers below 2^53).
-    pub(super) fn packed(&self) -> [u8; PACKED_BYTES] {
+    pub(super) fn packed(&self) -> Packed {
         let numbers: [u64; PACKED_NUMBERS] = [
             self.cost,
             self.limit,
@@ -209,7 +230,17 @@ impl Params {
             self.lease,
             self.share,
         ];
-        pack(self.code, numbers)
+        let packed: [u8; PACKED_BYTES] = pack(self.code, numbers);
+        let mut out = Packed {
+            bytes: [0; CALENDAR_PACKED_BYTES],
+            len: PACKED_BYTES,
+        };
+        out.bytes[..PACKED_BYTES].copy_from_slice(&packed);
+        for n in self.periods.iter().flatten() {
+            out.bytes[out.len..out.len + 8].copy_from_slice(&(*n as f64).to_le_bytes());
+            out.len += 8;
+        }
+        out
     }
 
     /// The decision from the script's numbers for this check (the first eight; the lease's
@@ -287,6 +318,29 @@ pub(super) fn holds_slot(check: &Check) -> bool {
     check.limit.algorithm.capabilities().holds_slots && check.cost > 0
 }
 
+/// One packed check (see [`Params::packed`]): on the stack, as it is built for every check
+/// of every request.
+pub(super) struct Packed {
+    bytes: [u8; CALENDAR_PACKED_BYTES],
+    len: usize,
+}
+
+impl std::ops::Deref for Packed {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The gateway's Unix time in ns: only where a calendar rule's periods are computed around,
+/// for the script to choose among by Redis' time.
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| sat(d.as_nanos()))
+}
+
 /// `v` as a `u64`, saturating.
 pub(super) use crate::limiter::algorithm::sat;
 
@@ -321,6 +375,7 @@ mod tests {
                 burst,
                 mode: LeakyMode::Shape,
                 max_delay: Duration::from_millis(250),
+                calendar: None,
             },
             cost: 1,
         }
@@ -503,6 +558,33 @@ mod tests {
         );
         let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
         assert_eq!(p.packed().len(), PACKED_BYTES);
+        // A calendar rule's check carries its periods after the numbers.
+        assert!(decide.contains(&format!("#packed ~= {CALENDAR_PACKED_BYTES}")));
+        assert!(decide.contains(&format!(
+            "struct.unpack('<{}', packed, {})",
+            "d".repeat((CALENDAR_PACKED_BYTES - PACKED_BYTES) / 8),
+            PACKED_BYTES + 1
+        )));
+        let mut c = check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1);
+        c.limit = c
+            .limit
+            .with_calendar(
+                crate::limiter::calendar::Calendar::new(
+                    crate::limiter::calendar::Period::Day,
+                    "Asia/Tokyo",
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        let packed = Params::of(&c).packed();
+        assert_eq!(packed.len(), CALENDAR_PACKED_BYTES);
+        let bound = |i: usize| {
+            let at = PACKED_BYTES + 8 * i;
+            f64::from_le_bytes(packed[at..at + 8].try_into().unwrap())
+        };
+        // Midnights in Tokyo (15:00 UTC), a day apart.
+        assert_eq!(bound(0) as u64 % 86_400_000_000, 15 * 3_600_000_000);
+        assert_eq!(bound(2) - bound(1), 86_400_000_000.0);
 
         let per_check = between(decide, "local allowed, remaining", "\nend\n");
         assert_eq!(
