@@ -1,0 +1,381 @@
+//! Sellable quotas (issue 23) against the real stores and the real binary: calendar periods
+//! (`calendar`, `timezone`) counted exactly in process, on a real redis-server and on a Redis
+//! Cluster across midnight in Tokyo, New York's 23- and 25-hour DST days and a leap day, with
+//! the period chosen by Redis' clock; and calendar rules through the binary (headers, exact
+//! counts over several instances, leasing).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis::{gateway, hammer, store, RedisCluster, RedisServer};
+use common::*;
+use floodgate::config::{Backend, Store};
+use floodgate::limiter::algorithm::{self, State};
+use floodgate::limiter::calendar::{Calendar, Period};
+use floodgate::limiter::memory::{ManualClock, MemoryStore};
+use floodgate::limiter::redis::script::DECIDE_LUA;
+use floodgate::limiter::redis::RedisStore;
+use floodgate::limiter::{Algorithm, Check, Decision, Limit};
+
+const GENEROUS: Duration = Duration::from_secs(5);
+const PREFIX: &str = "fg-quota:";
+
+/// ns since the epoch of an RFC 3339 instant written out in the test.
+fn at(instant: &str) -> u64 {
+    let t: jiff::Timestamp = instant.parse().expect("an RFC 3339 instant");
+    u64::try_from(t.as_nanosecond()).expect("after 1970")
+}
+
+fn calendar_limit(limit: u64, period: Period, zone: &str) -> Limit {
+    Limit::police(Algorithm::FixedWindow, limit, Duration::from_secs(1), limit)
+        .with_calendar(Calendar::new(period, zone).expect("a known zone"))
+        .expect("fixed_window takes a calendar")
+}
+
+fn check(rule: &str, counter: u64, limit: &Limit) -> Check {
+    Check {
+        rule: rule.into(),
+        counter,
+        limit: limit.clone(),
+        cost: 1,
+    }
+}
+
+fn store_config(backend: Backend, urls: Vec<String>) -> Store {
+    Store {
+        backend,
+        urls,
+        redis: None,
+        timeout: Duration::from_millis(250),
+        key_prefix: PREFIX.into(),
+        instances: 1,
+        max_keys: 10_000,
+    }
+}
+
+/// The reference: `algorithm::decide` on one key at a time, charged when admitted.
+#[derive(Default)]
+struct Reference {
+    states: HashMap<String, State>,
+}
+
+impl Reference {
+    fn decide(&mut self, key: &str, c: &Check, now_ns: u64) -> Decision {
+        let (d, u) = algorithm::decide(self.states.get(key), &c.limit, now_ns, c.cost);
+        if d.allowed {
+            match self.states.get_mut(key) {
+                Some(s) => u.apply(s),
+                None => {
+                    if let Some(s) = u.into_state() {
+                        self.states.insert(key.to_string(), s);
+                    }
+                }
+            }
+        }
+        d
+    }
+}
+
+/// The calendar rules these tests count, with the instants each is driven across: midnight in
+/// Tokyo, New York's DST days, a week over a DST change, February of a leap year.
+fn calendar_cases() -> Vec<(&'static str, Limit, Vec<&'static str>)> {
+    vec![
+        (
+            "tokyo-day",
+            calendar_limit(3, Period::Day, "Asia/Tokyo"),
+            vec![
+                "2026-12-01T14:59:58Z",
+                "2026-12-01T14:59:59.999Z",
+                "2026-12-01T15:00:00Z",
+            ],
+        ),
+        (
+            "ny-day",
+            calendar_limit(2, Period::Day, "America/New_York"),
+            vec![
+                "2026-03-08T04:59:59Z",
+                "2026-03-08T05:00:00Z",
+                "2026-03-09T03:59:59Z",
+                "2026-03-09T04:00:00Z",
+                "2026-11-01T03:59:59Z",
+                "2026-11-01T04:00:00Z",
+                "2026-11-02T04:59:59Z",
+                "2026-11-02T05:00:00Z",
+            ],
+        ),
+        (
+            "ny-week",
+            calendar_limit(4, Period::Week, "America/New_York"),
+            vec![
+                "2026-03-09T03:59:59Z",
+                "2026-03-16T03:59:59Z",
+                "2026-03-16T04:00:00Z",
+            ],
+        ),
+        (
+            "utc-month",
+            calendar_limit(5, Period::Month, "UTC"),
+            vec![
+                "2028-02-01T00:00:00Z",
+                "2028-02-29T23:59:59Z",
+                "2028-03-01T00:00:00Z",
+            ],
+        ),
+    ]
+}
+
+/// Drives every calendar rule across its instants on `store`, three requests per instant
+/// (enough to exhaust the smaller limits), comparing each decision with the reference.
+/// Returns how many decisions were compared and how many of them rejected.
+async fn compare_with_reference(store: &RedisStore) -> (usize, usize) {
+    let mut reference = Reference::default();
+    let (mut compared, mut rejected) = (0, 0);
+    for (name, limit, instants) in calendar_cases() {
+        let c = check(name, 0x5eed, &limit);
+        let key = store.redis_key(&c);
+        for instant in instants {
+            for i in 0..3u64 {
+                let now_ns = at(instant) + i * 1000;
+                let got = store
+                    .decide_at(std::slice::from_ref(&c), i, GENEROUS, now_ns / 1000)
+                    .await
+                    .expect("decide")
+                    .remove(0);
+                let want = reference.decide(&key, &c, now_ns);
+                assert_eq!(got, want, "{name} at {instant} + {i} us");
+                compared += 1;
+                rejected += usize::from(!got.allowed);
+            }
+        }
+    }
+    (compared, rejected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_periods_on_redis_and_a_cluster_decide_like_the_reference() {
+    let server = RedisServer::start();
+    let standalone =
+        RedisStore::new(&store_config(Backend::Redis, vec![server.url()])).expect("store");
+    let (compared, rejected) = compare_with_reference(&standalone).await;
+    assert!(
+        compared > 40 && rejected > 5,
+        "{compared} compared, {rejected} rejected"
+    );
+
+    let cluster = RedisCluster::start();
+    let clustered =
+        RedisStore::new(&store_config(Backend::RedisCluster, cluster.urls())).expect("store");
+    let (compared, rejected) = compare_with_reference(&clustered).await;
+    assert!(
+        compared > 40 && rejected > 5,
+        "{compared} compared, {rejected} rejected"
+    );
+}
+
+/// The reference itself at the written-out boundaries: what the comparison above holds Redis
+/// to is what a customer is sold.
+#[test]
+fn calendar_periods_reset_at_local_midnight_in_process() {
+    let clock = Arc::new(ManualClock::new(at("2026-12-01T14:59:58Z")));
+    let memory = MemoryStore::with_clock(1000, clock.clone());
+    let limit = calendar_limit(2, Period::Day, "Asia/Tokyo");
+    let c = check("tokyo-day", 7, &limit);
+    assert!(memory.decide(std::slice::from_ref(&c))[0].allowed);
+    let second = memory.decide(std::slice::from_ref(&c)).remove(0);
+    assert!(second.allowed);
+    assert_eq!(second.reset, Duration::from_secs(2), "to midnight in Tokyo");
+    let third = memory.decide(std::slice::from_ref(&c)).remove(0);
+    assert!(!third.allowed);
+    assert_eq!(third.retry_after, Duration::from_secs(2));
+    // Midnight in Tokyo (15:00 UTC): a new day, a whole quota, 24 hours to its end.
+    clock.set(at("2026-12-01T15:00:00Z"));
+    let next = memory.decide(std::slice::from_ref(&c)).remove(0);
+    assert!(next.allowed);
+    assert_eq!(next.remaining, 1);
+    assert_eq!(next.reset, Duration::from_secs(86_400));
+
+    // New York's spring-forward day has 23 hours: from its midnight, 23 h to the next one.
+    let ny = check(
+        "ny-day",
+        7,
+        &calendar_limit(5, Period::Day, "America/New_York"),
+    );
+    let later = Arc::new(ManualClock::new(at("2026-03-08T05:00:00Z")));
+    let memory = MemoryStore::with_clock(1000, later.clone());
+    assert_eq!(
+        memory.decide(std::slice::from_ref(&ny))[0].reset,
+        Duration::from_secs(23 * 3600)
+    );
+    later.set(at("2026-11-01T04:00:00Z"));
+    assert_eq!(
+        memory.decide(std::slice::from_ref(&ny))[0].reset,
+        Duration::from_secs(25 * 3600),
+        "the fall-back day has 25 hours"
+    );
+}
+
+/// One decide.lua call on `key` for a calendar check packed by hand (the contract in
+/// lua/decide.lua) whose periods were computed around `gateway_ns`, at Redis time `redis_ns`:
+/// (allowed, window end in ns).
+fn raw_decide(
+    conn: &mut redis::Connection,
+    key: &str,
+    limit: u64,
+    cal: &Calendar,
+    gateway_ns: u64,
+    redis_ns: u64,
+) -> (bool, u64) {
+    let mut packed = vec![1u8];
+    // cost, limit, window (us), burst, interval (wide), cap (wide), lease, share
+    for n in [1, limit, 86_400_000_000, limit, 0, 0, 0, 0, 0, 2] {
+        packed.extend_from_slice(&(n as f64).to_le_bytes());
+    }
+    for ns in cal.around(gateway_ns) {
+        packed.extend_from_slice(&((ns / 1000) as f64).to_le_bytes());
+    }
+    let reply: Vec<u8> = redis::cmd("EVAL")
+        .arg(DECIDE_LUA)
+        .arg(1)
+        .arg(key)
+        .arg("0000000000000001")
+        .arg(300_000_000)
+        .arg((redis_ns / 1000).to_string())
+        .arg(packed)
+        .query(conn)
+        .expect("decide.lua answers");
+    let number = |i: usize| f64::from_le_bytes(reply[i * 8..i * 8 + 8].try_into().unwrap());
+    (number(0) == 1.0, number(10) as u64 * 1000)
+}
+
+/// Gateways' clocks differ from Redis': the script counts in the period that holds Redis'
+/// time among the three the gateway sends, so a gateway still before midnight cannot charge
+/// yesterday once Redis has passed it.
+#[test]
+fn the_period_is_chosen_by_redis_time_not_the_gateways() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let cal = Calendar::new(Period::Day, "Asia/Tokyo").unwrap();
+    let key = "fg-quota:skew:{0000000000000001}";
+    // A gateway at 23:50 in Tokyo, Redis at 23:59:59: yesterday's quota, used up.
+    let gateway = at("2026-12-01T14:50:00Z");
+    for _ in 0..2 {
+        let (ok, end) = raw_decide(&mut conn, key, 2, &cal, gateway, at("2026-12-01T14:59:59Z"));
+        assert!(ok);
+        assert_eq!(end, at("2026-12-01T15:00:00Z"));
+    }
+    let (ok, _) = raw_decide(&mut conn, key, 2, &cal, gateway, at("2026-12-01T14:59:59Z"));
+    assert!(!ok, "the third of a limit of 2");
+    // Redis passes midnight while the gateway is still at 23:50: the new day counts.
+    let (ok, end) = raw_decide(&mut conn, key, 2, &cal, gateway, at("2026-12-01T15:00:01Z"));
+    assert!(ok, "a new period by Redis' time");
+    assert_eq!(end, at("2026-12-02T15:00:00Z"));
+    // A gateway already past midnight with Redis still before it: yesterday, still full.
+    let ahead = at("2026-12-01T15:05:00Z");
+    let key = "fg-quota:skew:{0000000000000002}";
+    for _ in 0..2 {
+        let (ok, end) = raw_decide(&mut conn, key, 2, &cal, ahead, at("2026-12-01T14:59:00Z"));
+        assert!(ok);
+        assert_eq!(end, at("2026-12-01T15:00:00Z"), "the previous period");
+    }
+    let (ok, _) = raw_decide(&mut conn, key, 2, &cal, ahead, at("2026-12-01T14:59:30Z"));
+    assert!(!ok);
+}
+
+/// The seconds from now to the end of the current UTC day, read before and after `f`.
+fn secs_to_utc_midnight() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    86_400 - now % 86_400
+}
+
+const DAILY: &str = r#"
+[[rules]]
+name = "daily"
+match = { header = { name = "x-test", value = "daily" } }
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 7
+calendar = "day"
+timezone = "UTC"
+on_store_error = "closed"
+
+[[rules]]
+name = "daily-leased"
+match = { header = { name = "x-test", value = "leased" } }
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 30
+calendar = "day"
+on_store_error = "closed"
+lease = 4
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calendar_rule_through_the_binary_counts_exactly_on_redis_and_shows_its_period() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let s = store(&redis.url(), "250ms", "instances = 3");
+    let gws: Vec<Gateway> = (0..3).map(|_| gateway(api.addr, &s, DAILY)).collect();
+    let refs: Vec<&Gateway> = gws.iter().collect();
+    let c = client();
+
+    let before = secs_to_utc_midnight();
+    let r = c
+        .get(gws[0].url("/orders"))
+        .header("x-test", "daily")
+        .header("x-user", "alice")
+        .send()
+        .await
+        .unwrap();
+    let after = secs_to_utc_midnight();
+    assert_eq!(r.status(), 200);
+    let policy = r.headers()["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(policy, "\"daily\";q=7;w=86400");
+    let state = r.headers()["ratelimit"].to_str().unwrap().to_string();
+    let t: u64 = state
+        .rsplit_once(";t=")
+        .and_then(|(_, t)| t.parse().ok())
+        .unwrap_or_else(|| panic!("{state}"));
+    assert!(
+        after <= t && t <= before + 1,
+        "t = {t}: the seconds to midnight UTC ({before}..{after})"
+    );
+
+    // Over three instances, exactly the day's quota (one already spent above).
+    let counts = hammer(
+        &refs,
+        20,
+        4,
+        "/orders",
+        &[("x-test", "daily"), ("x-user", "alice")],
+    )
+    .await;
+    assert_eq!(counts.get(&200), Some(&6), "{counts:?}");
+    assert_eq!(counts.get(&429), Some(&14), "{counts:?}");
+
+    // Leased: the instances take permits ahead, and never more than the day's quota in all.
+    let counts = hammer(
+        &refs,
+        60,
+        4,
+        "/orders",
+        &[("x-test", "leased"), ("x-user", "bob")],
+    )
+    .await;
+    let ok = counts.get(&200).copied().unwrap_or(0);
+    assert!(ok <= 30, "{ok} admitted of a daily 30: {counts:?}");
+    assert!(ok >= 24, "only {ok} of 30 admitted: {counts:?}");
+    assert_eq!(
+        ok + counts.get(&429).copied().unwrap_or(0),
+        60,
+        "{counts:?}"
+    );
+}
