@@ -48,7 +48,6 @@ fn store_config(backend: Backend, urls: Vec<String>) -> Store {
     Store {
         backend,
         urls,
-        redis: None,
         timeout: Duration::from_millis(250),
         key_prefix: PREFIX.into(),
         instances: 1,
