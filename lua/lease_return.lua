@@ -23,7 +23,8 @@ for i, key in ipairs(KEYS) do
     if code == 1 then
       local stored_end, count = load_fields(key, TAG_FW, 2)
       if stored_end == window_end and window_end > now then
-        local back = math.min(n, count)
+        -- A count a grant took below zero has nothing of the lease's left to give back.
+        local back = math.max(0, math.min(n, count))
         save_fields(key, TAG_FW, window_end - now, 0, window_end, count - back)
         returned = returned + back
       end

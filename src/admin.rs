@@ -8,6 +8,7 @@
 //! the bare `/readyz` status needs `Authorization: Bearer <token>`, compared in constant time.
 
 mod guard;
+mod usage;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -104,6 +105,7 @@ impl ServeHttp for Admin {
                 json(StatusCode::OK, &body)
             }
             ("GET", "/metrics") => {
+                usage::register_metrics();
                 let m = metrics();
                 let store = self.gateway.limiter.memory();
                 m.memory_keys.set(store.len() as i64);
@@ -120,6 +122,14 @@ impl ServeHttp for Admin {
                 json(StatusCode::OK, &serde_json::json!({ "rules": rules }))
             }
             ("GET", "/top") => top_clients(&cfg, &query),
+            ("GET", "/usage") => usage::read(&self.gateway, &cfg, &query).await,
+            ("POST", "/usage/reset") | ("POST", "/usage/grant") => {
+                let grant = path == "/usage/grant";
+                match read_body(session, usage::MAX_BODY).await {
+                    Ok(body) => usage::change(&self.gateway, &cfg, &body, grant).await,
+                    Err(why) => bad_request(why),
+                }
+            }
             ("GET", "/stats") => json(StatusCode::OK, &stats(&self.gateway, &cfg)),
             ("GET", "/upstreams") => json(
                 StatusCode::OK,
@@ -207,6 +217,23 @@ fn cross_site(why: &str) -> Response<Vec<u8>> {
         ),
     );
     problem(p)
+}
+
+/// The request body, at most `max` bytes, or why it cannot be read.
+async fn read_body(session: &mut ServerSession, max: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > max {
+                    return Err(format!("the body is larger than {max} bytes"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(_) => return Err("the body could not be read".into()),
+        }
+    }
 }
 
 /// A 400 problem+json naming what is wrong with the query.

@@ -117,6 +117,11 @@ impl KeyStore {
         self.len == 0
     }
 
+    /// Every configured key's identity (the usage API finds keys by id, user and plan).
+    pub fn identities(&self) -> impl Iterator<Item = &Arc<Identity>> {
+        self.by_prefix.values().flatten().map(|k| &k.identity)
+    }
+
     /// The identity of a presented secret, if it is a known key.
     pub fn lookup(&self, secret: &[u8]) -> Option<Arc<Identity>> {
         let digest: [u8; 32] = Sha256::digest(secret).into();

@@ -378,3 +378,307 @@ async fn a_calendar_rule_through_the_binary_counts_exactly_on_redis_and_shows_it
         "{counts:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The usage API: read, reset and grant, on the memory store, Redis and a Redis Cluster.
+// ---------------------------------------------------------------------------------------------
+
+const TOKEN: &str = "usage-admin-token-41";
+
+/// One admin request by hand (`Host: localhost`, the admin token, a JSON body for a POST):
+/// (status, body as JSON).
+fn admin(gw: &Gateway, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(gw.admin).expect("admin listener");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(body.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let json = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!({ "raw": body }));
+    (status, json)
+}
+
+/// Requests as acme-prod (the demo key whose secret is `test`): how many were admitted.
+async fn spend(gw: &Gateway, n: usize) -> usize {
+    let counts = hammer(&[gw], n, 4, "/orders", &[("x-api-key", "test")]).await;
+    counts.get(&200).copied().unwrap_or(0)
+}
+
+const USAGE_RULES: &str = r#"
+[[rules]]
+name = "daily"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 5
+calendar = "day"
+timezone = "Asia/Tokyo"
+on_store_error = "closed"
+
+[[rules]]
+name = "per-user"
+key = ["user"]
+algorithm = "token_bucket"
+limit = 100
+window = "1h"
+on_store_error = "closed"
+
+[[rules]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1000
+window = "1h"
+"#;
+
+fn usage_gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
+    Gateway::start_with(
+        &format!("admin_token = \"{TOKEN}\"\n"),
+        &format!(
+            "{DEMO_KEYS}\n{}{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}",
+            orders_upstream(&[api])
+        ),
+        &[],
+    )
+}
+
+fn rule_usage<'a>(v: &'a serde_json::Value, rule: &str) -> &'a serde_json::Value {
+    v["rules"]
+        .as_array()
+        .and_then(|rules| rules.iter().find(|r| r["rule"] == rule))
+        .unwrap_or_else(|| panic!("no {rule} in {v}"))
+}
+
+/// Read, grant, reset and every refusal, against the store `store` names.
+async fn usage_api_on(store: &str) {
+    let api = OrdersApi::start("orders");
+    let gw = usage_gateway(api.addr, store, USAGE_RULES);
+    assert_eq!(spend(&gw, 3).await, 3);
+
+    let (status, v) = admin(&gw, "GET", "/usage?api_key=acme-prod", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["api_key"], "acme-prod");
+    let daily = rule_usage(&v, "daily");
+    assert_eq!(
+        (daily["limit"].as_i64(), daily["used"].as_i64()),
+        (Some(5), Some(3)),
+        "{v}"
+    );
+    assert_eq!(daily["remaining"], 2);
+    let reset = daily["reset"].as_u64().unwrap();
+    assert!((1..=86_400).contains(&reset), "{v}");
+    assert_eq!(rule_usage(&v, "per-user")["used"], 3, "{v}");
+    let listed: Vec<&str> = v["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ["daily", "per-user"],
+        "per-ip is not keyed on the identity"
+    );
+    let (status, v) = admin(&gw, "GET", "/usage?user=acme", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["user"], "acme");
+    assert_eq!(
+        v["rules"].as_array().unwrap().len(),
+        1,
+        "only per-user is keyed on user: {v}"
+    );
+
+    // Refusals change nothing.
+    for (path, body, want) in [
+        (
+            "/usage/grant",
+            r#"{"rule":"nope","api_key":"acme-prod","amount":1}"#,
+            404,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"daily","api_key":"nobody","amount":1}"#,
+            404,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"per-ip","api_key":"acme-prod","amount":1}"#,
+            400,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"daily","api_key":"acme-prod","amount":0}"#,
+            400,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"daily","api_key":"acme-prod","amount":-4}"#,
+            400,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"daily","api_key":"acme-prod","amount":"4"}"#,
+            400,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"daily","api_key":"acme-prod"}"#,
+            400,
+        ),
+        (
+            "/usage/grant",
+            r#"{"rule":"per-user","user":"acme","amount":4}"#,
+            400,
+        ),
+        ("/usage/reset", r#"{"rule":"daily"}"#, 400),
+        (
+            "/usage/reset",
+            r#"{"rule":"daily","api_key":"acme-prod","user":"acme"}"#,
+            400,
+        ),
+        ("/usage/reset", "not json", 400),
+    ] {
+        let (status, v) = admin(&gw, "POST", path, body);
+        assert_eq!(status, want, "{path} {body}: {v}");
+        assert!(
+            v["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "problem+json: {v}"
+        );
+    }
+    let (_, v) = admin(&gw, "GET", "/usage?api_key=acme-prod", "");
+    assert_eq!(rule_usage(&v, "daily")["used"], 3, "nothing changed: {v}");
+    let (status, v) = admin(&gw, "GET", "/usage?api_key=nobody", "");
+    assert_eq!(status, 404, "{v}");
+    let (status, _) = admin(&gw, "GET", "/usage?ip=1.2.3.4", "");
+    assert_eq!(status, 400);
+
+    // A grant of 4: 2 + 4 more today.
+    let (status, v) = admin(
+        &gw,
+        "POST",
+        "/usage/grant",
+        r#"{"rule":"daily","api_key":"acme-prod","amount":4}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["before"]["used"].as_i64(), v["after"]["used"].as_i64()),
+        (Some(3), Some(-1)),
+        "{v}"
+    );
+    assert_eq!(v["after"]["remaining"], 6);
+    assert_eq!(spend(&gw, 10).await, 6);
+
+    // A reset: the day starts over.
+    let (status, v) = admin(
+        &gw,
+        "POST",
+        "/usage/reset",
+        r#"{"rule":"daily","api_key":"acme-prod"}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["before"]["used"].as_i64(), v["after"]["used"].as_i64()),
+        (Some(5), Some(0)),
+        "{v}"
+    );
+    assert_eq!(spend(&gw, 10).await, 5);
+
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "");
+    let metrics = metrics["raw"].as_str().unwrap_or_default().to_string();
+    for (action, n) in [("grant", 1.0), ("reset", 1.0)] {
+        let series = format!("floodgate_usage_changes_total{{action=\"{action}\"}}");
+        assert_eq!(metric_value(&metrics, &series), Some(n), "{series}");
+    }
+    let logs = gw.logs();
+    drop(gw);
+    assert!(
+        logs.contains("usage changed through the admin API"),
+        "{logs}"
+    );
+    assert!(logs.contains("admin token"), "who made the change: {logs}");
+    assert!(!logs.contains(TOKEN), "the token is never logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_api_on_the_memory_store() {
+    usage_api_on("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_api_on_redis() {
+    let redis = RedisServer::start();
+    usage_api_on(&store(&redis.url(), "250ms", "")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_api_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let s = format!(
+        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
+        urls.join(", ")
+    );
+    usage_api_on(&s).await;
+}
+
+/// A grant that lands while requests pour in is exact: over the day, exactly `limit + amount`
+/// are admitted, whatever the interleaving.
+async fn grant_under_load_on(store: &str) {
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "daily"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 40
+calendar = "day"
+on_store_error = "closed"
+"#;
+    let gw = Arc::new(usage_gateway(api.addr, store, rules));
+    let load = {
+        let gw = gw.clone();
+        tokio::spawn(async move { spend(&gw, 120).await })
+    };
+    // Once the load has started using the quota, grant 25 more.
+    eventually(Duration::from_secs(20), "the load to start", || {
+        let (_, v) = admin(&gw, "GET", "/usage?api_key=acme-prod", "");
+        let used = rule_usage(&v, "daily")["used"].as_i64().unwrap_or(0);
+        std::future::ready((used >= 10).then_some(()))
+    })
+    .await;
+    let (status, v) = admin(
+        &gw,
+        "POST",
+        "/usage/grant",
+        r#"{"rule":"daily","api_key":"acme-prod","amount":25}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    let during = load.await.unwrap();
+    let after = spend(&gw, 40).await;
+    assert_eq!(
+        during + after,
+        65,
+        "{during} during the load, {after} after"
+    );
+    let (_, v) = admin(&gw, "GET", "/usage?api_key=acme-prod", "");
+    assert_eq!(rule_usage(&v, "daily")["used"], 40, "{v}");
+    assert_eq!(rule_usage(&v, "daily")["remaining"], 0, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_during_load_is_exact_on_memory_and_redis() {
+    grant_under_load_on("").await;
+    let redis = RedisServer::start();
+    grant_under_load_on(&store(&redis.url(), "250ms", "")).await;
+}

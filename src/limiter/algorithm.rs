@@ -38,8 +38,9 @@ pub enum State {
     FixedWindow {
         /// End of the window the count belongs to (exclusive); it identifies the window.
         window_end: u64,
-        /// Units charged in that window.
-        count: u64,
+        /// Units charged in that window, less the units granted for it by the usage API
+        /// (`POST /usage/grant`): below zero when more was granted than used.
+        count: i64,
     },
     /// Sliding window log: for every admitted unit, the instant it stops counting
     /// (`admitted_at + window`), oldest first.
@@ -229,9 +230,15 @@ pub fn fixed_window(
         _ => 0,
     };
     let reset = u128::from(window_end - now_ns);
-    let charged = count.saturating_add(cost);
-    if charged <= quota {
-        let decision = allowed(quota, quota - charged, reset, 0);
+    let charged = count.saturating_add(signed(cost));
+    if charged <= signed(quota) {
+        // Below zero after a grant: more than `limit` remains, until the window ends.
+        let decision = allowed(
+            quota,
+            signed(quota).saturating_sub(charged).unsigned_abs(),
+            reset,
+            0,
+        );
         let update = Update::Set(State::FixedWindow {
             window_end,
             count: charged,
@@ -647,6 +654,11 @@ fn rejected(limit: u64, reset: u128, retry_after: u128) -> Decision {
         retry_after: nanos(retry_after.max(1)),
         delay: Duration::ZERO,
     }
+}
+
+/// A count as a signed count, saturating (validation keeps counts below 10^15).
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 fn nanos(ns: u128) -> Duration {

@@ -835,3 +835,4 @@ impl RuleKeys {
 mod shared;
 #[cfg(test)]
 mod tests;
+mod usage;

@@ -79,6 +79,7 @@ impl Algorithm {
                 lua: LuaFn::new(1, "fixed_window"),
                 holds_slots: false,
                 calendar: true,
+                grant: true,
             },
             Algorithm::SlidingWindowLog => Capabilities {
                 window: Window::Required,
@@ -93,6 +94,7 @@ impl Algorithm {
                 lua: LuaFn::new(2, "sliding_window_log"),
                 holds_slots: false,
                 calendar: false,
+                grant: false,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
                 window: Window::Required,
@@ -103,6 +105,7 @@ impl Algorithm {
                 lua: LuaFn::new(3, "sliding_window_counter"),
                 holds_slots: false,
                 calendar: false,
+                grant: false,
             },
             Algorithm::TokenBucket => Capabilities {
                 window: Window::Required,
@@ -113,6 +116,7 @@ impl Algorithm {
                 lua: LuaFn::new(4, "token_bucket"),
                 holds_slots: false,
                 calendar: false,
+                grant: false,
             },
             Algorithm::LeakyBucket => Capabilities {
                 window: Window::Required,
@@ -126,6 +130,7 @@ impl Algorithm {
                 lua: LuaFn::new(5, "leaky_bucket_police"),
                 holds_slots: false,
                 calendar: false,
+                grant: false,
             },
             Algorithm::Concurrency => Capabilities {
                 window: Window::None {
@@ -138,6 +143,7 @@ impl Algorithm {
                 lua: LuaFn::new(7, "concurrency"),
                 holds_slots: true,
                 calendar: false,
+                grant: false,
             },
         }
     }
@@ -180,6 +186,9 @@ pub struct Capabilities {
     /// Whether a rule may count per calendar period (`calendar`, `timezone`) instead of per
     /// aligned window: only a counter that starts over at a window's end can.
     pub calendar: bool,
+    /// Whether the usage API can grant a counter more for its current window
+    /// (`POST /usage/grant`): only a count per window can be lowered for that window alone.
+    pub grant: bool,
 }
 
 impl Capabilities {

@@ -58,6 +58,46 @@ pub struct Return {
     pub window_end_us: u64,
 }
 
+/// What the usage API (`/usage`) does to one counter: look, start it over, or give it more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageChange {
+    /// Only read it.
+    Read,
+    /// Start the counter over: as if the identity had sent nothing.
+    Reset,
+    /// `amount` more for the current window only (fixed windows, calendar periods): the
+    /// window's count goes down by it, below zero if need be, and the grant ends with the
+    /// window.
+    Grant(u64),
+}
+
+/// One counter as the usage API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// The rule's quota (`burst` for the buckets).
+    pub limit: u64,
+    /// Units counted now (`limit - remaining`): below zero when a grant exceeds what was used.
+    pub used: i64,
+    /// Units the next requests may still take now (more than `limit` after a grant).
+    pub remaining: i64,
+    /// Time until the quota is whole again (a window's end).
+    pub reset: Duration,
+}
+
+impl Usage {
+    /// The usage a cost-0 look at a counter answers.
+    pub fn of(decision: &Decision) -> Usage {
+        let limit = i64::try_from(decision.limit).unwrap_or(i64::MAX);
+        let remaining = i64::try_from(decision.remaining).unwrap_or(i64::MAX);
+        Usage {
+            limit: decision.limit,
+            used: limit.saturating_sub(remaining),
+            remaining,
+            reset: decision.reset,
+        }
+    }
+}
+
 /// How the shared store stands, for `/readyz` and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreStatus {
@@ -158,6 +198,19 @@ pub trait SharedStore: Send + Sync {
     /// store that lives and dies with the process, and are never renewed.
     fn slot_ttl(&self) -> Option<Duration> {
         None
+    }
+
+    /// The usage API: the counter of `check` (its rule, counter id and numbers; the cost is
+    /// not charged) before and after `change`, made atomically in the store. The default
+    /// answers that this store keeps no usage.
+    async fn usage(
+        &self,
+        check: &Check,
+        change: UsageChange,
+        timeout: Duration,
+    ) -> Result<(Usage, Usage), StoreError> {
+        let _ = (check, change, timeout);
+        Err(StoreError::Failed("this store keeps no usage".into()))
     }
 
     /// How the store stands right now.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::MemoryStore;
-use crate::limiter::store::{SharedStore, StoreError, StoreStatus};
+use crate::limiter::store::{SharedStore, StoreError, StoreStatus, Usage, UsageChange};
 use crate::limiter::{Check, Decision};
 
 #[async_trait]
@@ -33,6 +33,15 @@ impl SharedStore for MemoryStore {
         for check in holding {
             MemoryStore::release(self, check);
         }
+    }
+
+    async fn usage(
+        &self,
+        check: &Check,
+        change: UsageChange,
+        _timeout: Duration,
+    ) -> Result<(Usage, Usage), StoreError> {
+        Ok(MemoryStore::usage(self, check, change))
     }
 
     fn status(&self) -> StoreStatus {

@@ -65,6 +65,7 @@ mod probe;
 pub mod resp;
 pub mod script;
 mod topology;
+mod usage;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -76,7 +77,7 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::store::{Grant, Return, SharedStore, StoreError, StoreStatus};
+use super::store::{Grant, Return, SharedStore, StoreError, StoreStatus, Usage, UsageChange};
 use super::{Check, Decision};
 use crate::limiter::settings::Store;
 use crate::metrics::metrics;
@@ -532,6 +533,16 @@ impl SharedStore for RedisStore {
 
     fn slot_ttl(&self) -> Option<Duration> {
         Some(self.inner.options.lease_ttl)
+    }
+
+    /// The usage API: one `lua/usage.lua` call on the counter's key.
+    async fn usage(
+        &self,
+        check: &Check,
+        change: UsageChange,
+        timeout: Duration,
+    ) -> Result<(Usage, Usage), StoreError> {
+        self.inner.usage(check, change, timeout).await
     }
 
     fn status(&self) -> StoreStatus {

@@ -37,6 +37,30 @@ pub const DECIDE_LUA: &str = concat!(
     include_str!("../../../lua/decide.lua"),
 );
 
+/// The usage API's script: the helpers and algorithms of [`DECIDE_LUA`], then
+/// `lua/usage.lua` (see there).
+pub const USAGE_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    "\n",
+    include_str!("../../../lua/wide.lua"),
+    "\n",
+    include_str!("../../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../../lua/sliding_window_log.lua"),
+    "\n",
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    "\n",
+    include_str!("../../../lua/token_bucket.lua"),
+    "\n",
+    include_str!("../../../lua/leaky_bucket.lua"),
+    "\n",
+    include_str!("../../../lua/concurrency.lua"),
+    "\n",
+    include_str!("../../../lua/usage.lua"),
+);
+
 /// The concurrency release script (`lua/release.lua`).
 pub const RELEASE_LUA: &str = include_str!("../../../lua/release.lua");
 
@@ -58,6 +82,7 @@ pub(super) static DECIDE: LazyLock<Lua> = LazyLock::new(|| Lua::new(DECIDE_LUA))
 pub(super) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
 pub(super) static LEASE_RETURN: LazyLock<Lua> = LazyLock::new(|| Lua::new(LEASE_RETURN_LUA));
 pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
+pub(super) static USAGE: LazyLock<Lua> = LazyLock::new(|| Lua::new(USAGE_LUA));
 
 /// A script as the store runs it: its SHA, computed once, for `EVALSHA`, and its source for
 /// `SCRIPT LOAD` when Redis does not know it.

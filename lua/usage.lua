@@ -1,0 +1,81 @@
+-- floodgate: the usage API on one counter (GET /usage, POST /usage/reset, POST /usage/grant).
+-- Composed after common.lua, wide.lua, gcra.lua and the algorithm files, like decide.lua (see
+-- src/limiter/redis/script.rs), so that a counter is read by the very function that decides.
+--
+-- KEYS[1]  the counter's state key (as decide.lua's)
+-- ARGV[1]  'read', 'reset' or 'grant'
+-- ARGV[2]  grant: the units granted for the current window
+-- ARGV[3]  the check, packed as decide.lua's ARGV[3 + i] (81 bytes, or 113 with a calendar
+--          rule's periods)
+--
+-- A read decides a request of cost 0 without charging it. A reset deletes the state (the
+-- counter starts over). A grant lowers the current window's count of a fixed window (or
+-- calendar period) by the amount, below zero if need be; it expires with the window.
+-- Returns the remaining and reset (wide: us, ns) before and after, as six little-endian
+-- doubles; remaining is below zero never, above the limit after a grant.
+
+local usage_algorithms = {
+  fixed_window,
+  sliding_window_log,
+  sliding_window_counter,
+  token_bucket,
+  leaky_bucket_police,
+  leaky_bucket_shape,
+  concurrency,
+}
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local key = KEYS[1]
+local op = ARGV[1]
+local packed = ARGV[3]
+if packed == nil or (#packed ~= 81 and #packed ~= 113) then
+  return redis.error_reply('floodgate: the check is not 81 or 113 packed bytes')
+end
+local code, _, limit, window, burst, int_u, int_n, cap_u, cap_n =
+  struct.unpack('<Bdddddddddd', packed)
+local periods = nil
+if #packed == 113 then
+  periods = { struct.unpack('<dddd', packed, 82) }
+end
+local decide = usage_algorithms[code]
+if decide == nil then
+  return redis.error_reply('floodgate: unknown algorithm ' .. code)
+end
+local p = {
+  cost = 0,
+  limit = limit,
+  window = window,
+  burst = burst,
+  int_u = int_u,
+  int_n = int_n,
+  cap_u = cap_u,
+  cap_n = cap_n,
+  lease = '0000000000000000',
+  lease_ttl = 0,
+  periods = periods,
+}
+
+local function look()
+  local _, remaining, reset_u, reset_n = decide(key, now, p)
+  return remaining, reset_u, reset_n
+end
+
+local r1, u1, n1 = look()
+if op == 'reset' then
+  redis.call('DEL', key)
+elseif op == 'grant' then
+  if code ~= 1 then
+    return redis.error_reply('floodgate: grants apply to fixed windows only')
+  end
+  local _, window_end = fw_window(now, p)
+  local stored_end, count = load_fields(key, TAG_FW, 2)
+  if stored_end ~= window_end then
+    count = 0
+  end
+  save_fields(key, TAG_FW, window_end - now, 0, window_end, count - tonumber(ARGV[2]))
+elseif op ~= 'read' then
+  return redis.error_reply('floodgate: unknown usage operation')
+end
+local r2, u2, n2 = look()
+return struct.pack('<dddddd', r1, u1, n1, r2, u2, n2)

@@ -1,0 +1,336 @@
+//! The usage API (issue 23): what an identity has used of each rule keyed on it, and the two
+//! changes support staff make: start a counter over, or grant more for the current window.
+//!
+//! - `GET /usage?api_key=ID` (or `user=` / `plan=`): every rule whose key is built from that
+//!   identity alone (parts `api_key`, `user`, `plan`), read from the store the rule counts in.
+//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over.
+//! - `POST /usage/grant` `{"rule", "api_key" | ..., "amount"}`: `amount` more for the current
+//!   window of a fixed-window (or calendar) rule, gone when the window ends.
+//!
+//! A request that names an unknown rule or identity, a rule not keyed on that identity, or a
+//! bad amount gets a 4xx problem+json saying which, and changes nothing. Every change is
+//! logged (whether the admin token was used, never the token; the counter before and after)
+//! and counted in `floodgate_usage_changes_total{action}`.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::LazyLock;
+
+use http::{HeaderMap, Method, Response, StatusCode};
+use prometheus::{IntCounterVec, Opts};
+
+use super::{json, percent_decode, problem};
+use crate::auth::{HeaderText, Identity};
+use crate::config::Config;
+use crate::gateway::Gateway;
+use crate::limiter::algorithm::MAX_COUNT;
+use crate::limiter::policy::Scope;
+use crate::limiter::store::{StoreError, Usage, UsageChange};
+use crate::limiter::Check;
+use crate::response::{ceil_secs, Problem};
+use crate::rules::{KeyPart, RequestView, Rule};
+
+/// The largest body `POST /usage/*` reads: a rule name, an identity and a number.
+pub const MAX_BODY: usize = 4096;
+
+/// `floodgate_usage_changes_total{action}`: resets and grants made through the usage API.
+static CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    let c = IntCounterVec::new(
+        Opts::new(
+            "floodgate_usage_changes_total",
+            "Counters changed through the admin usage API, by action (reset, grant).",
+        ),
+        &["action"],
+    )
+    .expect("static metric definition");
+    for action in ["reset", "grant"] {
+        c.with_label_values(&[action]);
+    }
+    crate::metrics::metrics().register(Box::new(c.clone()));
+    c
+});
+
+/// Registers the usage metrics, so that `/metrics` lists them before the first change.
+pub fn register_metrics() {
+    LazyLock::force(&CHANGES);
+}
+
+/// Which identity a usage request names: the field (`api_key`, `user` or `plan`) and value.
+struct Who {
+    field: &'static str,
+    value: String,
+    /// The identity as key parts read it: a key's whole identity for `api_key`, only the user
+    /// or only the plan otherwise.
+    identity: Identity,
+}
+
+impl Who {
+    /// The key parts a counter may be built from for this identity alone.
+    fn can_key(&self, part: &KeyPart) -> bool {
+        match self.field {
+            "api_key" => matches!(part, KeyPart::ApiKey | KeyPart::User | KeyPart::Plan),
+            "user" => matches!(part, KeyPart::User),
+            _ => matches!(part, KeyPart::Plan),
+        }
+    }
+
+    /// The counter `rule` keeps for this identity, or `None` when its key needs more than the
+    /// identity (an IP, a path, a header) or a part the identity lacks (a key without a plan).
+    fn check(&self, rule: &Rule) -> Option<Check> {
+        if !rule.key_parts.iter().all(|p| self.can_key(p)) {
+            return None;
+        }
+        let headers = HeaderMap::new();
+        let view = RequestView {
+            route: "",
+            method: &Method::GET,
+            path: "/",
+            query: None,
+            host: None,
+            headers: &headers,
+            ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            identity: Some(&self.identity),
+        };
+        let p = &rule.policy;
+        Some(Check {
+            rule: p.name.clone(),
+            counter: rule.counter_id(&view)?,
+            limit: p.limit.clone(),
+            cost: p.cost,
+        })
+    }
+}
+
+/// The identity `field=value` names, or a 4xx saying why not: a field that is not one of
+/// the three, or a value no configured key has.
+fn resolve(cfg: &Config, field: &str, value: &str) -> Result<Who, Box<Response<Vec<u8>>>> {
+    let field: &'static str = match field {
+        "api_key" => "api_key",
+        "user" => "user",
+        "plan" => "plan",
+        other => {
+            return Err(bad(format!(
+                "name one identity: api_key, user or plan (not \"{other}\")"
+            )))
+        }
+    };
+    let known = cfg.auth.keys.identities().find(|i| match field {
+        "api_key" => i.id.as_str() == value,
+        "user" => i.user.as_str() == value,
+        _ => i.plan.as_ref().is_some_and(|p| p.as_str() == value),
+    });
+    let Some(known) = known else {
+        return Err(not_found(format!(
+            "no configured key has {field} \"{value}\""
+        )));
+    };
+    let text = |s: &str| HeaderText::new(s).unwrap_or_else(|| known.id.clone());
+    let identity = match field {
+        "api_key" => Identity::clone(known),
+        "user" => Identity {
+            id: text(""),
+            user: known.user.clone(),
+            plan: None,
+        },
+        _ => Identity {
+            id: text(""),
+            user: text(""),
+            plan: known.plan.clone(),
+        },
+    };
+    Ok(Who {
+        field,
+        value: value.to_string(),
+        identity,
+    })
+}
+
+/// The store `rule` counts in: the in-process one for local rules, the configured one (which
+/// is also in process on the memory backend) for global rules.
+async fn usage_of(
+    gateway: &Gateway,
+    cfg: &Config,
+    rule: &Rule,
+    check: &Check,
+    change: UsageChange,
+) -> Result<(Usage, Usage), StoreError> {
+    match rule.policy.scope {
+        Scope::Local => Ok(gateway.limiter.memory().usage(check, change)),
+        Scope::Global => {
+            gateway
+                .limiter
+                .store()
+                .usage(check, change, cfg.store.timeout)
+                .await
+        }
+    }
+}
+
+fn usage_json(rule: &str, u: &Usage) -> serde_json::Value {
+    serde_json::json!({
+        "rule": rule,
+        "limit": u.limit,
+        "used": u.used,
+        "remaining": u.remaining,
+        "reset": ceil_secs(u.reset),
+    })
+}
+
+/// `GET /usage?api_key=ID` (or `user=` / `plan=`).
+pub async fn read(gateway: &Gateway, cfg: &Config, query: &str) -> Response<Vec<u8>> {
+    let pairs: Vec<(&str, String)> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k, percent_decode(v))
+        })
+        .collect();
+    let [(field, value)] = pairs.as_slice() else {
+        return *bad("name exactly one identity: ?api_key=ID, ?user=NAME or ?plan=NAME".into());
+    };
+    let who = match resolve(cfg, field, value) {
+        Ok(who) => who,
+        Err(resp) => return *resp,
+    };
+    let mut rules = Vec::new();
+    for rule in &cfg.rules {
+        let Some(check) = who.check(rule) else {
+            continue;
+        };
+        match usage_of(gateway, cfg, rule, &check, UsageChange::Read).await {
+            Ok((u, _)) => rules.push(usage_json(&rule.policy.name, &u)),
+            Err(e) => return store_failed(&e),
+        }
+    }
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ who.field: who.value, "rules": rules }),
+    )
+}
+
+/// `POST /usage/reset` and `POST /usage/grant` (`grant`: with an `amount`).
+pub async fn change(
+    gateway: &Gateway,
+    cfg: &Config,
+    body: &[u8],
+    grant: bool,
+) -> Response<Vec<u8>> {
+    let action = if grant { "grant" } else { "reset" };
+    let v: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        _ => {
+            return *bad(format!(
+                "the body must be a JSON object, e.g. {}",
+                example(grant)
+            ))
+        }
+    };
+    let Some(rule_name) = v.get("rule").and_then(|r| r.as_str()) else {
+        return *bad(format!("\"rule\" is missing, e.g. {}", example(grant)));
+    };
+    let named: Vec<&str> = ["api_key", "user", "plan"]
+        .into_iter()
+        .filter(|f| v.get(*f).is_some())
+        .collect();
+    let [field] = named.as_slice() else {
+        return *bad("name exactly one identity: \"api_key\", \"user\" or \"plan\"".into());
+    };
+    let Some(value) = v.get(*field).and_then(|s| s.as_str()) else {
+        return *bad(format!("\"{field}\" must be a string"));
+    };
+    let change = if grant {
+        match v.get("amount").and_then(|a| a.as_u64()) {
+            Some(n) if (1..=MAX_COUNT).contains(&n) => UsageChange::Grant(n),
+            _ => {
+                return *bad(format!(
+                    "\"amount\" must be a whole number from 1 to {MAX_COUNT}"
+                ))
+            }
+        }
+    } else {
+        UsageChange::Reset
+    };
+    let Some(rule) = cfg.rules.iter().find(|r| &*r.policy.name == rule_name) else {
+        return *not_found(format!("no rule is named \"{rule_name}\""));
+    };
+    let who = match resolve(cfg, field, value) {
+        Ok(who) => who,
+        Err(resp) => return *resp,
+    };
+    let Some(check) = who.check(rule) else {
+        return *bad(format!(
+            "rule \"{rule_name}\" is not keyed on {field} alone (api_key, user, plan), so it keeps no counter for {field} \"{value}\""
+        ));
+    };
+    if grant && !rule.policy.limit.algorithm().capabilities().grant {
+        return *bad(format!(
+            "rule \"{rule_name}\" is a {}: grants apply to fixed_window rules (and calendar quotas) only",
+            rule.policy.limit.algorithm().as_str()
+        ));
+    }
+    let (before, after) = match usage_of(gateway, cfg, rule, &check, change).await {
+        Ok(both) => both,
+        Err(e) => return store_failed(&e),
+    };
+    CHANGES.with_label_values(&[action]).inc();
+    let amount = match change {
+        UsageChange::Grant(n) => n,
+        _ => 0,
+    };
+    tracing::info!(
+        action,
+        rule = rule_name,
+        identity = format!("{field} {value}"),
+        amount,
+        who = if cfg.server.admin_token.is_some() {
+            "admin token"
+        } else {
+            "admin listener (no admin_token set)"
+        },
+        used_before = before.used,
+        used_after = after.used,
+        remaining_before = before.remaining,
+        remaining_after = after.remaining,
+        "usage changed through the admin API"
+    );
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "action": action,
+            field.to_string(): value,
+            "before": usage_json(rule_name, &before),
+            "after": usage_json(rule_name, &after),
+        }),
+    )
+}
+
+fn example(grant: bool) -> &'static str {
+    if grant {
+        r#"{"rule": "daily-quota", "api_key": "acme-prod", "amount": 500}"#
+    } else {
+        r#"{"rule": "daily-quota", "api_key": "acme-prod"}"#
+    }
+}
+
+fn bad(detail: String) -> Box<Response<Vec<u8>>> {
+    Box::new(problem(Problem::bad_request(detail)))
+}
+
+fn not_found(detail: String) -> Box<Response<Vec<u8>>> {
+    Box::new(problem(Problem::new(
+        "urn:floodgate:problem:not-found",
+        "Not Found",
+        404,
+        detail,
+    )))
+}
+
+/// 503: the store could not answer; nothing is known to have changed.
+fn store_failed(e: &StoreError) -> Response<Vec<u8>> {
+    problem(Problem::new(
+        "urn:floodgate:problem:store-unavailable",
+        "Service Unavailable",
+        503,
+        format!("the store could not answer ({e}); try again"),
+    ))
+}
