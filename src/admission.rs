@@ -180,6 +180,8 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     // Who is being limited, for `GET /top` and the dashboard (bounded memory, no allocation
     // for a client already tracked).
     crate::top::record(cfg, &view, &outcome);
+    // Quota webhooks (issue 23): candidate events queued without waiting.
+    crate::webhooks::observe(cfg, limiter.store(), &view, &outcome);
     for name in &outcome.shadow_rejected {
         tracing::info!(rule = %name, request_id = %id, "shadow rule would have rejected the request");
     }

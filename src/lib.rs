@@ -31,3 +31,4 @@ pub mod shutdown;
 pub mod text;
 pub mod top;
 pub mod upstream;
+pub mod webhooks;

@@ -23,6 +23,19 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub rules: Vec<RawRule>,
+    /// `[[webhooks]]` (issue 23): quota events sent to a customer's systems.
+    #[serde(default)]
+    pub webhooks: Vec<Spanned<RawWebhook>>,
+}
+
+/// One `[[webhooks]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWebhook {
+    pub url: Spanned<String>,
+    pub events: Spanned<Vec<Spanned<String>>>,
+    pub thresholds: Option<Spanned<Vec<Spanned<f64>>>>,
+    pub secret: Option<Spanned<String>>,
 }
 
 /// `[server]`.

@@ -12,6 +12,7 @@ mod server;
 mod source;
 mod store;
 mod upstreams;
+mod webhooks;
 
 #[cfg(test)]
 mod fixtures;
@@ -36,6 +37,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let upstreams = upstreams::upstreams(&src, &raw.upstreams, &dir, &mut warnings)?;
     let routes = routes::routes(&src, &raw.routes, &upstreams)?;
     let rules = rules::rules(&src, &raw.rules, &routes)?;
+    let webhooks = webhooks::webhooks(&src, &raw.webhooks)?;
     if routes.is_empty() {
         // Checked last, so that a file with other mistakes names those first. A zero-byte or truncated file parses as TOML; in force it would answer 404 to
         // everything while looking healthy.
@@ -57,6 +59,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         routes,
         rules,
+        webhooks,
         // The same files, in the same order, as the reloader fingerprints (`watch::files_of`): a
         // keys or token file only when one is named (an extra empty entry made every start
         // reload once).
@@ -75,5 +78,11 @@ mod tests {
     #[test]
     fn every_invalid_fixture_fails_as_it_says() {
         super::fixtures::check_section("file");
+    }
+
+    /// Every invalid `[[webhooks]]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_webhook_fails_as_it_says() {
+        super::fixtures::check_section("webhooks");
     }
 }
