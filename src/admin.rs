@@ -106,6 +106,7 @@ impl ServeHttp for Admin {
             }
             ("GET", "/metrics") => {
                 usage::register_metrics();
+                crate::webhooks::webhook_metrics();
                 let m = metrics();
                 let store = self.gateway.limiter.memory();
                 m.memory_keys.set(store.len() as i64);

@@ -682,3 +682,316 @@ async fn a_grant_during_load_is_exact_on_memory_and_redis() {
     let redis = RedisServer::start();
     grant_under_load_on(&store(&redis.url(), "250ms", "")).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Webhooks: a real HTTP receiver on loopback.
+// ---------------------------------------------------------------------------------------------
+
+/// One request the receiver got: its headers (lowercased names) and body.
+#[derive(Clone, Debug)]
+struct Received {
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+/// A tiny HTTP receiver on a loopback port: answers 204 to every POST (or, when `hang`, never
+/// answers), recording each. Stopped, with its thread, when dropped.
+struct Receiver {
+    addr: std::net::SocketAddr,
+    got: Arc<std::sync::Mutex<Vec<Received>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    fn start_on(addr: std::net::SocketAddr, hang: bool) -> Receiver {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
+        listener.set_nonblocking(true).unwrap();
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (g, s) = (got.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((mut conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                if hang {
+                    held.push(conn);
+                    continue;
+                }
+                conn.set_nonblocking(false).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let (head, body) = loop {
+                    let Ok(n) = conn.read(&mut buf) else {
+                        break (String::new(), String::new());
+                    };
+                    if n == 0 {
+                        break (String::new(), String::new());
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&raw).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length: ")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break (head.to_string(), body.to_string());
+                        }
+                    }
+                };
+                let headers = head
+                    .lines()
+                    .skip(1)
+                    .filter_map(|l| l.split_once(": "))
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+                    .collect();
+                g.lock().unwrap().push(Received { headers, body });
+                let _ = conn.write_all(
+                    b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            }
+            drop(held);
+        });
+        Receiver {
+            addr,
+            got,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hooks/floodgate", self.addr)
+    }
+
+    /// Every event received so far, across requests.
+    fn events(&self) -> Vec<serde_json::Value> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                serde_json::from_str::<Vec<serde_json::Value>>(&r.body).unwrap_or_default()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+const WEBHOOK_SECRET: &str = "whsec-9c1f-never-in-an-event";
+
+fn webhook_rules(url: &str, limit: u64) -> String {
+    format!(
+        r#"
+[[rules]]
+name = "daily"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = {limit}
+calendar = "day"
+on_store_error = "closed"
+
+[[webhooks]]
+url = "{url}"
+events = ["threshold", "rejected"]
+thresholds = [0.5, 1.0]
+secret = "{WEBHOOK_SECRET}"
+"#
+    )
+}
+
+/// The sum over `gws` of `floodgate_webhook_events_total{result}`.
+fn webhook_count(gws: &[&Gateway], result: &str) -> f64 {
+    gws.iter()
+        .map(|gw| {
+            let (_, m) = admin(gw, "GET", "/metrics", "");
+            let text = m["raw"].as_str().unwrap_or_default().to_string();
+            metric_value(
+                &text,
+                &format!("floodgate_webhook_events_total{{result=\"{result}\"}}"),
+            )
+            .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_threshold_fires_once_across_three_instances_signed_and_without_secrets() {
+    let receiver = Receiver::start_on(free_addr(), false);
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let s = store(&redis.url(), "250ms", "instances = 3");
+    let rules = webhook_rules(&receiver.url(), 10);
+    let gws: Vec<Gateway> = (0..3)
+        .map(|_| usage_gateway(api.addr, &s, &rules))
+        .collect();
+    let refs: Vec<&Gateway> = gws.iter().collect();
+    let counts = hammer(&refs, 30, 3, "/orders", &[("x-api-key", "test")]).await;
+    assert_eq!(counts.get(&200), Some(&10), "{counts:?}");
+
+    // Every candidate the instances noticed has been claimed or refused as a duplicate.
+    eventually(
+        Duration::from_secs(20),
+        "every candidate event handled",
+        || {
+            let queued = webhook_count(&refs, "queued");
+            let handled = webhook_count(&refs, "delivered") + webhook_count(&refs, "duplicate");
+            std::future::ready((queued > 0.0 && handled == queued).then_some(()))
+        },
+    )
+    .await;
+    let events = receiver.events();
+    let mut kinds: Vec<String> = events
+        .iter()
+        .map(|e| format!("{} {}", e["event"].as_str().unwrap(), e["threshold"]))
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        ["rejected null", "threshold 0.5", "threshold 1.0"],
+        "{events:?}"
+    );
+    let ids: std::collections::HashSet<&str> =
+        events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 3, "unique ids");
+    for e in &events {
+        assert_eq!(e["rule"], "daily");
+        assert_eq!(e["api_key"], "acme-prod");
+        assert_eq!(e["user"], "acme");
+        assert_eq!(e["plan"], "pro");
+        assert_eq!(e["limit"], 10);
+        assert!(e["window_end"].as_u64().unwrap() > 1_700_000_000, "{e}");
+    }
+    assert_eq!(
+        events.iter().find(|e| e["threshold"] == 0.5).unwrap()["used"],
+        5
+    );
+    for r in receiver.got.lock().unwrap().iter() {
+        assert!(!r.body.contains(WEBHOOK_SECRET), "no secret in an event");
+        assert!(
+            !r.body.contains("\"test\""),
+            "no API key secret in an event"
+        );
+        let mut mac =
+            <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(WEBHOOK_SECRET.as_bytes())
+                .unwrap();
+        hmac::Mac::update(&mut mac, r.body.as_bytes());
+        let want = format!(
+            "sha256={}",
+            hex::encode(hmac::Mac::finalize(mac).into_bytes())
+        );
+        assert_eq!(
+            r.headers.get("x-floodgate-signature"),
+            Some(&want),
+            "signed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_retried_until_the_receiver_is_up() {
+    let addr = free_addr();
+    let api = OrdersApi::start("orders");
+    let gw = usage_gateway(
+        api.addr,
+        "",
+        &webhook_rules(&format!("http://{addr}/hooks"), 2),
+    );
+    assert_eq!(spend(&gw, 2).await, 2);
+    // The receiver is down: the first attempts fail, and are logged.
+    let started = std::time::Instant::now();
+    while !gw.logs().contains("webhook delivery failed; retrying") {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no failed attempt logged: {} {:?}",
+            gw.logs(),
+            ["queued", "duplicate", "delivered", "dropped_undeliverable"]
+                .map(|r| webhook_count(&[&gw], r))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let receiver = Receiver::start_on(addr, false);
+    let events = eventually(
+        Duration::from_secs(30),
+        "the events after the receiver came up",
+        || {
+            let e = receiver.events();
+            std::future::ready((e.len() >= 2).then_some(e))
+        },
+    )
+    .await;
+    let mut thresholds: Vec<f64> = events
+        .iter()
+        .map(|e| e["threshold"].as_f64().unwrap())
+        .collect();
+    thresholds.sort_by(f64::total_cmp);
+    assert_eq!(thresholds, [0.5, 1.0], "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_receiver_fills_the_bounded_queue_and_requests_never_wait() {
+    let receiver = Receiver::start_on(free_addr(), true);
+    let api = OrdersApi::start("orders");
+    let rules = format!(
+        r#"
+[[rules]]
+name = "per-user-header"
+key = ["header:x-user"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[webhooks]]
+url = "{}"
+events = ["threshold"]
+thresholds = [1.0]
+"#,
+        receiver.url()
+    );
+    let gw = Gateway::start_env(
+        |addr, admin_addr| format!("{}admin_token = \"{TOKEN}\"\n", server_section(addr, admin_addr)),
+        &format!(
+            "{}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"none\"\n{rules}",
+            orders_upstream(&[api.addr])
+        ),
+        &[],
+        &[("RUST_LOG", "info"), ("FLOODGATE_TEST_WEBHOOK_QUEUE", "2")],
+    );
+    // 40 clients, each crossing its limit's 100 % once: 40 candidate events for a worker stuck
+    // on a receiver that never answers.
+    let c = client();
+    for i in 0..40 {
+        let r = c
+            .get(gw.url("/orders"))
+            .header("x-user", format!("user-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "a request never waits for a webhook");
+    }
+    let dropped = webhook_count(&[&gw], "dropped_queue_full");
+    let queued = webhook_count(&[&gw], "queued");
+    assert_eq!(dropped + queued, 40.0, "{dropped} dropped, {queued} queued");
+    assert!(
+        dropped >= 30.0,
+        "the queue holds 2 (and the worker a batch): {dropped} dropped"
+    );
+}

@@ -32,19 +32,20 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The rule name the once-per-window markers count under in the store.
 const MARKER_RULE: &str = "floodgate-webhook-marker";
 
-/// `floodgate_webhook_events_total{result}`: `delivered`, `dropped_queue_full`,
+/// `floodgate_webhook_events_total{result}`: `queued` (candidates noticed), `duplicate`
+/// (claimed already, by this or another instance), `delivered`, `dropped_queue_full`,
 /// `dropped_undeliverable`.
 pub fn webhook_metrics() -> &'static IntCounterVec {
     static EVENTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         let c = IntCounterVec::new(
             Opts::new(
                 "floodgate_webhook_events_total",
-                "Quota webhook events by result: delivered, dropped_queue_full, dropped_undeliverable.",
+                "Quota webhook events by result: queued, duplicate, delivered, dropped_queue_full, dropped_undeliverable.",
             ),
             &["result"],
         )
         .expect("static metric definition");
-        for r in ["delivered", "dropped_queue_full", "dropped_undeliverable"] {
+        for r in RESULTS {
             c.with_label_values(&[r]);
         }
         crate::metrics::metrics().register(Box::new(c.clone()));
@@ -52,6 +53,15 @@ pub fn webhook_metrics() -> &'static IntCounterVec {
     });
     &EVENTS
 }
+
+/// Every `result` label of `floodgate_webhook_events_total`.
+pub const RESULTS: [&str; 5] = [
+    "queued",
+    "duplicate",
+    "delivered",
+    "dropped_queue_full",
+    "dropped_undeliverable",
+];
 
 /// A queued candidate with what its delivery needs from the config in force.
 struct Item {
@@ -75,7 +85,22 @@ fn queue_size() -> usize {
 pub(super) fn offer(cfg: &Config, store: &Arc<dyn SharedStore>, event: Event) {
     let sender = SENDER.get_or_init(|| {
         let (tx, rx) = mpsc::channel(queue_size());
-        tokio::spawn(run(rx));
+        // A thread and runtime of its own: the proxy's runtimes are Pingora's, sized and run
+        // for requests, and a delivery stuck on a slow receiver must not sit among them.
+        let started = std::thread::Builder::new()
+            .name("floodgate-webhooks".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(run(rx)),
+                    Err(e) => tracing::error!(error = %e, "webhook delivery cannot start"),
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "webhook delivery cannot start");
+        }
         tx
     });
     let item = Item {
@@ -84,11 +109,11 @@ pub(super) fn offer(cfg: &Config, store: &Arc<dyn SharedStore>, event: Event) {
         store: store.clone(),
         timeout: cfg.store.timeout,
     };
-    if sender.try_send(item).is_err() {
-        webhook_metrics()
-            .with_label_values(&["dropped_queue_full"])
-            .inc();
-    }
+    let result = match sender.try_send(item) {
+        Ok(()) => "queued",
+        Err(_) => "dropped_queue_full",
+    };
+    webhook_metrics().with_label_values(&[result]).inc();
 }
 
 async fn run(mut rx: mpsc::Receiver<Item>) {
@@ -104,22 +129,33 @@ async fn run(mut rx: mpsc::Receiver<Item>) {
         for item in batch {
             if claim(&item).await {
                 claimed.push(item);
+            } else {
+                webhook_metrics().with_label_values(&["duplicate"]).inc();
             }
         }
         let Some(last) = claimed.last() else {
             continue;
         };
         let webhooks = last.webhooks.clone();
+        let mut sent = vec![false; claimed.len()];
         for w in webhooks.iter() {
-            let events: Vec<&Event> = claimed
-                .iter()
-                .map(|i| &i.event)
-                .filter(|e| wants(w, e))
-                .collect();
+            let mut events = Vec::new();
+            for (i, item) in claimed.iter().enumerate() {
+                if wants(w, &item.event) {
+                    events.push(&item.event);
+                    sent[i] = true;
+                }
+            }
             if !events.is_empty() {
                 send_with_retries(w, &events).await;
             }
         }
+        // An event no webhook of the config in force wants any more (a reload removed it) is
+        // delivered nowhere: counted as such.
+        let unsent = sent.iter().filter(|s| !**s).count() as u64;
+        webhook_metrics()
+            .with_label_values(&["dropped_undeliverable"])
+            .inc_by(unsent);
     }
 }
 
@@ -162,12 +198,12 @@ async fn send_with_retries(w: &Webhook, events: &[&Event]) {
                 return;
             }
             Ok(Ok(status)) => {
-                tracing::debug!(url = %w.url, status, attempt, "webhook receiver refused the events");
+                tracing::info!(url = %w.url, status, attempt, "webhook receiver refused the events; retrying");
             }
             Ok(Err(e)) => {
-                tracing::debug!(url = %w.url, error = %e, attempt, "webhook delivery failed")
+                tracing::info!(url = %w.url, error = %e, attempt, "webhook delivery failed; retrying")
             }
-            Err(_) => tracing::debug!(url = %w.url, attempt, "webhook delivery timed out"),
+            Err(_) => tracing::info!(url = %w.url, attempt, "webhook delivery timed out; retrying"),
         }
         if attempt < ATTEMPTS {
             tokio::time::sleep(wait).await;
