@@ -70,6 +70,8 @@ pub struct AccessLine {
     pub client_ip: IpAddr,
     /// The rules that refused the request, comma-separated.
     pub rejected_by: Option<String>,
+    /// The rules that slowed the request (`mode = "slow"`), comma-separated.
+    pub slowed_by: Option<String>,
     /// The request's `x-request-id`.
     pub request_id: RequestId,
     /// Milliseconds from the request's start to the end of its answer.
@@ -152,6 +154,7 @@ fn emit(line: &AccessLine) {
         key_id = line.identity.as_ref().map_or("-", |i| i.id.as_str()),
         client_ip = %line.client_ip,
         rejected_by = line.rejected_by.as_deref().unwrap_or("-"),
+        slowed_by = line.slowed_by.as_deref().unwrap_or("-"),
         request_id = %line.request_id.as_str(),
         latency_ms = line.latency_ms,
         error = line.error,

@@ -99,7 +99,7 @@ impl Metrics {
         let decisions = counter_vec(
             &registry,
             "floodgate_ratelimit_decisions_total",
-            "Rate-limit decisions by rule and result (allowed, rejected, shadow_rejected, skipped).",
+            "Rate-limit decisions by rule and result (allowed, rejected, shadow_rejected, slowed, skipped).",
             &["rule", "result"],
         );
         let failure_mode = counter_vec(
@@ -316,6 +316,8 @@ pub struct RuleCounters {
     pub rejected: RuleCounter,
     /// result="shadow_rejected".
     pub shadow_rejected: RuleCounter,
+    /// result="slowed": would have rejected, and served the request slowly (`mode = "slow"`).
+    pub slowed: RuleCounter,
     /// result="skipped" (a key part was absent).
     pub skipped: RuleCounter,
     /// mode="open".
@@ -337,6 +339,7 @@ impl RuleCounters {
             allowed: d("allowed"),
             rejected: d("rejected"),
             shadow_rejected: d("shadow_rejected"),
+            slowed: d("slowed"),
             skipped: d("skipped"),
             fail_open: f("open"),
             fail_closed: f("closed"),
@@ -352,6 +355,7 @@ impl RuleCounters {
             &self.allowed,
             &self.rejected,
             &self.shadow_rejected,
+            &self.slowed,
             &self.skipped,
             &self.fail_open,
             &self.fail_closed,

@@ -76,6 +76,8 @@ pub struct RequestCtx {
     slots: Option<Slots>,
     /// The request body's deadline and what was read ahead of the upstream.
     body: crate::body::Body,
+    /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
+    slow: Option<crate::throttle::Throttle>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
@@ -119,6 +121,7 @@ impl ProxyHttp for Proxy {
             no_healthy: None,
             slots: None,
             body: crate::body::Body::default(),
+            slow: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
     }
@@ -164,6 +167,7 @@ impl ProxyHttp for Proxy {
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
         ctx.slots = admitted.slots;
+        ctx.slow = admitted.slowed.map(crate::throttle::Throttle::new);
         match admitted.next {
             Next::Forward { delay, ratelimit } => {
                 ctx.headers = ratelimit;
@@ -415,6 +419,17 @@ impl ProxyHttp for Proxy {
             // Tunnel bytes, not a body: only tunnel_timeout applies.
             return Ok(());
         }
+        if let Some(slow) = &mut ctx.slow {
+            // The client's next piece is not read while this one waits: backpressure. The
+            // body's deadline is checked below, after the wait.
+            let len = body.as_ref().map_or(0, bytes::Bytes::len);
+            let wait = slow.request.wait(len, Instant::now(), None, end_of_stream);
+            if let crate::throttle::Wait::For(d) = wait {
+                if !d.is_zero() {
+                    tokio::time::sleep(d).await;
+                }
+            }
+        }
         if !end_of_stream {
             if ctx.body.late() {
                 return Err(Error::explain(
@@ -449,6 +464,27 @@ impl ProxyHttp for Proxy {
             ));
         }
         Ok(None)
+    }
+
+    fn response_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        match &mut ctx.slow {
+            Some(slow) if !session.was_upgraded() => {
+                let len = body.as_ref().map_or(0, bytes::Bytes::len);
+                crate::throttle::response_delay(
+                    &mut slow.response,
+                    len,
+                    ctx.deadline,
+                    end_of_stream,
+                )
+            }
+            _ => Ok(None),
+        }
     }
 
     async fn response_filter(
@@ -522,6 +558,7 @@ impl ProxyHttp for Proxy {
             identity: ctx.identity.clone(),
             client_ip: ctx.client_ip,
             rejected_by: ctx.rejected_by.clone(),
+            slowed_by: ctx.slow.as_ref().map(|t| t.slowed.rules.clone()),
             request_id: ctx.request_id.clone(),
             latency_ms: ctx
                 .start
