@@ -81,7 +81,7 @@ fn checked(
     wants: &[u64],
 ) -> Result<Vec<(Decision, Grant)>, StoreError> {
     if answers.len() != checks.len() {
-        return Err(StoreError::Redis(format!(
+        return Err(StoreError::Failed(format!(
             "the store answered {} decisions for {} checks",
             answers.len(),
             checks.len()

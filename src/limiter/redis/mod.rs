@@ -178,11 +178,8 @@ impl RedisStore {
     /// [`RedisStore::new`] with other [`Options`] (tests shorten the lease TTL and the
     /// breaker's cool-down).
     pub fn with_options(store: &Store, options: Options) -> Result<Arc<RedisStore>, StoreError> {
-        let client = match &store.redis {
-            Some(parsed) => parsed.clone(),
-            None => RedisClient::build(store.backend, &store.urls)
-                .map_err(|e| StoreError::Redis(e.to_string()))?,
-        };
+        let client = RedisClient::build(store.backend, &store.urls)
+            .map_err(|e| StoreError::Failed(e.to_string()))?;
         Ok(RedisStore::from_parts(
             store,
             options,
@@ -358,7 +355,7 @@ impl RedisStore {
             // Never built: down for good, and every decision says so.
             metrics().store_errors.with_label_values(&["error"]).inc();
             metrics().store_up.set(0);
-            return Err(StoreError::Redis(why.to_string()));
+            return Err(StoreError::Failed(why.to_string()));
         }
         let keys: Vec<String> = checks.iter().map(|c| inner.redis_key(c)).collect();
         let groups = inner.groups(&keys);
@@ -533,8 +530,8 @@ impl SharedStore for RedisStore {
         self.inner.release(checks, lease).await;
     }
 
-    fn slot_ttl(&self) -> Duration {
-        self.inner.options.lease_ttl
+    fn slot_ttl(&self) -> Option<Duration> {
+        Some(self.inner.options.lease_ttl)
     }
 
     fn status(&self) -> StoreStatus {
@@ -542,7 +539,7 @@ impl SharedStore for RedisStore {
             up: self.is_up(),
             connected: self.is_connected(),
             endpoint: self.endpoint().to_string(),
-            evicting: self.evicting_policy(),
+            drops_counters: self.evicting_policy(),
         }
     }
 
@@ -577,9 +574,9 @@ impl Inner {
         let conn = rx
             .wait_for(Option::is_some)
             .await
-            .map_err(|_| StoreError::Redis("store closed".into()))?
+            .map_err(|_| StoreError::Failed("store closed".into()))?
             .clone();
-        conn.ok_or_else(|| StoreError::Redis("not connected".into()))
+        conn.ok_or_else(|| StoreError::Failed("not connected".into()))
     }
 
     /// Runs the decide script, one call per group of `keys` (see [`Inner::groups`]), all
@@ -627,9 +624,9 @@ impl Inner {
                 let reply = tokio::time::timeout_at(deadline, conn.eval::<Vec<u8>>(&DECIDE, &cmd))
                     .await
                     .map_err(|_| StoreError::Timeout)?
-                    .map_err(|e| StoreError::Redis(e.to_string()))?;
+                    .map_err(|e| StoreError::Failed(e.to_string()))?;
                 if reply.len() != group.len() * REPLY_BYTES {
-                    return Err(StoreError::Redis(format!(
+                    return Err(StoreError::Failed(format!(
                         "decide script answered {} bytes for {} checks",
                         reply.len(),
                         group.len()
@@ -824,7 +821,6 @@ mod tests {
         let store = Store {
             backend: Backend::Redis,
             urls: vec!["http://user:s3cret@host:1".into()],
-            redis: None,
             timeout: Duration::from_millis(20),
             key_prefix: "p:".into(),
             instances: 1,

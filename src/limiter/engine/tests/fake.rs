@@ -206,7 +206,7 @@ impl SharedStore for Fake {
             up: self.failing.lock().is_none(),
             connected: true,
             endpoint: "fake".into(),
-            evicting: false,
+            drops_counters: false,
         }
     }
 }
