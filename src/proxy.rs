@@ -557,8 +557,11 @@ impl ProxyHttp for Proxy {
             upstream: ctx.upstream().map(|u| u.name.clone()),
             identity: ctx.identity.clone(),
             client_ip: ctx.client_ip,
-            rejected_by: ctx.rejected_by.clone(),
-            slowed_by: ctx.slow.as_ref().map(|t| t.slowed.rules.clone()),
+            rejected_by: match &ctx.slow {
+                Some(t) => Some(t.slowed.rules.clone()),
+                None => ctx.rejected_by.clone(),
+            },
+            slowed: ctx.slow.is_some(),
             request_id: ctx.request_id.clone(),
             latency_ms: ctx
                 .start

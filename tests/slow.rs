@@ -85,7 +85,10 @@ async fn a_download_past_the_limit_is_slowed_and_another_client_is_not() {
 
     let (status, _, body, took) = download(&c, &gw, "alice").await;
     assert_eq!((status, body), (200, Ok(DOWNLOAD)));
-    assert!(took < Duration::from_millis(1500), "within the limit: {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "within the limit: {took:?}"
+    );
 
     // Past the limit: served, slowly. Bob, within his, is not slowed meanwhile.
     let slowed = {
@@ -126,7 +129,8 @@ async fn a_download_past_the_limit_is_slowed_and_another_client_is_not() {
     let metrics = get_text(&c, gw.admin_url("/metrics")).await;
     let series = "floodgate_ratelimit_decisions_total{result=\"slowed\",rule=\"slow-downloads\"}";
     assert_eq!(metric_value(&metrics, series), Some(1.0), "{metrics}");
-    let rejected = "floodgate_ratelimit_decisions_total{result=\"rejected\",rule=\"slow-downloads\"}";
+    let rejected =
+        "floodgate_ratelimit_decisions_total{result=\"rejected\",rule=\"slow-downloads\"}";
     assert_eq!(metric_value(&metrics, rejected), Some(0.0));
     let logs = eventually(Duration::from_secs(5), "the slowed access line", || {
         let logs = gw.logs();
@@ -157,7 +161,10 @@ async fn h2_downloads_are_slowed_too() {
         .unwrap();
     let (status, _, body, took) = download(&c, &gw, "carol").await;
     assert_eq!((status, body), (200, Ok(DOWNLOAD)));
-    assert!(took < Duration::from_millis(1500), "within the limit: {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "within the limit: {took:?}"
+    );
     let r = c
         .get(gw.url("/healthz"))
         .header("x-client", "carol-probe")
@@ -200,7 +207,10 @@ async fn a_slowed_upload_goes_at_the_slow_rate() {
     };
     let (status, bytes, took) = upload("dave").await;
     assert_eq!((status, bytes), (200, Some(200 * 1024)));
-    assert!(took < Duration::from_millis(1500), "within the limit: {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "within the limit: {took:?}"
+    );
     let (status, bytes, took) = upload("dave").await;
     assert_eq!((status, bytes), (200, Some(200 * 1024)), "the whole body");
     assert!(
@@ -257,7 +267,10 @@ fn check_refuses_slow_mode_where_it_cannot_work() {
     for (rule, error) in cases {
         let (ok, _, stderr) = check(&format!("{head}{rule}"), &[]);
         assert!(!ok, "{rule} should fail");
-        assert!(stderr.contains(error), "{rule}: wanted {error:?}, got {stderr}");
+        assert!(
+            stderr.contains(error),
+            "{rule}: wanted {error:?}, got {stderr}"
+        );
     }
     let (ok, stdout, stderr) = check(
         &format!("{head}algorithm = \"leaky_bucket\"\nlimit = 10\nwindow = \"1s\"\nmode = \"slow\"\nslow_rate = \"1MiB\"\n"),

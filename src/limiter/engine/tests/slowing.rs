@@ -112,5 +112,8 @@ scope = "local"
     // Now the police rule rejects too: rejected, as a rejection names every rule over its
     // limit (the slowing ones as well: the client is over those too).
     let out = limiter.decide(applying(&cfg), &cfg.store).await;
-    assert_eq!(rejected_by(&out), ["slow-fast", "slow-slower", "slow-police"]);
+    assert_eq!(
+        rejected_by(&out),
+        ["slow-fast", "slow-slower", "slow-police"]
+    );
 }
