@@ -64,7 +64,7 @@ pub fn rule_limit(r: &Rule) -> String {
         }
     }
     if let Some(rate) = l.slow_rate() {
-        let _ = write!(out, " slow slow_rate {rate}B");
+        let _ = write!(out, " slow slow_rate {}", crate::throttle::show_rate(rate));
     }
     out
 }

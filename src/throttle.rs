@@ -65,6 +65,15 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
     Ok(rate)
 }
 
+/// A rate as gateway.toml writes it: `64KiB`, `1MiB`, `1500B` (what `check` shows).
+pub fn show_rate(rate: u64) -> String {
+    match rate {
+        r if r >= 1 << 20 && r % (1 << 20) == 0 => format!("{}MiB", r >> 20),
+        r if r >= 1 << 10 && r % (1 << 10) == 0 => format!("{}KiB", r >> 10),
+        r => format!("{r}B"),
+    }
+}
+
 /// What slowed a request: the rate and the rules, for the proxy and the access log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slowed {
@@ -195,6 +204,9 @@ mod tests {
             assert!(parse_rate(bad).is_err(), "{bad} should be refused");
         }
         assert!(parse_rate("99999999999999999999MiB").is_err());
+        for shown in ["64KiB", "1MiB", "1500B", "1536KiB"] {
+            assert_eq!(show_rate(parse_rate(shown).unwrap()), shown);
+        }
     }
 
     #[test]

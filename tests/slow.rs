@@ -132,6 +132,21 @@ async fn a_download_past_the_limit_is_slowed_and_another_client_is_not() {
     let rejected =
         "floodgate_ratelimit_decisions_total{result=\"rejected\",rule=\"slow-downloads\"}";
     assert_eq!(metric_value(&metrics, rejected), Some(0.0));
+    let stats = get_json(&c, gw.admin_url("/stats")).await;
+    let rule = stats["rules"]
+        .as_array()
+        .and_then(|rules| rules.iter().find(|r| r["name"] == "slow-downloads"))
+        .expect("the rule in /stats");
+    assert_eq!(rule["counters"]["slowed"], 1, "{rule}");
+    let top = get_json(
+        &c,
+        gw.admin_url("/top?rule=slow-downloads&window=1m&by=rejected"),
+    )
+    .await;
+    assert_eq!(
+        top["clients"][0]["key"]["header:x-client"], "alice",
+        "the slowed client is among the limited ones: {top}"
+    );
     let logs = eventually(Duration::from_secs(5), "the slowed access line", || {
         let logs = gw.logs();
         async move {
