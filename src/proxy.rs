@@ -177,6 +177,9 @@ impl ProxyHttp for Proxy {
                 // The body is read (up to a bound) before any upstream is asked: a slow body
                 // holds no upstream connection.
                 let timeout = cfg.server.connections.body_timeout;
+                if let Some(slow) = &mut ctx.slow {
+                    slow.body_deadline = Some(Instant::now() + timeout);
+                }
                 let problem = match ctx.body.read_ahead(session, timeout).await? {
                     ReadAhead::Forward => return Ok(false),
                     ReadAhead::TimedOut => {
@@ -420,13 +423,25 @@ impl ProxyHttp for Proxy {
             return Ok(());
         }
         if let Some(slow) = &mut ctx.slow {
-            // The client's next piece is not read while this one waits: backpressure. The
-            // body's deadline is checked below, after the wait.
+            // The client's next piece is not read while this one waits: backpressure. A wait
+            // ends at the body's deadline at the latest, which the check below then finds.
             let len = body.as_ref().map_or(0, bytes::Bytes::len);
-            let wait = slow.request.wait(len, Instant::now(), None, end_of_stream);
-            if let crate::throttle::Wait::For(d) = wait {
-                if !d.is_zero() {
-                    tokio::time::sleep(d).await;
+            let now = Instant::now();
+            match slow
+                .request
+                .wait(len, now, slow.body_deadline, end_of_stream)
+            {
+                crate::throttle::Wait::For(d) | crate::throttle::Wait::UntilDeadline(d) => {
+                    if !d.is_zero() {
+                        tokio::time::sleep(d).await;
+                    }
+                }
+                crate::throttle::Wait::Cut => {
+                    return Err(Error::explain(
+                        ErrorType::ReadTimedout,
+                        "the slowed request body cannot arrive within body_timeout",
+                    )
+                    .into_down());
                 }
             }
         }

@@ -93,6 +93,9 @@ pub struct Throttle {
     pub request: Pace,
     /// The response body's pace (what goes to the client).
     pub response: Pace,
+    /// When the request body is due (`body_timeout` after its head): an upload's wait never
+    /// runs past it.
+    pub body_deadline: Option<Instant>,
 }
 
 impl Throttle {
@@ -101,6 +104,7 @@ impl Throttle {
         Throttle {
             request: Pace::new(slowed.rate),
             response: Pace::new(slowed.rate),
+            body_deadline: None,
             slowed,
         }
     }

@@ -111,6 +111,7 @@ async fn a_download_past_the_limit_is_slowed_and_another_client_is_not() {
         "another client is not slowed: {took:?}"
     );
     let (status, headers, body, took) = slowed.await.unwrap();
+    eprintln!("slowed 150 KiB download (HTTP/1.1): {took:?}");
     assert_eq!((status, body), (200, Ok(DOWNLOAD)), "served whole");
     assert!(
         took >= Duration::from_secs(2) && took <= Duration::from_secs(10),
@@ -188,6 +189,7 @@ async fn h2_downloads_are_slowed_too() {
         .unwrap();
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
     let (status, headers, body, took) = download(&c, &gw, "carol").await;
+    eprintln!("slowed 150 KiB download (h2): {took:?}");
     assert_eq!((status, body), (200, Ok(DOWNLOAD)));
     assert!(
         took >= Duration::from_secs(2) && took <= Duration::from_secs(10),
@@ -201,8 +203,8 @@ async fn a_slowed_upload_goes_at_the_slow_rate() {
     let api = OrdersApi::start("slow-upload");
     let gw = Gateway::start(&config(&api, ROOMY));
     let c = client();
-    // 200 KiB: the first 64 KiB are read ahead before the upstream is asked, the rest at
-    // 50 KiB/s: about 2.7 s.
+    // 200 KiB, more than floodgate reads ahead (64 KiB), so all of it goes at 50 KiB/s:
+    // about 4 s.
     let body = vec![b'u'; 200 * 1024];
     let upload = |client: &'static str| {
         let (c, url, body) = (c.clone(), gw.url("/upload"), body.clone());
@@ -227,10 +229,11 @@ async fn a_slowed_upload_goes_at_the_slow_rate() {
         "within the limit: {took:?}"
     );
     let (status, bytes, took) = upload("dave").await;
+    eprintln!("slowed 200 KiB upload: {took:?}");
     assert_eq!((status, bytes), (200, Some(200 * 1024)), "the whole body");
     assert!(
-        took >= Duration::from_millis(1500) && took <= Duration::from_secs(10),
-        "136 KiB past the read-ahead at 50 KiB/s takes about 2.7 s, took {took:?}"
+        took >= Duration::from_secs(2) && took <= Duration::from_secs(12),
+        "200 KiB at 50 KiB/s takes about 4 s, took {took:?}"
     );
 }
 
@@ -242,6 +245,7 @@ async fn a_slowed_download_is_cut_by_the_upstream_timeout() {
     let (status, _, body, _) = download(&c, &gw, "erin").await;
     assert_eq!((status, body), (200, Ok(DOWNLOAD)), "fast enough unslowed");
     let (status, _, body, took) = download(&c, &gw, "erin").await;
+    eprintln!("slowed download under a 1 s timeout: {status} {body:?} after {took:?}");
     // The head goes out with the first piece, which waits for its turn: the timeout may come
     // first (504), or cut the body short.
     assert!(
@@ -293,4 +297,48 @@ fn check_refuses_slow_mode_where_it_cannot_work() {
     );
     assert!(ok, "a slowing leaky bucket is fine: {stderr}");
     assert!(stdout.contains("slow"), "check shows the mode: {stdout}");
+}
+
+#[tokio::test]
+async fn a_slowed_upload_is_cut_by_the_body_timeout() {
+    let api = OrdersApi::start("slow-body-timeout");
+    let gw = Gateway::start_with("body_timeout = \"1s\"\n", &config(&api, ROOMY), &[]);
+    let c = client();
+    // 400 KiB: unslowed it is in at once; slowed it would need 8 s at 50 KiB/s, and the
+    // body is due within 1 s of the head.
+    let body = vec![b'u'; 400 * 1024];
+    let upload = || {
+        c.post(gw.url("/upload"))
+            .header("x-client", "frank")
+            .body(body.clone())
+            .send()
+    };
+    let r = upload().await.expect("the first upload");
+    assert_eq!(r.status(), 200, "within the limit, in time");
+    let started = Instant::now();
+    let cut = match upload().await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let bytes = r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .map(|v| v["bytes"].clone());
+            assert_ne!(
+                (status, bytes),
+                (200, Some(serde_json::json!(400 * 1024))),
+                "a slowed upload past body_timeout is not delivered whole"
+            );
+            status
+        }
+        // The connection was closed under the client's feet: cut too.
+        Err(_) => 0,
+    };
+    let took = started.elapsed();
+    eprintln!("slowed upload under a 1 s body_timeout: {cut} after {took:?}");
+    assert!(cut == 408 || cut == 0, "408 or closed, got {cut}");
+    assert!(
+        took < Duration::from_secs(5),
+        "cut at the 1 s body_timeout, not after the 8 s the slowed body needs: {took:?}"
+    );
 }
