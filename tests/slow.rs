@@ -342,3 +342,33 @@ async fn a_slowed_upload_is_cut_by_the_body_timeout() {
         "cut at the 1 s body_timeout, not after the 8 s the slowed body needs: {took:?}"
     );
 }
+
+#[tokio::test]
+async fn a_global_rule_in_redis_slows_too() {
+    let redis = common::redis::RedisServer::start();
+    let api = OrdersApi::start("slow-redis");
+    let store = common::redis::store(&redis.url(), "250ms", "");
+    let gw = Gateway::start(&format!("{store}{}", config(&api, ROOMY)));
+    let c = client();
+    let (status, _, body, took) = download(&c, &gw, "grace").await;
+    assert_eq!((status, body), (200, Ok(DOWNLOAD)));
+    assert!(
+        took < Duration::from_millis(1500),
+        "within the limit: {took:?}"
+    );
+    let (status, headers, body, took) = download(&c, &gw, "grace").await;
+    eprintln!("slowed 150 KiB download, rule in Redis: {took:?}");
+    assert_eq!((status, body), (200, Ok(DOWNLOAD)));
+    assert!(
+        took >= Duration::from_secs(2) && took <= Duration::from_secs(10),
+        "150 KiB at 50 KiB/s takes about 3 s, took {took:?}"
+    );
+    assert!(ratelimit(&headers).contains("\"slow-downloads\";r=0;"));
+    assert!(
+        redis.command_calls("evalsha") + redis.command_calls("eval") >= 2,
+        "both requests were decided in Redis"
+    );
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let series = "floodgate_ratelimit_decisions_total{result=\"slowed\",rule=\"slow-downloads\"}";
+    assert_eq!(metric_value(&metrics, series), Some(1.0));
+}
