@@ -100,7 +100,11 @@ pub struct Applied {
     pub rule: Arc<Policy>,
     /// The counter the request charged ([`Check::counter`]): who the client is to this rule.
     pub counter: u64,
-    /// Its decision.
+    /// Its decision. On a refused request, a decision that would have admitted shows what
+    /// the rule really has left: its `remaining` as before the request when the rule kept
+    /// nothing of it (the usual case: all or nothing), as after it when the cost stayed charged
+    /// (a Redis Cluster call in another hash slot admitted, or shaping refused it after the
+    /// charge).
     pub decision: Decision,
 }
 
@@ -213,7 +217,7 @@ impl Limiter {
         }
         let decisions = self.local.decide(&checks);
         let admitted = decisions.iter().all(|d| d.allowed);
-        plan.put_local(decisions);
+        plan.put_local(decisions, admitted);
         admitted
     }
 
@@ -233,7 +237,7 @@ impl Limiter {
             self.local.peek(&local)
         };
         if !peeked.iter().all(|d| d.allowed) {
-            plan.put_local(peeked);
+            plan.put_local(peeked, false);
             return false;
         }
         let steps = &mut plan.steps;
@@ -251,9 +255,9 @@ impl Limiter {
         if admitted && !local.is_empty() {
             let decisions = self.local.decide(&local);
             admitted = decisions.iter().all(|d| d.allowed);
-            plan.put_local(decisions);
+            plan.put_local(decisions, admitted);
         } else {
-            plan.put_local(peeked);
+            plan.put_local(peeked, false);
         }
         admitted
     }
