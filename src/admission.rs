@@ -61,6 +61,8 @@ pub struct Admission {
     pub slots: Option<Slots>,
     /// Forward or answer.
     pub next: Next,
+    /// Set when the request is forwarded slowed (`mode = "slow"`): its rate and rules.
+    pub slowed: Option<crate::throttle::Slowed>,
 }
 
 /// The verdict.
@@ -88,6 +90,7 @@ impl Admission {
             host: None,
             slots: None,
             next: Next::Answer(Box::new(problem.answer())),
+            slowed: None,
         }
     }
 }
@@ -97,6 +100,18 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let ip = client_ip(req.peer, req.headers, &cfg.server.trusted_proxies);
     let id = req.request_id;
 
+    if req.method == http::Method::CONNECT {
+        // Not proxied (a tunnel to anywhere). Pingora would refuse it with a bare 405 of its
+        // own; it lets CONNECT through to here (`allow_connect_method_proxying`) so that HTTP/1.1
+        // and HTTP/2 get floodgate's answer. The connection closes: what follows a CONNECT is
+        // meant for a tunnel, not a next request.
+        let mut admission =
+            Admission::answer(ip, None, crate::response::method_not_allowed("CONNECT"), id);
+        if let Next::Answer(answer) = &mut admission.next {
+            answer.close = true;
+        }
+        return admission;
+    }
     if let Err(detail) = refuse_spellings(cfg, req) {
         return Admission::answer(ip, None, Problem::bad_request(detail), id);
     }
@@ -148,6 +163,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
             delay: Duration::ZERO,
             ratelimit: None,
         },
+        slowed: None,
     };
     if cfg.rules.is_empty() {
         return admission;
@@ -188,9 +204,14 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let ratelimit = RateLimitHeaders::build(
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         cfg.server.legacy_headers,
-        !matches!(outcome.verdict, Verdict::Allow { .. }),
     );
     admission.slots = Some(outcome.slots);
+    if let Verdict::Slow { rate, rules } = &outcome.verdict {
+        admission.slowed = Some(crate::throttle::Slowed {
+            rate: *rate,
+            rules: rules.join(","),
+        });
+    }
     admission.next = next_for(outcome.verdict, ratelimit, id);
     admission
 }
@@ -243,6 +264,11 @@ fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
     match verdict {
         Verdict::Allow { delay } => Next::Forward {
             delay,
+            ratelimit: Some(ratelimit),
+        },
+        // Served, not refused: the RateLimit fields say r=0 and there is no Retry-After.
+        Verdict::Slow { .. } => Next::Forward {
+            delay: Duration::ZERO,
             ratelimit: Some(ratelimit),
         },
         Verdict::Reject {

@@ -29,6 +29,7 @@ pub mod rules;
 pub mod server;
 pub mod shutdown;
 pub mod text;
+pub mod throttle;
 pub mod top;
 pub mod upstream;
 pub mod webhooks;

@@ -235,6 +235,8 @@ pub struct RawRule {
     pub calendar: Option<Spanned<String>>,
     /// The IANA zone of `calendar` (default `"UTC"`).
     pub timezone: Option<Spanned<String>>,
+    /// `mode = "slow"`: bytes per second of a slowed request's bodies (`"64KiB"`).
+    pub slow_rate: Option<Spanned<String>>,
 }
 
 /// A rule's `lease`: `"auto"` or a number of permits.

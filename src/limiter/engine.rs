@@ -75,6 +75,15 @@ pub enum Verdict {
         /// Rules that rejected it, in file order.
         rules: Vec<Arc<str>>,
     },
+    /// Forward, but serve the request's bodies at `rate` bytes per second: every rule that
+    /// would reject it is `mode = "slow"` (the smallest `slow_rate` applies). Charged as a
+    /// rejection is: not at all.
+    Slow {
+        /// Bytes per second, each way.
+        rate: u64,
+        /// The rules that slowed it, in file order.
+        rules: Vec<Arc<str>>,
+    },
     /// Refuse with 503: the store is failing and these rules are `on_store_error = "closed"`.
     Unavailable {
         /// When to try again.
@@ -91,7 +100,11 @@ pub struct Applied {
     pub rule: Arc<Policy>,
     /// The counter the request charged ([`Check::counter`]): who the client is to this rule.
     pub counter: u64,
-    /// Its decision.
+    /// Its decision. On a refused request, a decision that would have admitted shows what
+    /// the rule really has left: its `remaining` as before the request when the rule kept
+    /// nothing of it (the usual case: all or nothing), as after it when the cost stayed charged
+    /// (a Redis Cluster call in another hash slot admitted, or shaping refused it after the
+    /// charge).
     pub decision: Decision,
 }
 
@@ -107,6 +120,9 @@ pub struct Outcome {
     pub shadow_rejected: Vec<Arc<str>>,
     /// Concurrency slots taken: released when the [`Slots`] is dropped.
     pub slots: Slots,
+    /// The decision asked the shared store (one call, answered or failed); false when every
+    /// rule was decided in process or by leased permits in hand.
+    pub asked_store: bool,
 }
 
 /// The rate limiter: counters and the logic that combines rules.
@@ -186,14 +202,16 @@ impl Limiter {
     pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
         let mut plan = Plan::new(&applying, !self.in_process);
         let mut slots = Slots::default();
-        let admitted = if plan.has_shared() {
+        let (admitted, asked_store) = if plan.has_shared() {
             self.decide_with_store(&mut plan, store, &mut slots).await
         } else {
             // The common, memory-only case: one atomic decision in process.
-            self.charge_local(&mut plan)
+            (self.charge_local(&mut plan), false)
         };
         let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
-        settle::settle(self, plan, admitted, slots)
+        let mut outcome = settle::settle(self, plan, admitted, slots);
+        outcome.asked_store = asked_store;
+        outcome
     }
 
     /// Decides every local step in one atomic call; returns whether they all admit.
@@ -204,19 +222,20 @@ impl Limiter {
         }
         let decisions = self.local.decide(&checks);
         let admitted = decisions.iter().all(|d| d.allowed);
-        plan.put_local(decisions);
+        plan.put_local(decisions, admitted);
         admitted
     }
 
     /// With global rules on the shared store: peek at the local rules, spend or take leases,
     /// make the one store call (or fall back), and only then charge the local rules. Returns
-    /// whether every step admits; slots the store or the fallback took go into `slots`.
+    /// whether every step admits, and whether the store was asked; slots the store or the
+    /// fallback took go into `slots`.
     async fn decide_with_store(
         &self,
         plan: &mut Plan<'_>,
         store: &Store,
         slots: &mut Slots,
-    ) -> bool {
+    ) -> (bool, bool) {
         let local: Vec<Check> = plan.local_checks();
         let peeked = if local.is_empty() {
             Vec::new()
@@ -224,8 +243,8 @@ impl Limiter {
             self.local.peek(&local)
         };
         if !peeked.iter().all(|d| d.allowed) {
-            plan.put_local(peeked);
-            return false;
+            plan.put_local(peeked, false);
+            return (false, false);
         }
         let steps = &mut plan.steps;
         let mut admitted = leases::take(&self.leases, &*self.clock, steps, store).await;
@@ -242,11 +261,11 @@ impl Limiter {
         if admitted && !local.is_empty() {
             let decisions = self.local.decide(&local);
             admitted = decisions.iter().all(|d| d.allowed);
-            plan.put_local(decisions);
+            plan.put_local(decisions, admitted);
         } else {
-            plan.put_local(peeked);
+            plan.put_local(peeked, false);
         }
-        admitted
+        (admitted, asks)
     }
 
     /// The one store call for the steps that ask, or, when it fails, their `on_store_error`.

@@ -74,6 +74,10 @@ pub(super) fn rules(
                     Some(c) => l.with_calendar(c),
                     None => Ok(l),
                 })
+                .and_then(|l| match shape.slow_rate {
+                    Some(rate) => l.slowed_to(rate),
+                    None => Ok(l),
+                })
                 .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
                 scope: charge.scope,
                 on_store_error: charge.on_store_error,
@@ -100,10 +104,12 @@ struct Shape {
     max_delay: Duration,
     /// `calendar` and `timezone`: the rule counts per calendar period.
     calendar: Option<Calendar>,
+    /// `mode = "slow"`: its `slow_rate` in bytes per second.
+    slow_rate: Option<u64>,
 }
 
-/// `algorithm`, `limit`, `window`, `burst`, `mode` and `max_delay`, each checked against the
-/// algorithm it applies to.
+/// `algorithm`, `limit`, `window`, `burst`, `mode`, `max_delay` and `slow_rate`, each checked
+/// against the algorithm it applies to.
 fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
     let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
     let limit = src.positive(&r.limit, "limit")?;
@@ -181,6 +187,15 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
         None => limit,
     };
     let mode = match &r.mode {
+        Some(m) if m.get_ref() == LeakyMode::Slow.as_str() => {
+            if let Some(why) = caps.slow_refused {
+                return Err(src.err(
+                    m.span(),
+                    format!("rule \"{name}\": mode = \"slow\" is not allowed here: {why}"),
+                ));
+            }
+            LeakyMode::Slow
+        }
         Some(m) if caps.shaping.is_some() => src.one_of(m, "mode", LeakyMode::NAMES)?,
         Some(m) => {
             return Err(src.err(
@@ -225,6 +240,7 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
             format!("rule \"{name}\": an empty bucket would take {days} days to refill (burst × window / limit); at most 3650d (ten years), the longest the shared store times exactly"),
         ));
     }
+    let slow_rate = slow_rate(src, r, name, mode)?;
     Ok(Shape {
         algorithm,
         limit,
@@ -233,6 +249,7 @@ fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
         mode,
         max_delay,
         calendar,
+        slow_rate,
     })
 }
 
@@ -271,6 +288,33 @@ fn calendar(
         let span = r.timezone.as_ref().map_or(c.span(), |tz| tz.span());
         src.err(span, format!("rule \"{name}\": {e}"))
     })
+}
+
+/// `slow_rate`: required with `mode = "slow"` (which `shape` accepted only for an algorithm
+/// that can slow), refused without it.
+fn slow_rate(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    mode: LeakyMode,
+) -> Result<Option<u64>, ConfigError> {
+    match (&r.slow_rate, mode) {
+        (Some(rate), LeakyMode::Slow) => crate::throttle::parse_rate(rate.get_ref())
+            .map(Some)
+            .map_err(|e| src.err(rate.span(), format!("rule \"{name}\": {e}"))),
+        (Some(rate), _) => Err(src.err(
+            rate.span(),
+            format!("rule \"{name}\": slow_rate applies only with mode = \"slow\""),
+        )),
+        (None, LeakyMode::Slow) => {
+            let span = r.mode.as_ref().map_or(r.name.span(), |m| m.span());
+            Err(src.err(
+                span,
+                format!("rule \"{name}\": mode = \"slow\" needs a slow_rate, e.g. slow_rate = \"64KiB\" (bytes per second of a slowed request)"),
+            ))
+        }
+        (None, _) => Ok(None),
+    }
 }
 
 /// `key`: the request parts a counter is per, at least one.

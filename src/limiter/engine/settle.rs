@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::plan::{Applying, Place, Plan};
 use super::slots::Slots;
 use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
+use crate::limiter::algorithm::quota;
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::policy::FailureMode;
 
@@ -28,8 +29,10 @@ pub(super) fn settle(
     let mut closed = Vec::new();
     let mut applied = Vec::with_capacity(plan.steps.len());
     for step in &plan.steps {
+        let mut charged = step.charged;
         if !admitted && step.from_lease {
             limiter.leases.put_back(step.check);
+            charged = false;
         }
         if step.fell_back == Some(FailureMode::Closed) {
             closed.push(step.rule.name.clone());
@@ -38,14 +41,29 @@ pub(super) fn settle(
             slots.hold_local(&limiter.local, step.check);
         }
         if let Some(decision) = &step.decision {
+            let mut decision = decision.clone();
+            if !admitted && decision.allowed && !charged {
+                // It would have admitted, but the request was refused and this rule kept
+                // nothing of it: what it has left is what it had.
+                decision.remaining = decision
+                    .remaining
+                    .saturating_add(step.check.cost)
+                    .min(quota(&step.check.limit));
+            }
             applied.push(Applied {
                 rule: step.rule.clone(),
                 counter: step.check.counter,
-                decision: decision.clone(),
+                decision,
             });
         }
     }
-    let verdict = verdict(admitted, &applied, closed);
+    // A rule left undecided (an earlier phase refused the request first) might have refused
+    // it too: only a rule that can do nothing worse than slow may stay unknown.
+    let undecided = plan
+        .steps
+        .iter()
+        .any(|s| s.decision.is_none() && s.rule.limit.slow_rate().is_none());
+    let verdict = verdict(admitted, &applied, closed, undecided);
     let shadow_rejected = if admitted {
         shadow_rules(&limiter.local, plan.shadow(), &mut slots)
     } else {
@@ -56,13 +74,14 @@ pub(super) fn settle(
         applied,
         shadow_rejected,
         slots,
+        asked_store: false,
     }
 }
 
 /// The verdict, counting each rule's decision: every rule of an admitted request counts it
-/// allowed; the rules that rejected a rejected one count it rejected (a 503 of `closed`
-/// rules is counted by the fallback).
-fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdict {
+/// allowed; the rules that rejected a rejected one count it rejected, or slowed when every
+/// one of them slows (a 503 of `closed` rules is counted by the fallback).
+fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>, undecided: bool) -> Verdict {
     if admitted {
         for a in applied {
             a.rule.counters.allowed.inc();
@@ -80,6 +99,9 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
             rules: closed,
         };
     }
+    if let Some(slow) = slowed(applied, undecided) {
+        return slow;
+    }
     let mut status = 429;
     let mut retry_after = Duration::ZERO;
     let mut names = Vec::new();
@@ -96,6 +118,28 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
         retry_after,
         rules: names,
     }
+}
+
+/// The slowed verdict of a refused request, when every rule that refused it slows
+/// (`mode = "slow"`) and no rule that could reject is left undecided: the smallest
+/// `slow_rate` applies. `None`: it stays refused.
+fn slowed(applied: &[Applied], undecided: bool) -> Option<Verdict> {
+    if undecided {
+        return None;
+    }
+    let mut rate = u64::MAX;
+    let mut rules = Vec::new();
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        rate = rate.min(a.rule.limit.slow_rate()?);
+        rules.push(a.rule.name.clone());
+    }
+    if rules.is_empty() {
+        return None;
+    }
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        a.rule.counters.slowed.inc();
+    }
+    Some(Verdict::Slow { rate, rules })
 }
 
 /// Decides an admitted request's shadow rules one by one, in process: they count and never

@@ -67,6 +67,8 @@ pub(super) async fn call(
             table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
+        // A slot of a request the store did not admit whole is given back by the store.
+        step.charged = grant.granted > 0 && (admitted || !holds_slots(step.check));
         step.decision = Some(decision);
     }
     Ok(admitted)
@@ -92,4 +94,9 @@ fn checked(
         .zip(checks.iter().zip(wants))
         .map(|(answer, (check, &wanted))| bounded(check, wanted, answer))
         .collect())
+}
+
+/// Whether `check` holds a concurrency slot rather than a rate unit.
+fn holds_slots(check: &Check) -> bool {
+    check.limit.algorithm().capabilities().holds_slots
 }

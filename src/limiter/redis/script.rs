@@ -401,6 +401,7 @@ mod tests {
                 mode: LeakyMode::Shape,
                 max_delay: Duration::from_millis(250),
                 calendar: None,
+                slow_rate: 0,
             },
             cost: 1,
         }
