@@ -197,7 +197,13 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     // for a client already tracked).
     crate::top::record(cfg, &view, &outcome);
     // Quota webhooks (issue 23): candidate events queued without waiting.
-    crate::webhooks::observe(cfg, limiter.store(), &view, &outcome);
+    crate::webhooks::observe(
+        &cfg.webhooks,
+        limiter.store(),
+        cfg.store.timeout,
+        &view,
+        &outcome,
+    );
     for name in &outcome.shadow_rejected {
         tracing::info!(rule = %name, request_id = %id, "shadow rule would have rejected the request");
     }

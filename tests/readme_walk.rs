@@ -373,6 +373,24 @@ fn documented_endpoints() -> Vec<(String, String)> {
     out
 }
 
+/// The key id of the walk's config (`ID` in a documented query).
+const KEY_ID: &str = "walk-key";
+
+/// The walk's rule keyed on the API key, for the usage API.
+const QUOTA_RULE: &str = "walk-quota";
+
+/// The JSON body a usage API change is sent with.
+fn usage_body(target: &str) -> Option<String> {
+    let amount = match target {
+        "/usage/reset" => "",
+        "/usage/grant" => ", \"amount\": 1",
+        _ => return None,
+    };
+    Some(format!(
+        "{{\"rule\": \"{QUOTA_RULE}\", \"api_key\": \"{KEY_ID}\"{amount}}}"
+    ))
+}
+
 /// A documented target with its placeholders filled in: `a\|b` alternatives take the first,
 /// `NAME` the walk's rule, `N` a number.
 fn fill(target: &str) -> String {
@@ -388,6 +406,7 @@ fn fill(target: &str) -> String {
             let v = v.split('|').next().unwrap_or(v);
             let v = match v {
                 "NAME" => RULE,
+                "ID" => KEY_ID,
                 "N" => "3",
                 other => {
                     assert!(
@@ -413,8 +432,12 @@ async fn every_documented_admin_endpoint_answers() {
     let body = format!(
         "{}\n[[routes]]\nname = \"r\"\nupstream = \"orders\"\nauth = \"none\"\n\n\
          [[rules]]\nname = \"{RULE}\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\n\
-         limit = 100\nwindow = \"1m\"\n",
-        orders_upstream(&[free_addr()])
+         limit = 100\nwindow = \"1m\"\n\n\
+         [[auth.keys]]\nid = \"{KEY_ID}\"\nsha256 = \"{}\"\n\n\
+         [[rules]]\nname = \"{QUOTA_RULE}\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\n\
+         limit = 100\ncalendar = \"day\"\n",
+        orders_upstream(&[free_addr()]),
+        "0".repeat(64)
     );
     let gw = Gateway::start_with(&format!("admin_token = \"{TOKEN}\"\n"), &body, &[]);
     let c = client();
@@ -429,6 +452,10 @@ async fn every_documented_admin_endpoint_answers() {
         };
         if token {
             req = req.bearer_auth(TOKEN);
+        }
+        // The usage API's changes take a JSON body (README, "Usage API").
+        if let Some(body) = usage_body(target) {
+            req = req.header("content-type", "application/json").body(body);
         }
         async move {
             let resp = req.send().await.expect("admin request");

@@ -12,7 +12,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::{Event, EventKind, Webhook};
-use crate::config::Config;
 use crate::limiter::algorithm::MAX_WINDOW;
 use crate::limiter::store::SharedStore;
 use crate::limiter::{Algorithm, Check, Limit};
@@ -81,8 +80,16 @@ fn queue_size() -> usize {
         .unwrap_or(QUEUE)
 }
 
+/// Where a request's events go: the webhooks in force, the store their markers are claimed
+/// in, and the store's time budget.
+pub(super) struct Target<'a> {
+    pub(super) webhooks: &'a Arc<[Webhook]>,
+    pub(super) store: &'a Arc<dyn SharedStore>,
+    pub(super) timeout: Duration,
+}
+
 /// Queues `event` without waiting; a full queue drops it (counted).
-pub(super) fn offer(cfg: &Config, store: &Arc<dyn SharedStore>, event: Event) {
+pub(super) fn offer(to: &Target<'_>, event: Event) {
     let sender = SENDER.get_or_init(|| {
         let (tx, rx) = mpsc::channel(queue_size());
         // A thread and runtime of its own: the proxy's runtimes are Pingora's, sized and run
@@ -105,9 +112,9 @@ pub(super) fn offer(cfg: &Config, store: &Arc<dyn SharedStore>, event: Event) {
     });
     let item = Item {
         event,
-        webhooks: cfg.webhooks.clone(),
-        store: store.clone(),
-        timeout: cfg.store.timeout,
+        webhooks: to.webhooks.clone(),
+        store: to.store.clone(),
+        timeout: to.timeout,
     };
     let result = match sender.try_send(item) {
         Ok(()) => "queued",

@@ -18,7 +18,6 @@ pub use event::Event;
 
 use std::sync::Arc;
 
-use crate::config::Config;
 use crate::limiter::engine::{Outcome, Verdict};
 use crate::limiter::store::SharedStore;
 use crate::rules::RequestView;
@@ -82,17 +81,22 @@ impl std::fmt::Debug for Webhook {
 /// is where global rules count (local rules are claimed in the same store: their counts are
 /// per instance, their events too).
 pub fn observe(
-    cfg: &Config,
+    webhooks: &Arc<[Webhook]>,
     store: &Arc<dyn SharedStore>,
+    timeout: std::time::Duration,
     view: &RequestView<'_>,
     outcome: &Outcome,
 ) {
-    if cfg.webhooks.is_empty() {
+    if webhooks.is_empty() {
         return;
     }
+    let to = deliver::Target {
+        webhooks,
+        store,
+        timeout,
+    };
     let rejected = !matches!(outcome.verdict, Verdict::Allow { .. });
-    let wants_rejected = cfg
-        .webhooks
+    let wants_rejected = webhooks
         .iter()
         .any(|w| w.events.contains(&EventKind::Rejected));
     for a in &outcome.applied {
@@ -101,8 +105,7 @@ pub fn observe(
         if rejected && !d.allowed && wants_rejected {
             let used = limit;
             deliver::offer(
-                cfg,
-                store,
+                &to,
                 event::candidate(&a.rule, a.counter, view, d, None, used),
             );
             continue;
@@ -113,7 +116,7 @@ pub fn observe(
         }
         let used_after = limit.saturating_sub(i64::try_from(d.remaining).unwrap_or(i64::MAX));
         let used_before = used_after.saturating_sub(i64::try_from(a.rule.cost).unwrap_or(0));
-        for w in cfg.webhooks.iter() {
+        for w in webhooks.iter() {
             if !w.events.contains(&EventKind::Threshold) {
                 continue;
             }
@@ -121,7 +124,7 @@ pub fn observe(
                 let mark = (t * d.limit as f64).ceil() as i64;
                 if used_before < mark && mark <= used_after {
                     let e = event::candidate(&a.rule, a.counter, view, d, Some(t), used_after);
-                    deliver::offer(cfg, store, e);
+                    deliver::offer(&to, e);
                 }
             }
         }
