@@ -380,6 +380,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
+        crate::response_cost::settle_on_status(ctx.slots.as_mut(), upstream_response.status).await;
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // The client's side of the tunnel gets the same idle timeout as the upstream's.
             if let Some(u) = ctx.upstream() {

@@ -1,7 +1,9 @@
 //! The demo Orders API that floodgate's examples, `make run` and the tests put behind the
 //! gateway.
 //!
-//! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`, and for
+//! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`,
+//! `POST /login` (JSON `{"password": "open-sesame"}` answers 200, anything else 401; `GET
+//! /debug/logins` counts the attempts and failures it saw), and for
 //! tests `GET /debug/headers` (also the HTTP version it was asked with) and any other `GET /debug/...` (echo the path, query and request
 //! headers they received). Any request may carry
 //! `?delay_ms=N` (at most 60000) to make the answer slow. Every response carries
@@ -35,7 +37,13 @@ struct OrdersApi {
     status: Option<StatusCode>,
     next_id: AtomicU64,
     orders: Mutex<BTreeMap<u64, Value>>,
+    /// `POST /login` attempts seen, and how many of them failed (`GET /debug/logins`).
+    logins: AtomicU64,
+    failed_logins: AtomicU64,
 }
+
+/// The one password `POST /login` accepts (a demo: the point is the gateway counting failures).
+const PASSWORD: &str = "open-sesame";
 
 impl OrdersApi {
     fn new(name: String) -> Self {
@@ -53,6 +61,8 @@ impl OrdersApi {
             status: None,
             next_id: AtomicU64::new(3),
             orders: Mutex::new(orders),
+            logins: AtomicU64::new(0),
+            failed_logins: AtomicU64::new(0),
         }
     }
 
@@ -135,6 +145,11 @@ impl ServeHttp for OrdersApi {
                     &json!({"headers": headers, "path": path, "version": version}),
                 )
             }
+            ("GET", ["debug", "logins"]) => self.reply(
+                StatusCode::OK,
+                &json!({"attempts": self.logins.load(Ordering::Relaxed),
+                        "failed": self.failed_logins.load(Ordering::Relaxed)}),
+            ),
             // Any other GET under /debug/ echoes the path it was asked for (what the gateway
             // forwarded, after normalization).
             ("GET", ["debug", ..]) => self.reply(
@@ -154,6 +169,22 @@ impl ServeHttp for OrdersApi {
                 match found {
                     Some(order) => self.reply(StatusCode::OK, &order),
                     None => self.reply(StatusCode::NOT_FOUND, &json!({"error": "no such order"})),
+                }
+            }
+            ("POST", ["login"]) => {
+                self.logins.fetch_add(1, Ordering::Relaxed);
+                let body = read_body(session).await.unwrap_or_default();
+                let password = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("password").and_then(Value::as_str).map(str::to_owned));
+                if password.as_deref() == Some(PASSWORD) {
+                    self.reply(StatusCode::OK, &json!({"token": "demo-session"}))
+                } else {
+                    self.failed_logins.fetch_add(1, Ordering::Relaxed);
+                    self.reply(
+                        StatusCode::UNAUTHORIZED,
+                        &json!({"error": "wrong user or password"}),
+                    )
                 }
             }
             ("POST", ["orders"]) => {

@@ -430,6 +430,29 @@ impl MemoryStore {
         }
     }
 
+    /// Trues up the reservation `check` made at `charged_at_ns` (see
+    /// [`super::true_up`]): refunds or charges on top, in the window it was charged in.
+    /// Returns whether the key still held that charge (evicted, or its window over: nothing
+    /// is done).
+    pub fn true_up(
+        &self,
+        check: &Check,
+        charged_at_ns: u64,
+        adjust: super::true_up::Adjust,
+    ) -> bool {
+        let now = self.clock.now_ns();
+        let slot = self.slot(check);
+        let mut shard = self.shard(slot.hash).lock();
+        shard.get_mut(slot).is_some_and(|state| {
+            super::true_up::true_up(state, &check.limit, now, charged_at_ns, adjust)
+        })
+    }
+
+    /// The store's time now (what a reservation records as the instant it was charged).
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
     /// Drops every expired key now, one segment at a time (each lock held for one pass over
     /// 1/16 of a shard). Optional: decisions already sweep as they go; a periodic call returns
     /// the memory of keys that went idle in shards that see no traffic any more.

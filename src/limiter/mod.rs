@@ -12,8 +12,10 @@ pub mod lease;
 pub mod memory;
 pub mod policy;
 pub mod redis;
+pub mod reservation;
 pub mod settings;
 pub mod store;
+pub mod true_up;
 
 use std::time::Duration;
 
@@ -74,6 +76,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(1, "fixed_window"),
                 holds_slots: false,
+                settle_refused: None,
             },
             Algorithm::SlidingWindowLog => Capabilities {
                 window: Window::Required,
@@ -87,6 +90,7 @@ impl Algorithm {
                 lease_refused: Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
                 lua: LuaFn::new(2, "sliding_window_log"),
                 holds_slots: false,
+                settle_refused: None,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
                 window: Window::Required,
@@ -96,6 +100,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(3, "sliding_window_counter"),
                 holds_slots: false,
+                settle_refused: None,
             },
             Algorithm::TokenBucket => Capabilities {
                 window: Window::Required,
@@ -105,6 +110,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(4, "token_bucket"),
                 holds_slots: false,
+                settle_refused: None,
             },
             Algorithm::LeakyBucket => Capabilities {
                 window: Window::Required,
@@ -117,6 +123,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(5, "leaky_bucket_police"),
                 holds_slots: false,
+                settle_refused: None,
             },
             Algorithm::Concurrency => Capabilities {
                 window: Window::None {
@@ -128,6 +135,7 @@ impl Algorithm {
                 lease_refused: Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
                 lua: LuaFn::new(7, "concurrency"),
                 holds_slots: true,
+                settle_refused: Some("concurrency counts requests in flight, released when each ends; there is no charge for a response to refund"),
             },
         }
     }
@@ -167,6 +175,10 @@ pub struct Capabilities {
     pub lua: LuaFn,
     /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
     pub holds_slots: bool,
+    /// Why a rule of this algorithm cannot learn from the response (`count`, `block_for`;
+    /// see [`reservation`]); `None`: it can, its reservation is trued up by
+    /// [`true_up::true_up`] and the Redis `true_up.lua`.
+    pub settle_refused: Option<&'static str>,
 }
 
 impl Capabilities {

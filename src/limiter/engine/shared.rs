@@ -67,6 +67,7 @@ pub(super) async fn call(
             table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
+        step.charged_in = (holder, grant.window_end_us);
         step.decision = Some(decision);
     }
     Ok(admitted)

@@ -65,6 +65,7 @@ mod probe;
 pub mod resp;
 pub mod script;
 mod topology;
+mod true_up;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -518,6 +519,12 @@ impl SharedStore for RedisStore {
     /// slot) for all of them, bounded by [`RELEASE_TIMEOUT`].
     async fn give_back(&self, returns: &[Return]) -> u64 {
         self.inner.give_back(returns).await
+    }
+
+    /// Trues up reservations: one `EVALSHA` of `lua/true_up.lua` (per cluster slot) for all
+    /// of them, bounded by [`RELEASE_TIMEOUT`].
+    async fn true_up(&self, ups: &[crate::limiter::store::TrueUp]) -> u64 {
+        self.inner.true_up(ups).await
     }
 
     /// Renews the concurrency slots `lease` holds: `lua/renew.lua`, bounded by
