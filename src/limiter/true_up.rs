@@ -78,15 +78,21 @@ pub fn true_up(
             true
         }
         State::SlidingWindowLog(log) => {
-            // Only refunds: a log holds at most `limit` entries (validation refuses
-            // `cost_from` here). The reservation's entries expire at `charged_at + window`.
+            // Only refunds: a log holds at most `limit` entries. The reservation's entries
+            // expire at `charged_at + window` at the latest (the instant is read just after
+            // the charge): the newest live entries up to then are given back, while they
+            // still count. An entry of a request charged in that instant instead of this one
+            // is worth the same unit.
             let expires = charged_at_ns.saturating_add(window);
-            let from = log.partition_point(|&e| e < expires);
+            if now_ns >= expires {
+                return false;
+            }
+            let live = log.partition_point(|&e| e <= now_ns);
             let to = log.partition_point(|&e| e <= expires);
             let n = usize::try_from(adjust.refund)
                 .unwrap_or(usize::MAX)
-                .min(to - from);
-            log.drain(from..from + n);
+                .min(to.saturating_sub(live));
+            log.drain(to - n..to);
             n > 0
         }
         State::TokenBucket { full_at, interval }
@@ -193,7 +199,7 @@ mod tests {
             &mut s,
             &limit,
             101 * S,
-            99 * S,
+            94 * S,
             Adjust::between(1, 0)
         ));
         assert!(true_up(

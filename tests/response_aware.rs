@@ -1,0 +1,187 @@
+//! Response-aware limits through the real binary, in front of the real demo API (its
+//! `POST /login` answers 401 unless the password is right): `count` charges only the statuses
+//! it names (in process and in a real redis-server shared by several instances), and
+//! `block_for` keeps a rejected key out for its duration.
+
+mod common;
+
+use common::redis::{store, RedisServer};
+use common::*;
+
+const LOGIN_ROUTE: &str = r#"
+[[routes]]
+name = "login"
+match = { path = "/login", methods = ["POST"] }
+upstream = "orders"
+auth = "none"
+"#;
+
+/// A failures-only login rule: `limit` failed logins per `window` and IP.
+fn login_rule(algorithm: &str, limit: u64, window: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[rules]]
+name = "login"
+match = {{ path = "/login", methods = ["POST"] }}
+key = ["ip"]
+algorithm = "{algorithm}"
+limit = {limit}
+window = "{window}"
+count = {{ status = [401, 403] }}
+{extra}
+"#
+    )
+}
+
+fn gateway(api: &OrdersApi, store: &str, rules: &str) -> Gateway {
+    Gateway::start(&format!(
+        "{}{store}{LOGIN_ROUTE}{rules}",
+        orders_upstream(&[api.addr])
+    ))
+}
+
+async fn login(c: &reqwest::Client, gw: &Gateway, password: &str) -> reqwest::Response {
+    c.post(gw.url("/login"))
+        .json(&serde_json::json!({ "user": "ann", "password": password }))
+        .send()
+        .await
+        .expect("login answered")
+}
+
+/// How many failed logins the demo API saw.
+async fn upstream_failures(c: &reqwest::Client, api: &OrdersApi) -> u64 {
+    let seen = get_json(c, format!("http://{}/debug/logins", api.addr)).await;
+    seen["failed"].as_u64().expect("a count")
+}
+
+/// In process and in Redis, on every algorithm that can settle: successful logins are never
+/// limited, the (L+1)th failure is refused, and the upstream saw exactly L failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_failed_logins_are_counted() {
+    let redis = RedisServer::start();
+    let c = client();
+    let backends = [String::new(), store(&redis.url(), "500ms", "")];
+    for (b, backend) in backends.iter().enumerate() {
+        for algorithm in [
+            "fixed_window",
+            "sliding_window_log",
+            "sliding_window_counter",
+            "token_bucket",
+            "leaky_bucket",
+        ] {
+            let api = OrdersApi::start("orders");
+            let gw = gateway(&api, backend, &login_rule(algorithm, 3, "1m", ""));
+            let what = format!("{algorithm} on backend {b}");
+            for i in 0..10 {
+                let r = login(&c, &gw, "open-sesame").await;
+                assert_eq!(r.status(), 200, "{what}: successful login {i}");
+            }
+            for i in 0..3 {
+                let r = login(&c, &gw, "guess").await;
+                assert_eq!(r.status(), 401, "{what}: failure {i} reaches the upstream");
+            }
+            let r = login(&c, &gw, "guess").await;
+            assert_eq!(r.status(), 429, "{what}: the fourth failure is refused");
+            let r = login(&c, &gw, "open-sesame").await;
+            assert_eq!(
+                r.status(),
+                429,
+                "{what}: a client out of failures is refused whatever it sends"
+            );
+            assert_eq!(upstream_failures(&c, &api).await, 3, "{what}");
+        }
+    }
+}
+
+/// 60 concurrent failed logins from one client over 3 instances on one Redis: exactly L
+/// reach the upstream, however they interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_failures_over_three_instances_reach_the_upstream_exactly_l_times() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let backend = store(&redis.url(), "2s", "instances = 3");
+    let rules = login_rule("sliding_window_log", 7, "1m", "");
+    let gws: Vec<Gateway> = (0..3).map(|_| gateway(&api, &backend, &rules)).collect();
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let (c, url) = (c.clone(), gws[i % 3].url("/login"));
+        tasks.push(tokio::spawn(async move {
+            c.post(url)
+                .json(&serde_json::json!({ "password": "guess" }))
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16())
+        }));
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for t in tasks {
+        *statuses.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!(statuses.get(&401), Some(&7), "{statuses:?}");
+    assert_eq!(statuses.get(&429), Some(&53), "{statuses:?}");
+    assert_eq!(upstream_failures(&c, &api).await, 7);
+}
+
+/// A refund of a successful login shows in the settled metric, and the RateLimit headers of
+/// the next request show the quota given back.
+#[tokio::test]
+async fn a_refund_is_counted_and_seen_by_the_next_request() {
+    let api = OrdersApi::start("orders");
+    let gw = gateway(&api, "", &login_rule("fixed_window", 2, "1m", ""));
+    let c = client();
+    for _ in 0..3 {
+        let r = login(&c, &gw, "open-sesame").await;
+        assert_eq!(r.status(), 200);
+        let remaining = r.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert!(remaining.contains("r=1"), "{remaining}");
+    }
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let refunded = r#"floodgate_response_settled_total{result="refunded",rule="login"}"#;
+    assert_eq!(metric_value(&metrics, refunded), Some(3.0), "{metrics}");
+    login(&c, &gw, "guess").await;
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let charged = r#"floodgate_response_settled_total{result="charged",rule="login"}"#;
+    assert_eq!(metric_value(&metrics, charged), Some(1.0), "{metrics}");
+}
+
+/// `check` refuses count where a response cannot true the charge up, with the reason.
+#[test]
+fn check_refuses_count_where_it_cannot_work() {
+    let base = format!(
+        "{}{LOGIN_ROUTE}",
+        orders_upstream(&["127.0.0.1:9".parse().unwrap()])
+    );
+    let cases = [
+        (
+            "algorithm = \"concurrency\"\nlimit = 2\ncount = { status = [401] }",
+            "count is not allowed here: concurrency",
+        ),
+        (
+            "algorithm = \"leaky_bucket\"\nlimit = 2\nwindow = \"1s\"\nmode = \"shape\"\nblock_for = \"1m\"",
+            "block_for is not allowed here: a shaping leaky bucket",
+        ),
+        (
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\nlease = 5\ncount = { status = [401] }",
+            "count is not allowed here: lease",
+        ),
+        (
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\ncount = { status = [\"6xx\"] }",
+            "count.status entries are status codes",
+        ),
+        (
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\ncount = { status = [] }",
+            "count.status needs at least one status",
+        ),
+    ];
+    for (rule, error) in cases {
+        let config = format!("{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\n{rule}\n");
+        let (ok, _, stderr) = check(&config, &[]);
+        assert!(!ok, "{rule}: accepted");
+        assert!(stderr.contains(error), "{rule}: {stderr}");
+        assert!(
+            stderr.contains("gateway.toml:"),
+            "{rule}: no location: {stderr}"
+        );
+    }
+}
