@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::redis::{store, RedisServer};
 use common::*;
 
@@ -183,5 +185,52 @@ fn check_refuses_count_where_it_cannot_work() {
             stderr.contains("gateway.toml:"),
             "{rule}: no location: {stderr}"
         );
+    }
+}
+
+/// In process and in Redis: a client that used up its failures is blocked for `block_for`,
+/// longer than its bucket takes to refill (a successful login is refused too, told to retry
+/// after what is left of the block), and let in again once the block is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_for_outlasts_a_refilled_bucket_and_ends_on_time() {
+    let redis = RedisServer::start();
+    let c = client();
+    let backends = [String::new(), store(&redis.url(), "500ms", "")];
+    for (b, backend) in backends.iter().enumerate() {
+        let api = OrdersApi::start("orders");
+        // 2 failures per 400ms: the bucket is full again 400ms after it emptied.
+        let rules = login_rule("token_bucket", 2, "400ms", "block_for = \"2s\"");
+        let gw = gateway(&api, backend, &rules);
+        for _ in 0..2 {
+            assert_eq!(login(&c, &gw, "guess").await.status(), 401, "backend {b}");
+        }
+        let r = login(&c, &gw, "guess").await;
+        let blocked_at = Instant::now();
+        assert_eq!(r.status(), 429, "backend {b}: the third failure is refused");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let r = login(&c, &gw, "open-sesame").await;
+        assert_eq!(
+            r.status(),
+            429,
+            "backend {b}: blocked although the bucket refilled"
+        );
+        let retry: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=2).contains(&retry), "backend {b}: Retry-After {retry}");
+        // Polling does not extend the block: only the rule's own rejection sets one.
+        let back = eventually(Duration::from_secs(10), "the block ends", || async {
+            let r = login(&c, &gw, "open-sesame").await;
+            (r.status() == 200).then(Instant::now)
+        })
+        .await;
+        let blocked = back - blocked_at;
+        assert!(
+            blocked >= Duration::from_millis(1900),
+            "backend {b}: the block ended after {blocked:?}, before its 2s"
+        );
+        assert_eq!(upstream_failures(&c, &api).await, 2, "backend {b}");
     }
 }

@@ -203,6 +203,8 @@ pub struct MemoryStore {
     /// the rule first stores a key there).
     rule_evictions: Mutex<std::collections::HashMap<Arc<str>, Arc<RuleEvictions>>>,
     max_keys: usize,
+    /// Keys refused by a `block_for` rule until their block ends.
+    blocks: blocks::Blocks,
 }
 
 /// The evictions of one rule: this store's count and the process-wide metric.
@@ -317,7 +319,30 @@ impl MemoryStore {
             evictions: AtomicU64::new(0),
             rule_evictions: Mutex::new(std::collections::HashMap::new()),
             max_keys,
+            blocks: blocks::Blocks::default(),
         }
+    }
+
+    /// What is left of `check`'s block (`block_for`) at `now`, if its key is blocked.
+    fn block_left(&self, check: &Check, slot: Slot, now: u64) -> Option<u64> {
+        if check.limit.block_for().is_zero() {
+            return None;
+        }
+        self.blocks.left((slot.rule, slot.hash), now)
+    }
+
+    /// Blocks `check`'s key, which its rule just rejected, if the rule blocks.
+    fn block_after(&self, check: &Check, slot: Slot, now: u64) {
+        let for_ns = algorithm::sat(check.limit.block_for().as_nanos());
+        if for_ns > 0 {
+            let key = (slot.rule, slot.hash);
+            self.blocks.block(key, now, for_ns, self.max_keys);
+        }
+    }
+
+    /// Keys blocked by `block_for` rules now.
+    pub fn blocked_keys(&self) -> usize {
+        self.blocks.len()
     }
 
     /// Decides every check of one request atomically: either every rule is charged or none.
@@ -350,6 +375,10 @@ impl MemoryStore {
         if let [check] = checks {
             // The common case, without the bookkeeping of several shards.
             let slot = self.slot(check);
+            // A blocked key is refused before its counter is read (nothing is charged).
+            if let Some(left) = self.block_left(check, slot, now) {
+                return vec![blocks::blocked(check, left)];
+            }
             let mut shard = self.shard(slot.hash).lock();
             shard.ops_since_sweep += 1;
             let position = shard.position(slot.rule);
@@ -359,10 +388,19 @@ impl MemoryStore {
                 self.write(&mut shard, check, slot, position, update, now, &[slot.hash]);
             }
             shard.sweep_if_due(now);
+            drop(shard);
+            if !decision.allowed {
+                self.block_after(check, slot, now);
+            }
             return vec![decision];
         }
 
         let slots: Vec<Slot> = checks.iter().map(|check| self.slot(check)).collect();
+        let blocked: Vec<Option<u64>> = checks
+            .iter()
+            .zip(&slots)
+            .map(|(check, &slot)| self.block_left(check, slot, now))
+            .collect();
         let hashes: Vec<u64> = slots.iter().map(|slot| slot.hash).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&hash| self.shard_index(hash)).collect();
         order.sort_unstable();
@@ -395,7 +433,10 @@ impl MemoryStore {
                 Some(j) => pending[j].as_ref(),
                 None => shard.get(slot),
             };
-            let (decision, update) = algorithm::decide(stored, &check.limit, now, check.cost);
+            let (decision, update) = match blocked[i] {
+                Some(left) => (blocks::blocked(check, left), Update::Nothing),
+                None => algorithm::decide(stored, &check.limit, now, check.cost),
+            };
             if repeated {
                 pending[i] = charged(stored.cloned(), update.clone());
             }
@@ -413,6 +454,12 @@ impl MemoryStore {
         }
         for (_, shard) in &mut guards {
             shard.sweep_if_due(now);
+        }
+        drop(guards);
+        for (i, (check, d)) in checks.iter().zip(&decisions).enumerate() {
+            if !d.allowed && blocked[i].is_none() {
+                self.block_after(check, slots[i], now);
+            }
         }
         decisions
     }
@@ -463,6 +510,7 @@ impl MemoryStore {
                 shard.0.lock().sweep(segment, now);
             }
         }
+        self.blocks.sweep(now);
     }
 
     /// Keys held, expired ones not yet swept included. Locks each shard in turn: for metrics,
@@ -854,6 +902,8 @@ impl RuleKeys {
                 .allowed
     }
 }
+
+mod blocks;
 
 #[cfg(test)]
 mod tests;

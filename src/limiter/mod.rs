@@ -294,6 +294,9 @@ pub struct Limit {
     burst: u64,
     mode: LeakyMode,
     max_delay: Duration,
+    /// `block_for`: once this limit rejects a key, the key is refused this long (zero: never
+    /// blocked); set by [`Limit::blocking`].
+    block_for: Duration,
 }
 
 impl Limit {
@@ -340,7 +343,19 @@ impl Limit {
             burst,
             mode,
             max_delay,
+            block_for: Duration::ZERO,
         })
+    }
+
+    /// This limit, keeping a key it rejects out for `block_for` (`block_for` of a rule; see
+    /// [`reservation`]). Validation allows it only where the algorithm can settle.
+    pub fn blocking(self, block_for: Duration) -> Limit {
+        Limit { block_for, ..self }
+    }
+
+    /// How long a key this limit rejects stays refused (zero: not blocked).
+    pub fn block_for(&self) -> Duration {
+        self.block_for
     }
 
     /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a

@@ -71,7 +71,8 @@ pub(super) fn rules(
                     shape.mode,
                     shape.max_delay,
                 )
-                .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
+                .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?
+                .blocking(respond.block_for.unwrap_or_default()),
                 scope: charge.scope,
                 on_store_error: charge.on_store_error,
                 cost: charge.cost,

@@ -627,6 +627,16 @@ impl Inner {
             for &i in group {
                 cmd.arg(&params[i].packed()[..]);
             }
+            // block_for, per check, only when one of the group blocks (see decide.lua).
+            if group
+                .iter()
+                .any(|&i| !checks[i].limit.block_for().is_zero())
+            {
+                for &i in group {
+                    let ms = checks[i].limit.block_for().as_millis();
+                    cmd.arg(u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_EXACT));
+                }
+            }
             let conn = conn.clone();
             let params = &params;
             let group = group.to_vec();
