@@ -904,6 +904,7 @@ impl RuleKeys {
 }
 
 mod blocks;
+mod shared;
 
 #[cfg(test)]
 mod tests;

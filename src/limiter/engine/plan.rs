@@ -66,6 +66,10 @@ pub(super) struct Step<'a> {
     /// The shared store's call that decided it: its holder id and the end of the window it
     /// charged (a reservation's true-up names both).
     pub(super) charged_in: (u64, u64),
+    /// The request's cost was charged to this rule's counter and stays charged even if the
+    /// request is refused (by another rule a store decided apart, or by shaping): a refused
+    /// request shows what a rule really has left by it.
+    pub(super) charged: bool,
 }
 
 impl Step<'_> {
@@ -104,6 +108,7 @@ impl<'a> Plan<'a> {
                 from_lease: false,
                 fell_back: None,
                 charged_in: (0, 0),
+                charged: false,
             });
         }
         Plan { steps, applying }
@@ -128,10 +133,13 @@ impl<'a> Plan<'a> {
             .collect()
     }
 
-    /// Gives the local steps their decisions, as [`Plan::local_checks`] ordered them.
-    pub(super) fn put_local(&mut self, decisions: Vec<Decision>) {
+    /// Gives the local steps their decisions, as [`Plan::local_checks`] ordered them;
+    /// `charged`: the call that made them charged (a decision that admitted them all), rather
+    /// than peeked.
+    pub(super) fn put_local(&mut self, decisions: Vec<Decision>, charged: bool) {
         let local = self.steps.iter_mut().filter(|s| s.place == Place::Local);
         for (step, d) in local.zip(decisions) {
+            step.charged = charged && d.allowed;
             step.decision = Some(d);
         }
     }

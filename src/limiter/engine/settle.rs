@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::plan::{Applying, Place, Plan, Step};
 use super::slots::Slots;
 use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
+use crate::limiter::algorithm::quota;
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::policy::FailureMode;
 use crate::limiter::reservation::Reservation;
@@ -29,8 +30,10 @@ pub(super) fn settle(
     let mut closed = Vec::new();
     let mut applied = Vec::with_capacity(plan.steps.len());
     for step in &plan.steps {
+        let mut charged = step.charged;
         if !admitted && step.from_lease {
             limiter.leases.put_back(step.check);
+            charged = false;
         }
         if step.fell_back == Some(FailureMode::Closed) {
             closed.push(step.rule.name.clone());
@@ -42,10 +45,19 @@ pub(super) fn settle(
             reserve(limiter, step, &mut slots);
         }
         if let Some(decision) = &step.decision {
+            let mut decision = decision.clone();
+            if !admitted && decision.allowed && !charged {
+                // It would have admitted, but the request was refused and this rule kept
+                // nothing of it: what it has left is what it had.
+                decision.remaining = decision
+                    .remaining
+                    .saturating_add(step.check.cost)
+                    .min(quota(&step.check.limit));
+            }
             applied.push(Applied {
                 rule: step.rule.clone(),
                 counter: step.check.counter,
-                decision: decision.clone(),
+                decision,
             });
         }
     }
@@ -68,13 +80,13 @@ pub(super) fn settle(
 /// charged nothing).
 fn reserve(limiter: &Limiter, step: &Step<'_>, slots: &mut Slots) {
     let (rule, check) = (step.rule.clone(), step.check.clone());
-    let reservation = match (step.place, step.fell_back, &limiter.shared) {
-        (Place::Local, _, _) => Reservation::memory(rule, check, &limiter.local),
-        (Place::Shared, None, Some(shared)) => {
+    let reservation = match (step.place, step.fell_back) {
+        (Place::Local, _) => Reservation::memory(rule, check, &limiter.local),
+        (Place::Shared, None) => {
             let (holder, window_end_us) = step.charged_in;
-            Reservation::shared(rule, check, shared, window_end_us, holder)
+            Reservation::shared(rule, check, &limiter.global, window_end_us, holder)
         }
-        (Place::Shared, Some(FailureMode::Local), _) => {
+        (Place::Shared, Some(FailureMode::Local)) => {
             Reservation::memory(rule, check, &limiter.fallback)
         }
         _ => return,
