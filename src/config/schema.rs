@@ -219,6 +219,7 @@ pub struct RawRule {
     pub lease: Option<Spanned<RawLease>>,
     pub lease_ttl: Option<Spanned<String>>,
     pub count: Option<Spanned<RawCount>>,
+    pub cost_from: Option<Spanned<String>>,
     pub block_for: Option<Spanned<String>>,
 }
 

@@ -28,6 +28,8 @@ use super::Check;
 pub struct Respond {
     /// `count = { status = [...] }`: only responses with these statuses are charged.
     pub count: Option<StatusSet>,
+    /// `cost_from`: the request's true cost, read from the response.
+    pub cost_from: Option<CostFrom>,
     /// `block_for`: once the rule rejects a key, the key is refused for this long.
     pub block_for: Option<Duration>,
 }
@@ -35,7 +37,38 @@ pub struct Respond {
 impl Respond {
     /// Whether an admitted request's charge waits for its response.
     pub fn settles(&self) -> bool {
-        self.count.is_some()
+        self.count.is_some() || self.cost_from.is_some()
+    }
+}
+
+/// Where a `cost_from` rule reads a request's true cost in the upstream's response.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CostFrom {
+    /// `header:NAME`: the header's integer value.
+    Header(http::HeaderName),
+    /// `json:a.b.c`: the number at this path of the JSON body (or, for `text/event-stream`,
+    /// of the last `data:` event that has it).
+    Json(Vec<String>),
+}
+
+impl CostFrom {
+    /// `header:NAME` or `json:dotted.path`, or why not.
+    pub fn parse(text: &str) -> Result<CostFrom, String> {
+        if let Some(name) = text.strip_prefix("header:") {
+            return http::HeaderName::from_bytes(name.as_bytes())
+                .map(CostFrom::Header)
+                .map_err(|_| format!("\"{name}\" is not a valid header name"));
+        }
+        if let Some(path) = text.strip_prefix("json:") {
+            let parts: Vec<String> = path.split('.').map(str::to_owned).collect();
+            if parts.iter().any(String::is_empty) {
+                return Err(format!(
+                    "\"{path}\" is not a dotted path such as usage.total_tokens"
+                ));
+            }
+            return Ok(CostFrom::Json(parts));
+        }
+        Err("cost_from is \"header:NAME\" or \"json:dotted.path\"".into())
     }
 }
 
@@ -155,47 +188,105 @@ impl Reservations {
         self.held.is_empty()
     }
 
-    /// Settles every reservation on the response `status`: a `count` rule's is refunded
-    /// unless the status matches. Memory stores are trued up in place; the shared store in
-    /// one call, awaited, so that the client's next request sees it.
+    /// Where the `cost_from` rules among them read their cost (each source once).
+    pub fn cost_sources(&self) -> Vec<CostFrom> {
+        let mut out: Vec<CostFrom> = Vec::new();
+        for r in &self.held {
+            if let Some(from) = &r.rule.respond.cost_from {
+                if !out.contains(from) {
+                    out.push(from.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Settles the `count` rules' reservations on the response `status`: each is refunded
+    /// unless the status matches (`cost_from` rules wait for [`Reservations::settle_costs`]).
+    /// Memory stores are trued up in place; the shared store in one call, awaited, so that
+    /// the client's next request sees it.
     pub async fn settle(&mut self, status: u16) {
-        let mut shared: Option<Arc<dyn SharedStore>> = None;
-        let mut ups = Vec::new();
-        for r in std::mem::take(&mut self.held) {
-            let Some(count) = &r.rule.respond.count else {
-                continue;
-            };
+        let (counted, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|r| r.rule.respond.count.is_some());
+        self.held = rest;
+        let settled = counted.into_iter().filter_map(|r| {
+            let count = r.rule.respond.count.as_ref()?;
             if count.matches(status) {
                 metrics().settled(&r.rule.name, "charged");
-                continue;
+                return None;
             }
-            let adjust = Adjust::between(r.check.cost, 0);
             metrics().settled(&r.rule.name, "refunded");
-            match r.held {
-                Held::Memory {
-                    store,
-                    charged_at_ns,
-                } => {
-                    store.true_up(&r.check, charged_at_ns, adjust);
-                }
-                Held::Shared {
-                    store,
+            Some((Adjust::between(r.check.cost, 0), r))
+        });
+        apply(settled.collect()).await;
+    }
+
+    /// Settles the `cost_from` rules' reservations at the true cost `cost_of` their source
+    /// read: the difference is refunded or charged on top. A source that read nothing (no
+    /// such header or path, a body past the bound, the client gone first) settles at the
+    /// reservation, counted in `floodgate_cost_unread_total`.
+    pub async fn settle_costs(&mut self, cost_of: impl Fn(&CostFrom) -> Option<u64>) {
+        let mut settled = Vec::new();
+        for r in std::mem::take(&mut self.held) {
+            let Some(from) = &r.rule.respond.cost_from else {
+                continue;
+            };
+            let Some(cost) = cost_of(from) else {
+                metrics().unread.with_label_values(&[&r.rule.name]).inc();
+                metrics().settled(&r.rule.name, "charged");
+                continue;
+            };
+            let adjust = Adjust::between(r.check.cost, cost.min(MAX_COST));
+            metrics().settled(
+                &r.rule.name,
+                if adjust.extra > 0 {
+                    "charged_extra"
+                } else if adjust.refund > 0 {
+                    "refunded"
+                } else {
+                    "charged"
+                },
+            );
+            settled.push((adjust, r));
+        }
+        apply(settled).await;
+    }
+}
+
+/// The largest true cost a response may claim: the most a rule may count (10^15), so that a
+/// hostile upstream's number stays exact in the stores.
+const MAX_COST: u64 = super::algorithm::MAX_COUNT;
+
+/// Applies `settled`: memory stores in place, the shared store in one call.
+async fn apply(settled: Vec<(Adjust, Reservation)>) {
+    let mut shared: Option<Arc<dyn SharedStore>> = None;
+    let mut ups = Vec::new();
+    for (adjust, r) in settled.into_iter().filter(|(a, _)| !a.is_none()) {
+        match r.held {
+            Held::Memory {
+                store,
+                charged_at_ns,
+            } => {
+                store.true_up(&r.check, charged_at_ns, adjust);
+            }
+            Held::Shared {
+                store,
+                window_end_us,
+                holder,
+            } => {
+                shared.get_or_insert(store);
+                ups.push(TrueUp {
+                    check: r.check,
+                    adjust,
                     window_end_us,
                     holder,
-                } => {
-                    shared.get_or_insert(store);
-                    ups.push(TrueUp {
-                        check: r.check,
-                        adjust,
-                        window_end_us,
-                        holder,
-                    });
-                }
+                });
             }
         }
-        if let Some(store) = shared {
-            store.true_up(&ups).await;
-        }
+    }
+    if let Some(store) = shared {
+        store.true_up(&ups).await;
     }
 }
 
@@ -212,6 +303,9 @@ pub struct ReservationMetrics {
     /// `floodgate_response_settled_total{rule,result}`: reservations settled on the response
     /// (`charged`: kept; `refunded`: given back).
     settled: IntCounterVec,
+    /// `floodgate_cost_unread_total{rule}`: `cost_from` responses whose cost could not be
+    /// read, settled at the reservation.
+    unread: IntCounterVec,
 }
 
 impl ReservationMetrics {
@@ -226,13 +320,22 @@ pub fn metrics() -> &'static ReservationMetrics {
         let settled = IntCounterVec::new(
             Opts::new(
                 "floodgate_response_settled_total",
-                "Reservations of response-aware rules settled on the response, by rule and result (charged: kept; refunded: given back).",
+                "Reservations of response-aware rules settled on the response, by rule and result (charged: kept as reserved; refunded: given back, all or part; charged_extra: a true cost above the reservation charged on top).",
             ),
             &["rule", "result"],
         )
         .expect("static metric definition");
+        let unread = IntCounterVec::new(
+            Opts::new(
+                "floodgate_cost_unread_total",
+                "Responses of cost_from rules whose cost could not be read (no such header or path, past the inspected bytes, client gone first), settled at the reservation, by rule.",
+            ),
+            &["rule"],
+        )
+        .expect("static metric definition");
         crate::metrics::metrics().register(Box::new(settled.clone()));
-        ReservationMetrics { settled }
+        crate::metrics::metrics().register(Box::new(unread.clone()));
+        ReservationMetrics { settled, unread }
     });
     &M
 }

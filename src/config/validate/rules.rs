@@ -12,7 +12,7 @@ use crate::config::*;
 use crate::limiter::algorithm::{MAX_COUNT, MAX_WINDOW};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
-use crate::limiter::reservation::{Respond, StatusMatch, StatusSet};
+use crate::limiter::reservation::{CostFrom, Respond, StatusMatch, StatusSet};
 use crate::limiter::{shaping_names, Algorithm, LeakyMode, Limit, Window};
 use crate::rules::{FailureMode, KeyPart, Policy, Rule, RuleMatch, Scope};
 
@@ -436,6 +436,7 @@ fn respond(
     let mut out = Respond::default();
     let spans = [
         r.count.as_ref().map(|c| ("count", c.span())),
+        r.cost_from.as_ref().map(|c| ("cost_from", c.span())),
         r.block_for.as_ref().map(|b| ("block_for", b.span())),
     ];
     for (key, span) in spans.into_iter().flatten() {
@@ -481,6 +482,23 @@ fn respond(
             entries.push(parsed);
         }
         out.count = Some(StatusSet::new(entries));
+    }
+    if let Some(c) = &r.cost_from {
+        if r.count.is_some() {
+            return Err(src.err(
+                c.span(),
+                format!("rule \"{name}\": cost_from and count cannot be combined: count charges a response 1 or 0, cost_from its true cost"),
+            ));
+        }
+        if shape.algorithm.capabilities().limit_cap.is_some() {
+            return Err(src.err(
+                c.span(),
+                format!("rule \"{name}\": cost_from is not allowed here: {} keeps one entry per unit, at most limit, so a true cost above the reservation cannot be kept; use sliding_window_counter", shape.algorithm.as_str()),
+            ));
+        }
+        let from = CostFrom::parse(c.get_ref())
+            .map_err(|e| src.err(c.span(), format!("rule \"{name}\": {e}")))?;
+        out.cost_from = Some(from);
     }
     if let Some(b) = &r.block_for {
         let d = src.duration(b)?;

@@ -357,6 +357,7 @@ mod tests {
                 burst,
                 mode: LeakyMode::Shape,
                 max_delay: Duration::from_millis(250),
+                block_for: Duration::ZERO,
             },
             cost: 1,
         }
