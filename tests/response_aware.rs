@@ -234,3 +234,166 @@ async fn block_for_outlasts_a_refilled_bucket_and_ends_on_time() {
         assert_eq!(upstream_failures(&c, &api).await, 2, "backend {b}");
     }
 }
+
+const LLM_ROUTE: &str = r#"
+[[routes]]
+name = "llm"
+match = { path_prefix = "/v1/" }
+upstream = "orders"
+auth = "none"
+"#;
+
+/// A token budget: 100 tokens a minute per IP, 10 reserved per request, the true cost read
+/// from `from`.
+fn token_rule(from: &str) -> String {
+    format!(
+        r#"
+[[rules]]
+name = "tokens"
+match = {{ route = "llm" }}
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+cost = 10
+cost_from = "{from}"
+"#
+    )
+}
+
+fn llm_gateway(api: &OrdersApi, store: &str, rules: &str) -> Gateway {
+    Gateway::start(&format!(
+        "{}{store}{LLM_ROUTE}{rules}",
+        orders_upstream(&[api.addr])
+    ))
+}
+
+/// One chat completion of 30 tokens (5 prompt words, 25 completion tokens); the status, the
+/// `r` of its RateLimit field and the body, read to its end.
+async fn complete(c: &reqwest::Client, gw: &Gateway, usage: &str, stream: bool) -> (u16, String) {
+    let r = c
+        .post(gw.url(&format!("/v1/chat/completions?usage={usage}")))
+        .json(&serde_json::json!({
+            "model": "demo",
+            "messages": [{ "role": "user", "content": "one two three four five" }],
+            "max_tokens": 25,
+            "stream": stream,
+            "stream_options": { "include_usage": true },
+        }))
+        .send()
+        .await
+        .expect("answered");
+    let status = r.status().as_u16();
+    let ratelimit = r
+        .headers()
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let _ = r.text().await.expect("the whole body");
+    (status, ratelimit)
+}
+
+/// In process and in Redis, through a JSON body, an event stream and a header: each request
+/// reserves 10 and is charged its 30 tokens, so a 100-token budget admits 4 (the fourth
+/// overshoots by 20, its true cost minus its reservation) and refuses the fifth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_budgets_through_json_stream_and_header() {
+    let redis = RedisServer::start();
+    let c = client();
+    let variants = [
+        ("json:usage.total_tokens", "body", false),
+        ("json:usage.total_tokens", "body", true),
+        ("header:x-usage-total-tokens", "header", false),
+    ];
+    for b in 0..2 {
+        for (v, (from, usage, stream)) in variants.into_iter().enumerate() {
+            // Each case counts in Redis keys of its own.
+            let backend = match b {
+                0 => String::new(),
+                _ => store(&redis.url(), "500ms", &format!("key_prefix = \"v{v}:\"")),
+            };
+            let api = OrdersApi::start("orders");
+            let gw = llm_gateway(&api, &backend, &token_rule(from));
+            let what = format!("{from} stream={stream} backend {b}");
+            let (status, first) = complete(&c, &gw, usage, stream).await;
+            assert_eq!(status, 200, "{what}");
+            assert!(
+                first.contains("r=90"),
+                "{what}: reserved 10 of 100: {first}"
+            );
+            let (_, second) = complete(&c, &gw, usage, stream).await;
+            assert!(
+                second.contains("r=60"),
+                "{what}: charged 30, reserved 10: {second}"
+            );
+            for i in 3..=4 {
+                assert_eq!(complete(&c, &gw, usage, stream).await.0, 200, "{what}: {i}");
+            }
+            let (status, _) = complete(&c, &gw, usage, stream).await;
+            assert_eq!(status, 429, "{what}: 120 tokens spent of 100");
+            let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+            let extra = r#"floodgate_response_settled_total{result="charged_extra",rule="tokens"}"#;
+            assert_eq!(metric_value(&metrics, extra), Some(4.0), "{what}");
+        }
+    }
+}
+
+/// A response without usage settles at the reservation, counted as unread.
+#[tokio::test]
+async fn a_response_without_usage_is_charged_the_reservation() {
+    let api = OrdersApi::start("orders");
+    let gw = llm_gateway(&api, "", &token_rule("json:usage.total_tokens"));
+    let c = client();
+    for i in 0..10 {
+        let (status, _) = complete(&c, &gw, "none", i % 2 == 0).await;
+        assert_eq!(status, 200, "request {i}: 10 tokens each");
+    }
+    assert_eq!(complete(&c, &gw, "none", false).await.0, 429);
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let unread = r#"floodgate_cost_unread_total{rule="tokens"}"#;
+    assert_eq!(metric_value(&metrics, unread), Some(10.0), "{metrics}");
+}
+
+/// The official OpenAI Python client (PyPI `openai`, installed by `make deps`) spends a
+/// token budget through the gateway, in JSON and streaming with `include_usage`, and meets
+/// the budget's end as a `RateLimitError` (429).
+#[tokio::test]
+async fn the_openai_python_client_spends_a_token_budget() {
+    let api = OrdersApi::start("orders");
+    let redis = RedisServer::start();
+    let backend = store(&redis.url(), "500ms", "");
+    let gw = llm_gateway(&api, &backend, &token_rule("json:usage.total_tokens"));
+    let script = r#"
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0, timeout=10)
+messages = [{"role": "user", "content": "one two three four five"}]
+for i in range(5):
+    try:
+        if i % 2 == 0:
+            r = client.chat.completions.create(model="demo", messages=messages, max_tokens=25)
+            print("ok", r.usage.total_tokens)
+        else:
+            chunks = client.chat.completions.create(model="demo", messages=messages, max_tokens=25,
+                stream=True, stream_options={"include_usage": True})
+            usage = [c.usage.total_tokens for c in chunks if c.usage]
+            print("ok", usage[-1])
+    except openai.RateLimitError as e:
+        print("limited", e.status_code)
+"#;
+    let out = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(gw.url("/v1"))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, ["ok 30", "ok 30", "ok 30", "ok 30", "limited 429"]);
+}
