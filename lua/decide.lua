@@ -100,6 +100,13 @@ for i, key in ipairs(KEYS) do
       decide(key, now, p)
     if not allowed and block_ms > 0 then
       blocks[#blocks + 1] = { key, block_ms }
+      -- The rejection that starts the block says to retry when it ends.
+      if w_lt(retry_u, retry_n, block_ms * 1000, 0) then
+        retry_u, retry_n = block_ms * 1000, 0
+      end
+      if w_lt(reset_u, reset_n, block_ms * 1000, 0) then
+        reset_u, reset_n = block_ms * 1000, 0
+      end
     end
   end
   local granted, window_left, window_end = cost, 0, 0

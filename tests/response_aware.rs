@@ -207,6 +207,11 @@ async fn block_for_outlasts_a_refilled_bucket_and_ends_on_time() {
         let r = login(&c, &gw, "guess").await;
         let blocked_at = Instant::now();
         assert_eq!(r.status(), 429, "backend {b}: the third failure is refused");
+        assert_eq!(
+            r.headers()["retry-after"],
+            "2",
+            "backend {b}: the rejection that starts the block says when it ends"
+        );
         tokio::time::sleep(Duration::from_millis(900)).await;
         let r = login(&c, &gw, "open-sesame").await;
         assert_eq!(

@@ -331,12 +331,16 @@ impl MemoryStore {
         self.blocks.left((slot.rule, slot.hash), now)
     }
 
-    /// Blocks `check`'s key, which its rule just rejected, if the rule blocks.
-    fn block_after(&self, check: &Check, slot: Slot, now: u64) {
-        let for_ns = algorithm::sat(check.limit.block_for().as_nanos());
+    /// Blocks `check`'s key, which its rule just rejected in `decision`, if the rule
+    /// blocks: the rejection then says to retry when the block ends.
+    fn block_after(&self, check: &Check, slot: Slot, now: u64, decision: &mut Decision) {
+        let block_for = check.limit.block_for();
+        let for_ns = algorithm::sat(block_for.as_nanos());
         if for_ns > 0 {
             let key = (slot.rule, slot.hash);
             self.blocks.block(key, now, for_ns, self.max_keys);
+            decision.retry_after = decision.retry_after.max(block_for);
+            decision.reset = decision.reset.max(block_for);
         }
     }
 
@@ -389,8 +393,9 @@ impl MemoryStore {
             }
             shard.sweep_if_due(now);
             drop(shard);
+            let mut decision = decision;
             if !decision.allowed {
-                self.block_after(check, slot, now);
+                self.block_after(check, slot, now, &mut decision);
             }
             return vec![decision];
         }
@@ -456,9 +461,9 @@ impl MemoryStore {
             shard.sweep_if_due(now);
         }
         drop(guards);
-        for (i, (check, d)) in checks.iter().zip(&decisions).enumerate() {
+        for (i, (check, d)) in checks.iter().zip(&mut decisions).enumerate() {
             if !d.allowed && blocked[i].is_none() {
-                self.block_after(check, slots[i], now);
+                self.block_after(check, slots[i], now, d);
             }
         }
         decisions
