@@ -402,3 +402,63 @@ for i in range(5):
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines, ["ok 30", "ok 30", "ok 30", "ok 30", "limited 429"]);
 }
+
+/// In process and in Redis: a reload that keeps the rule while a reservation is in flight
+/// keeps it, and the refund of the in-flight request lands in the same counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_an_in_flight_reservation_keeps_and_settles_it() {
+    let redis = RedisServer::start();
+    let backends = [
+        String::new(),
+        store(&redis.url(), "500ms", "key_prefix = \"reload:\""),
+    ];
+    for (b, backend) in backends.iter().enumerate() {
+        let api = OrdersApi::start("orders");
+        // The slow login below must not time out upstream.
+        let upstream =
+            orders_upstream(&[api.addr]).replace("read_timeout = \"2s\"", "read_timeout = \"10s\"");
+        let rules = login_rule("fixed_window", 1, "1m", "");
+        let gw = Gateway::start(&format!("{upstream}{backend}{LOGIN_ROUTE}{rules}"));
+        let c = client();
+        // A slow successful login holds the rule's one unit while it runs.
+        let slow = {
+            let (c, url) = (c.clone(), gw.url("/login?delay_ms=5000"));
+            tokio::spawn(async move {
+                let body = serde_json::json!({ "password": "open-sesame" });
+                c.post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        };
+        eventually(
+            Duration::from_secs(4),
+            "the slow login holds the unit",
+            || async {
+                // Quick successful logins admitted before the slow one are refunded at once.
+                (login(&c, &gw, "open-sesame").await.status() == 429).then_some(())
+            },
+        )
+        .await;
+        let path = gw.dir.path().join("gateway.toml");
+        let config = std::fs::read_to_string(&path).unwrap();
+        let extra = "\n[[rules]]\nname = \"other\"\nmatch = { path = \"/nowhere\" }\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1m\"\n";
+        std::fs::write(&path, format!("{config}{extra}")).unwrap();
+        let r = c.post(gw.admin_url("/reload")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "backend {b}: {}", r.text().await.unwrap());
+        assert!(!slow.is_finished(), "backend {b}: reloaded while in flight");
+        assert_eq!(
+            login(&c, &gw, "open-sesame").await.status(),
+            429,
+            "backend {b}: the reservation survived the reload"
+        );
+        assert_eq!(slow.await.unwrap().unwrap(), 200, "backend {b}");
+        assert_eq!(
+            login(&c, &gw, "guess").await.status(),
+            401,
+            "backend {b}: the in-flight success was refunded after the reload"
+        );
+        assert_eq!(login(&c, &gw, "guess").await.status(), 429, "backend {b}");
+    }
+}
