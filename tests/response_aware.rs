@@ -462,3 +462,96 @@ async fn a_reload_during_an_in_flight_reservation_keeps_and_settles_it() {
         assert_eq!(login(&c, &gw, "guess").await.status(), 429, "backend {b}");
     }
 }
+
+/// An upstream on a free loopback port that answers `POST /hang?usage=N` with an event
+/// stream whose first event carries `usage.total_tokens = N` (none when N is absent) and then
+/// never ends, and any other request with a JSON body of 10 tokens. Its tasks end with the
+/// test's runtime.
+async fn hanging_stream_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                if line.contains("/hang") {
+                    let usage = line
+                        .split("usage=")
+                        .nth(1)
+                        .and_then(|v| v.split(' ').next())
+                        .map(|n| format!("data: {{\"usage\":{{\"total_tokens\":{n}}}}}\n\n"))
+                        .unwrap_or_else(|| "data: {\"choices\":[]}\n\n".to_owned());
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                    let chunk = format!("{:x}\r\n{usage}\r\n", usage.len());
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let _ = socket.write_all(chunk.as_bytes()).await;
+                    // Never finishes: waits for the gateway to hang up.
+                    let _ = socket.read(&mut buf).await;
+                } else {
+                    let body = "{\"usage\":{\"total_tokens\":10}}";
+                    let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A client that disconnects mid-stream is charged what the stream had reported by then
+/// (40 tokens), or the reservation when it had reported nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_stream_is_charged_what_was_read() {
+    let upstream = hanging_stream_upstream().await;
+    let gw = Gateway::start(&format!(
+        "{}{LLM_ROUTE}{}",
+        orders_upstream(&[upstream]).replace("read_timeout = \"2s\"", "read_timeout = \"30s\""),
+        token_rule("json:usage.total_tokens")
+    ));
+    let c = client();
+    for (query, result) in [("?usage=40", "charged_extra"), ("", "charged")] {
+        let mut r = c
+            .post(gw.url(&format!("/v1/hang{query}")))
+            .json(&serde_json::json!({ "stream": true }))
+            .send()
+            .await
+            .expect("the stream starts");
+        assert_eq!(r.status(), 200);
+        let first = r.chunk().await.expect("a first event").expect("bytes");
+        assert!(first.starts_with(b"data: "), "{first:?}");
+        drop(r);
+        let series =
+            format!(r#"floodgate_response_settled_total{{result="{result}",rule="tokens"}}"#);
+        eventually(Duration::from_secs(10), "the stream is settled", || async {
+            let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+            (metric_value(&metrics, &series) == Some(1.0)).then_some(())
+        })
+        .await;
+    }
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let unread = r#"floodgate_cost_unread_total{rule="tokens"}"#;
+    assert_eq!(metric_value(&metrics, unread), Some(1.0));
+    // 40 + 10 (the reservation of the stream that reported nothing) spent; this one reserves
+    // 10 more of 100.
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    let ratelimit = r.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(ratelimit.contains("r=40"), "{ratelimit}");
+}
