@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::redis::{store, RedisServer};
+use common::redis::{store, RedisCluster, RedisServer};
 use common::*;
 
 const LOGIN_ROUTE: &str = r#"
@@ -554,4 +554,50 @@ async fn a_client_leaving_mid_stream_is_charged_what_was_read() {
         .unwrap();
     let ratelimit = r.headers()["ratelimit"].to_str().unwrap().to_owned();
     assert!(ratelimit.contains("r=40"), "{ratelimit}");
+}
+
+/// On a real 3-master Redis Cluster, per key in its own slot: successes refunded, the
+/// (L+1)th failure refused and blocked, the block key beside the counter (same hash tag),
+/// and a token budget trued up through an event stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_block_and_cost_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let backend = format!(
+        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"500ms\"\n",
+        urls.join(", ")
+    );
+    let api = OrdersApi::start("orders");
+    let rules = format!(
+        "{}{}",
+        login_rule("sliding_window_counter", 2, "1m", "block_for = \"1m\""),
+        token_rule("json:usage.total_tokens")
+    );
+    let gw = Gateway::start(&format!(
+        "{}{backend}{LOGIN_ROUTE}{LLM_ROUTE}{rules}",
+        orders_upstream(&[api.addr])
+    ));
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(login(&c, &gw, "open-sesame").await.status(), 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(login(&c, &gw, "guess").await.status(), 401);
+    }
+    let r = login(&c, &gw, "guess").await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        r.headers()["retry-after"],
+        "60",
+        "the block announces itself"
+    );
+    let r = login(&c, &gw, "open-sesame").await;
+    assert_eq!(r.status(), 429, "blocked whatever it sends");
+    assert_eq!(upstream_failures(&c, &api).await, 2);
+    assert_eq!(complete(&c, &gw, "body", true).await.0, 200);
+    let (_, ratelimit) = complete(&c, &gw, "body", false).await;
+    assert!(
+        ratelimit.contains("r=60"),
+        "30 charged, 10 reserved: {ratelimit}"
+    );
 }
