@@ -72,6 +72,7 @@ pub(super) fn settle(
         applied,
         shadow_rejected,
         slots,
+        asked_store: false,
     }
 }
 
