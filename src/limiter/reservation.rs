@@ -210,14 +210,19 @@ impl Reservations {
             .into_iter()
             .partition(|r| r.rule.respond.count.is_some());
         self.held = rest;
-        let settled = counted.into_iter().filter_map(|r| {
-            let count = r.rule.respond.count.as_ref()?;
-            if count.matches(status) {
-                metrics().settled(&r.rule.name, "charged");
-                return None;
-            }
-            metrics().settled(&r.rule.name, "refunded");
-            Some((Adjust::between(r.check.cost, 0), r))
+        let settled = counted.into_iter().map(|r| {
+            let matched = r
+                .rule
+                .respond
+                .count
+                .as_ref()
+                .is_some_and(|c| c.matches(status));
+            let adjust = if matched {
+                Adjust::default()
+            } else {
+                Adjust::between(r.check.cost, 0)
+            };
+            (adjust, r, false)
         });
         apply(settled.collect()).await;
     }
@@ -232,23 +237,13 @@ impl Reservations {
             let Some(from) = &r.rule.respond.cost_from else {
                 continue;
             };
-            let Some(cost) = cost_of(from) else {
-                metrics().unread.with_label_values(&[&r.rule.name]).inc();
-                metrics().settled(&r.rule.name, "charged");
-                continue;
-            };
-            let adjust = Adjust::between(r.check.cost, cost.min(MAX_COST));
-            metrics().settled(
-                &r.rule.name,
-                if adjust.extra > 0 {
-                    "charged_extra"
-                } else if adjust.refund > 0 {
-                    "refunded"
-                } else {
-                    "charged"
-                },
-            );
-            settled.push((adjust, r));
+            match cost_of(from) {
+                Some(cost) => {
+                    let adjust = Adjust::between(r.check.cost, cost.min(MAX_COST));
+                    settled.push((adjust, r, false));
+                }
+                None => settled.push((Adjust::default(), r, true)),
+            }
         }
         apply(settled).await;
     }
@@ -258,11 +253,25 @@ impl Reservations {
 /// hostile upstream's number stays exact in the stores.
 const MAX_COST: u64 = super::algorithm::MAX_COUNT;
 
-/// Applies `settled`: memory stores in place, the shared store in one call.
-async fn apply(settled: Vec<(Adjust, Reservation)>) {
+/// Applies `settled` (each with whether its cost was unread): memory stores in place, the
+/// shared store in one call; then counts them, so that a settled count in the metrics means
+/// the store has it.
+async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
     let mut shared: Option<Arc<dyn SharedStore>> = None;
     let mut ups = Vec::new();
-    for (adjust, r) in settled.into_iter().filter(|(a, _)| !a.is_none()) {
+    let mut counted = Vec::with_capacity(settled.len());
+    for (adjust, r, unread) in settled {
+        let result = if adjust.extra > 0 {
+            "charged_extra"
+        } else if adjust.refund > 0 {
+            "refunded"
+        } else {
+            "charged"
+        };
+        counted.push((r.rule.name.clone(), result, unread));
+        if adjust.is_none() {
+            continue;
+        }
         match r.held {
             Held::Memory {
                 store,
@@ -288,6 +297,13 @@ async fn apply(settled: Vec<(Adjust, Reservation)>) {
     if let Some(store) = shared {
         store.true_up(&ups).await;
     }
+    let m = metrics();
+    for (rule, result, unread) in counted {
+        m.settled(&rule, result);
+        if unread {
+            m.unread.with_label_values(&[&rule]).inc();
+        }
+    }
 }
 
 impl std::fmt::Debug for Reservations {
@@ -311,6 +327,21 @@ pub struct ReservationMetrics {
 impl ReservationMetrics {
     fn settled(&self, rule: &str, result: &str) {
         self.settled.with_label_values(&[rule, result]).inc();
+    }
+}
+
+/// Exports the series of a response-aware `rule` at 0 (when its config is put in force), so
+/// that a panel shows 0 rather than no data.
+pub fn register_series(rule: &Policy) {
+    if !rule.respond.settles() {
+        return;
+    }
+    let m = metrics();
+    for result in ["charged", "refunded", "charged_extra"] {
+        m.settled.with_label_values(&[&rule.name, result]);
+    }
+    if rule.respond.cost_from.is_some() {
+        m.unread.with_label_values(&[&rule.name]);
     }
 }
 
