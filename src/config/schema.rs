@@ -218,6 +218,8 @@ pub struct RawRule {
     pub status: Option<Spanned<i64>>,
     pub lease: Option<Spanned<RawLease>>,
     pub lease_ttl: Option<Spanned<String>>,
+    /// `mode = "slow"`: bytes per second of a slowed request's bodies (`"64KiB"`).
+    pub slow_rate: Option<Spanned<String>>,
     pub count: Option<Spanned<RawCount>>,
     pub cost_from: Option<Spanned<String>>,
     pub block_for: Option<Spanned<String>>,

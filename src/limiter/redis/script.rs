@@ -358,6 +358,7 @@ mod tests {
                 mode: LeakyMode::Shape,
                 max_delay: Duration::from_millis(250),
                 block_for: Duration::ZERO,
+                slow_rate: 0,
             },
             cost: 1,
         }
