@@ -15,8 +15,10 @@ pub mod lease;
 pub mod memory;
 pub mod policy;
 pub mod redis;
+pub mod reservation;
 pub mod settings;
 pub mod store;
+pub mod true_up;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +82,7 @@ impl Algorithm {
                 holds_slots: false,
                 calendar: true,
                 grant: true,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::SlidingWindowLog => Capabilities {
@@ -96,6 +99,7 @@ impl Algorithm {
                 holds_slots: false,
                 calendar: false,
                 grant: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
@@ -108,6 +112,7 @@ impl Algorithm {
                 holds_slots: false,
                 calendar: false,
                 grant: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::TokenBucket => Capabilities {
@@ -120,6 +125,7 @@ impl Algorithm {
                 holds_slots: false,
                 calendar: false,
                 grant: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::LeakyBucket => Capabilities {
@@ -135,6 +141,7 @@ impl Algorithm {
                 holds_slots: false,
                 calendar: false,
                 grant: false,
+                settle_refused: None,
                 // A slowing leaky bucket polices (counts, never holds) and slows what it
                 // would reject; mode = "shape" is the other mode, so the two never meet.
                 slow_refused: None,
@@ -151,6 +158,7 @@ impl Algorithm {
                 holds_slots: true,
                 calendar: false,
                 grant: false,
+                settle_refused: Some("concurrency counts requests in flight, released when each ends; there is no charge for a response to refund"),
                 slow_refused: Some("concurrency counts requests in flight, and a slowed request stays in flight longer: slowing would add load instead of shedding it"),
             },
         }
@@ -197,6 +205,10 @@ pub struct Capabilities {
     /// Whether the usage API can grant a counter more for its current window
     /// (`POST /usage/grant`): only a count per window can be lowered for that window alone.
     pub grant: bool,
+    /// Why a rule of this algorithm cannot learn from the response (`count`, `block_for`;
+    /// see [`reservation`]); `None`: it can, its reservation is trued up by
+    /// [`true_up::true_up`] and the Redis `true_up.lua`.
+    pub settle_refused: Option<&'static str>,
     /// Why a rule of this algorithm cannot slow (`mode = "slow"`) what it would reject;
     /// `None`: it can.
     pub slow_refused: Option<&'static str>,
@@ -325,6 +337,9 @@ pub struct Limit {
     /// A calendar rule's period and zone (`calendar`, `timezone`); `window` is then the
     /// period's longest length ([`calendar::Period::longest`]).
     calendar: Option<Arc<calendar::Calendar>>,
+    /// `block_for`: once this limit rejects a key, the key is refused this long (zero: never
+    /// blocked); set by [`Limit::blocking`].
+    block_for: Duration,
     /// `mode = "slow"`: bytes per second of a slowed request's bodies (0 in other modes).
     slow_rate: u64,
 }
@@ -379,6 +394,7 @@ impl Limit {
             mode,
             max_delay,
             calendar: None,
+            block_for: Duration::ZERO,
             slow_rate: 0,
         })
     }
@@ -432,6 +448,17 @@ impl Limit {
                 (start, start.saturating_add(w))
             }
         }
+    }
+
+    /// This limit, keeping a key it rejects out for `block_for` (`block_for` of a rule; see
+    /// [`reservation`]). Validation allows it only where the algorithm can settle.
+    pub fn blocking(self, block_for: Duration) -> Limit {
+        Limit { block_for, ..self }
+    }
+
+    /// How long a key this limit rejects stays refused (zero: not blocked).
+    pub fn block_for(&self) -> Duration {
+        self.block_for
     }
 
     /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a

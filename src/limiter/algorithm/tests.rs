@@ -326,6 +326,7 @@ fn absurd_numbers_do_not_panic() {
                     mode,
                     max_delay: Duration::MAX,
                     calendar: None,
+                    block_for: Duration::ZERO,
                     slow_rate: 0,
                 };
                 // Time going backwards too: a caller's clock bug must not panic either.
@@ -373,6 +374,7 @@ fn any_algorithm() -> impl Strategy<Value = Limit> {
                 mode,
                 max_delay: ms(max_delay_ms),
                 calendar: None,
+                block_for: Duration::ZERO,
                 slow_rate: 0,
             },
         )
