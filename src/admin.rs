@@ -124,6 +124,7 @@ impl ServeHttp for Admin {
             }
             ("GET", "/top") => top_clients(&cfg, &query),
             ("GET", "/usage") => usage::read(&self.gateway, &cfg, &query).await,
+            ("GET", "/usage/thresholds") => usage::thresholds(&self.gateway, &cfg).await,
             ("POST", "/usage/reset") | ("POST", "/usage/grant") => {
                 let grant = path == "/usage/grant";
                 match read_body(session, usage::MAX_BODY).await {

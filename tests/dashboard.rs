@@ -521,6 +521,18 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         cfg.contains("generation") && cfg.contains("gateway.toml"),
         "{cfg}"
     );
+    // Quota use: the api_key rule, with its identities per threshold.
+    let quotas = b
+        .find(Locator::Id("quota-card"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        quotas.contains("tight") && quotas.contains("≥80%") && quotas.contains("≥100%"),
+        "{quotas}"
+    );
 
     // Nothing was fetched from anywhere but the admin listener.
     let origin = format!("http://{}", gw.admin);

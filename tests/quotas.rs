@@ -995,3 +995,47 @@ thresholds = [1.0]
         "the queue holds 2 (and the worker a batch): {dropped} dropped"
     );
 }
+
+/// `GET /usage/thresholds` (the dashboard's "Quota use"): per rule keyed on identities alone,
+/// how many of the configured identities are at or above each threshold, read from the store
+/// the rule counts in; rules keyed on anything else are not listed.
+async fn quota_use_on(store: &str) {
+    let api = OrdersApi::start("orders");
+    let gw = usage_gateway(api.addr, store, USAGE_RULES);
+    let share = |v: &serde_json::Value, rule: &str, t: usize| {
+        let r = rule_usage(v, rule);
+        (
+            r["above"][t]["identities"].as_u64().unwrap(),
+            r["identities"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(spend(&gw, 3).await, 3);
+    let (status, v) = admin(&gw, "GET", "/usage/thresholds", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["thresholds"], serde_json::json!([0.8, 1.0]), "{v}");
+    assert_eq!(share(&v, "daily", 0), (0, 2), "3 of 5 is under 80 %: {v}");
+    assert!(
+        v["rules"].as_array().unwrap().iter().all(|r| r["rule"] != "per-ip"),
+        "an ip-keyed rule has no identities: {v}"
+    );
+    assert_eq!(spend(&gw, 1).await, 1);
+    let (_, v) = admin(&gw, "GET", "/usage/thresholds", "");
+    assert_eq!(share(&v, "daily", 0), (1, 2), "4 of 5: {v}");
+    assert_eq!(share(&v, "daily", 1), (0, 2), "{v}");
+    assert_eq!(share(&v, "per-user", 0), (0, 2), "4 of 100: {v}");
+    assert_eq!(spend(&gw, 3).await, 1, "the fifth is the last");
+    let (_, v) = admin(&gw, "GET", "/usage/thresholds", "");
+    assert_eq!(share(&v, "daily", 1), (1, 2), "5 of 5: {v}");
+    assert_eq!(
+        rule_usage(&v, "daily")["above"][1]["share"].as_f64(),
+        Some(0.5),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_use_per_threshold_on_memory_and_redis() {
+    quota_use_on("").await;
+    let redis = RedisServer::start();
+    quota_use_on(&store(&redis.url(), "250ms", "")).await;
+}

@@ -3,6 +3,9 @@
 //!
 //! - `GET /usage?api_key=ID` (or `user=` / `plan=`): every rule whose key is built from that
 //!   identity alone (parts `api_key`, `user`, `plan`), read from the store the rule counts in.
+//! - `GET /usage/thresholds`: per such rule, how many of the configured identities have used at
+//!   least each webhook threshold (80 % and 100 % without webhooks) of their limit: the
+//!   dashboard's "Quota use".
 //! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over.
 //! - `POST /usage/grant` `{"rule", "api_key" | ..., "amount"}`: `amount` more for the current
 //!   window of a fixed-window (or calendar) rule, gone when the window ends.
@@ -205,6 +208,90 @@ pub async fn read(gateway: &Gateway, cfg: &Config, query: &str) -> Response<Vec<
     json(
         StatusCode::OK,
         &serde_json::json!({ who.field: who.value, "rules": rules }),
+    )
+}
+
+/// How many configured keys `GET /usage/thresholds` looks at, at most: each costs a store read
+/// per rule it keys.
+pub const MAX_THRESHOLD_KEYS: usize = 10_000;
+
+/// The thresholds `GET /usage/thresholds` reports: every webhook's, or 80 % and 100 % when no
+/// webhook names any.
+fn thresholds_of(cfg: &Config) -> Vec<f64> {
+    let mut all: Vec<f64> = cfg
+        .webhooks
+        .iter()
+        .flat_map(|w| w.thresholds.iter().copied())
+        .collect();
+    if all.is_empty() {
+        all = vec![0.8, 1.0];
+    }
+    all.sort_by(f64::total_cmp);
+    all.dedup();
+    all
+}
+
+/// `GET /usage/thresholds`: per rule keyed on identities alone, how many of the identities
+/// the configured keys name (each counter once: keys sharing a user share a `user` counter)
+/// have used at least each threshold of their limit now; what the dashboard shows.
+pub async fn thresholds(gateway: &Gateway, cfg: &Config) -> Response<Vec<u8>> {
+    let thresholds = thresholds_of(cfg);
+    let keys: Vec<Who> = cfg
+        .auth
+        .keys
+        .identities()
+        .take(MAX_THRESHOLD_KEYS)
+        .map(|i| Who {
+            field: "api_key",
+            value: i.id.as_str().to_string(),
+            identity: Identity::clone(i),
+        })
+        .collect();
+    let mut rules = Vec::new();
+    for rule in &cfg.rules {
+        let mut seen = std::collections::HashSet::new();
+        let mut above = vec![0u64; thresholds.len()];
+        for who in &keys {
+            let Some(check) = who.check(rule) else {
+                continue;
+            };
+            if !seen.insert(check.counter) {
+                continue;
+            }
+            let (u, _) = match usage_of(gateway, cfg, rule, &check, UsageChange::Read).await {
+                Ok(u) => u,
+                Err(e) => return store_failed(&e),
+            };
+            for (n, t) in above.iter_mut().zip(&thresholds) {
+                if u.limit > 0 && u.used as f64 >= t * u.limit as f64 {
+                    *n += 1;
+                }
+            }
+        }
+        if seen.is_empty() {
+            continue;
+        }
+        let counters = seen.len() as u64;
+        let shares: Vec<serde_json::Value> = thresholds
+            .iter()
+            .zip(&above)
+            .map(|(t, n)| {
+                serde_json::json!({
+                    "threshold": t,
+                    "identities": n,
+                    "share": *n as f64 / counters as f64,
+                })
+            })
+            .collect();
+        rules.push(serde_json::json!({
+            "rule": &*rule.policy.name,
+            "identities": counters,
+            "above": shares,
+        }));
+    }
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "thresholds": thresholds, "rules": rules }),
     )
 }
 
