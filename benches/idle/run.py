@@ -286,12 +286,12 @@ auth = "none"
             before = self.rss_of(p, kind)
             t0 = time.monotonic()
             if phase == "idle":
-                statuses = clients.open(port, n, 0, "/", True)
+                statuses = clients.open(port, n, 0, "/", True, parallel=a.parallel)
                 bad = [s for s in statuses if s != 200]
                 if bad:
                     raise RuntimeError(f"{name}: {len(bad)} of {n} answered {sorted(set(bad))}")
             else:
-                clients.open(port, n, 0, "/hold", False)
+                clients.open(port, n, 0, "/hold", False, parallel=a.parallel)
                 deadline = time.monotonic() + 60
                 while self.held() < n:
                     if time.monotonic() > deadline:
@@ -399,6 +399,10 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "target" / "bench"), help="where idle.md and idle.json go")
     p.add_argument("--connections", type=int, default=4000, help="connections per measurement (4000)")
     p.add_argument("--warmup", type=int, default=100, help="connections opened and closed first (100)")
+    p.add_argument("--parallel", type=int, default=16,
+                   help="connections being opened (and requests in flight, idle phase) at once (16): "
+                        "memory the proxy frees after a request stays in its RSS, so a high value "
+                        "counts the peak of requests in flight too")
     p.add_argument("--settle", type=float, default=2.0, help="seconds before each RSS reading (2)")
     p.add_argument("--rounds", type=int, default=3, help="measurements per system and phase (3)")
     p.add_argument("--threads", type=int, default=1, help="threads / workers / --concurrency of each proxy (1)")
