@@ -62,7 +62,7 @@ fn one_request(gw: &Gateway) -> TcpStream {
 }
 
 #[test]
-fn an_idle_keepalive_connection_holds_no_read_buffer() {
+fn an_idle_keepalive_connection_costs_a_few_kib() {
     let api = OrdersApi::start("a");
     let gw = Gateway::start_with(
         &format!(
@@ -90,6 +90,7 @@ fn an_idle_keepalive_connection_holds_no_read_buffer() {
         "{open} connections open, {CONNECTIONS} held"
     );
     let per = after.saturating_sub(before) as f64 / CONNECTIONS as f64;
+    eprintln!("{per:.1} KiB per idle connection ({before} KiB before, {after} KiB after)");
     assert!(
         per <= MAX_KIB_PER_CONNECTION,
         "{per:.1} KiB per idle connection ({before} KiB before, {after} KiB with {CONNECTIONS} open)"

@@ -998,7 +998,7 @@ auth = "none"
         w(f"`wrk -t1 -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
           f"{a.rounds} rounds alternating between the systems, medians over rounds; each system's row is its best "
           f"connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
-          "floodgate `threads = 1`, bare proxy `--threads 1`, nginx `worker_processes 1`.")
+          "floodgate `threads = 1`, bare proxy `--threads 1`, nginx `worker_processes 1`, Envoy `--concurrency 1`.")
         w("")
         w("### Maximum load")
         w("")
