@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Peek, Ssl, Stream, ALPN};
 use pingora::server::ShutdownWatch;
@@ -68,8 +68,10 @@ where
         app.server_options().and_then(|o| o.keepalive_request_limit),
     );
     let mut result = app.process_new_http(session, shutdown).await;
-    while let Some((stream, settings)) = result.map(|r| r.consume()) {
-        let stream = next_request(stream, &closing).await?;
+    while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
+        if !settings.as_ref().is_some_and(carries_pipelined_bytes) {
+            stream = next_request(stream, &closing).await?;
+        }
         let mut session = ServerSession::new_http1(stream);
         if let Some(settings) = settings {
             settings.apply_to_session(&mut session);
@@ -77,6 +79,43 @@ where
         result = app.process_new_http(session, shutdown).await;
     }
     None
+}
+
+/// Whether Pingora hands the next request's first bytes over in `settings` (the client
+/// pipelined): they are no longer on the socket, and waiting for bytes there would wait for a
+/// request that has already arrived. Pingora says so only through `Debug`; the formatting stops
+/// at the field. When the field is not found, this says yes: the next exchange then waits in
+/// Pingora, correct with more memory.
+fn carries_pipelined_bytes(settings: &HttpPersistentSettings) -> bool {
+    use std::fmt::Write as _;
+    let mut scan = Scan::default();
+    let _ = write!(scan, "{settings:?}");
+    scan.answer.unwrap_or(true)
+}
+
+/// A `fmt::Write` that reads what follows `pipelined_prefix` and stops the formatting there.
+#[derive(Default)]
+struct Scan {
+    after_key: bool,
+    answer: Option<bool>,
+}
+
+impl std::fmt::Write for Scan {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.after_key {
+            let value = s.trim_start_matches([':', ' ']);
+            if value.is_empty() {
+                return Ok(());
+            }
+            self.answer = Some(!value.starts_with("None"));
+            return Err(std::fmt::Error);
+        }
+        if let Some(rest) = s.split_once("pipelined_prefix").map(|(_, r)| r) {
+            self.after_key = true;
+            return self.write_str(rest);
+        }
+        Ok(())
+    }
 }
 
 /// Whether the connection speaks h2: by ALPN, or by the h2c preface where h2c is on (plain
@@ -106,5 +145,38 @@ async fn next_request(stream: Stream, closing: &Closing) -> Option<Stream> {
     match arrived {
         Ok(true) => Some(guarded),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scan;
+    use std::fmt::Write as _;
+
+    fn answer(debug: &str) -> Option<bool> {
+        let mut scan = Scan::default();
+        let _ = scan.write_str(debug);
+        scan.answer
+    }
+
+    #[test]
+    fn the_pipelined_prefix_is_read_from_the_settings_debug() {
+        assert_eq!(
+            answer("S { a: None, pipelined_prefix: None, b: true }"),
+            Some(false)
+        );
+        assert_eq!(
+            answer("S { a: None, pipelined_prefix: Some(b\"GET /\"), b: true }"),
+            Some(true)
+        );
+        // Written in pieces, as `debug_struct` does.
+        let mut scan = Scan::default();
+        for piece in ["S", " { ", "pipelined_prefix", ": ", "None", " }"] {
+            if scan.write_str(piece).is_err() {
+                break;
+            }
+        }
+        assert_eq!(scan.answer, Some(false));
+        assert_eq!(answer("S { other: None }"), None);
     }
 }
