@@ -74,8 +74,12 @@ pub struct RequestCtx {
     no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     slots: Option<Slots>,
+    /// Reads `cost_from` rules' true costs from the upstream's response as it streams by.
+    cost: Option<crate::response_cost::CostReader>,
     /// The request body's deadline and what was read ahead of the upstream.
     body: crate::body::Body,
+    /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
+    slow: Option<crate::throttle::Throttle>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
@@ -118,7 +122,9 @@ impl ProxyHttp for Proxy {
             responded: false,
             no_healthy: None,
             slots: None,
+            cost: None,
             body: crate::body::Body::default(),
+            slow: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
     }
@@ -164,6 +170,7 @@ impl ProxyHttp for Proxy {
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
         ctx.slots = admitted.slots;
+        ctx.slow = admitted.slowed.map(crate::throttle::Throttle::new);
         match admitted.next {
             Next::Forward { delay, ratelimit } => {
                 ctx.headers = ratelimit;
@@ -173,6 +180,9 @@ impl ProxyHttp for Proxy {
                 // The body is read (up to a bound) before any upstream is asked: a slow body
                 // holds no upstream connection.
                 let timeout = cfg.server.connections.body_timeout;
+                if let Some(slow) = &mut ctx.slow {
+                    slow.body_deadline = Some(Instant::now() + timeout);
+                }
                 let problem = match ctx.body.read_ahead(session, timeout).await? {
                     ReadAhead::Forward => return Ok(false),
                     ReadAhead::TimedOut => {
@@ -380,6 +390,8 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
+        crate::response_cost::settle_on_status(ctx.slots.as_mut(), upstream_response.status).await;
+        ctx.cost = crate::response_cost::CostReader::start(ctx.slots.as_mut(), upstream_response);
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // The client's side of the tunnel gets the same idle timeout as the upstream's.
             if let Some(u) = ctx.upstream() {
@@ -415,6 +427,29 @@ impl ProxyHttp for Proxy {
             // Tunnel bytes, not a body: only tunnel_timeout applies.
             return Ok(());
         }
+        if let Some(slow) = &mut ctx.slow {
+            // The client's next piece is not read while this one waits: backpressure. A wait
+            // ends at the body's deadline at the latest, which the check below then finds.
+            let len = body.as_ref().map_or(0, bytes::Bytes::len);
+            let now = Instant::now();
+            match slow
+                .request
+                .wait(len, now, slow.body_deadline, end_of_stream)
+            {
+                crate::throttle::Wait::For(d) | crate::throttle::Wait::UntilDeadline(d) => {
+                    if !d.is_zero() {
+                        tokio::time::sleep(d).await;
+                    }
+                }
+                crate::throttle::Wait::Cut => {
+                    return Err(Error::explain(
+                        ErrorType::ReadTimedout,
+                        "the slowed request body cannot arrive within body_timeout",
+                    )
+                    .into_down());
+                }
+            }
+        }
         if !end_of_stream {
             if ctx.body.late() {
                 return Err(Error::explain(
@@ -432,10 +467,18 @@ impl ProxyHttp for Proxy {
     fn upstream_response_body_filter(
         &self,
         session: &mut Session,
-        _body: &mut Option<bytes::Bytes>,
+        body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
+        if let Some(reader) = ctx.cost.as_mut() {
+            if let Some(piece) = body.as_deref() {
+                reader.feed(piece);
+            }
+            if end_of_stream {
+                reader.finish();
+            }
+        }
         // The total `timeout` covers the whole body; each read is also capped by read_timeout.
         // The last piece has arrived in time whatever the clock says now. A tunnel (after a
         // 101) has no end to wait for: only tunnel_timeout applies to it.
@@ -449,6 +492,27 @@ impl ProxyHttp for Proxy {
             ));
         }
         Ok(None)
+    }
+
+    fn response_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        match &mut ctx.slow {
+            Some(slow) if !session.was_upgraded() => {
+                let len = body.as_ref().map_or(0, bytes::Bytes::len);
+                crate::throttle::response_delay(
+                    &mut slow.response,
+                    len,
+                    ctx.deadline,
+                    end_of_stream,
+                )
+            }
+            _ => Ok(None),
+        }
     }
 
     async fn response_filter(
@@ -501,6 +565,9 @@ impl ProxyHttp for Proxy {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The response is complete: a kept-alive connection now waits for its next request.
         crate::connection::exchange_done(session);
+        // The exchange is over (also when the client left mid-stream): cost_from rules are
+        // charged what was read.
+        crate::response_cost::settle_costs(ctx.slots.as_mut(), ctx.cost.take()).await;
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.slots = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
@@ -521,7 +588,11 @@ impl ProxyHttp for Proxy {
             upstream: ctx.upstream().map(|u| u.name.clone()),
             identity: ctx.identity.clone(),
             client_ip: ctx.client_ip,
-            rejected_by: ctx.rejected_by.clone(),
+            rejected_by: match &ctx.slow {
+                Some(t) => Some(t.slowed.rules.clone()),
+                None => ctx.rejected_by.clone(),
+            },
+            slowed: ctx.slow.is_some(),
             request_id: ctx.request_id.clone(),
             latency_ms: ctx
                 .start

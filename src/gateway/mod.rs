@@ -93,6 +93,7 @@ impl crate::upstream::service::InForce for Gateway {
 fn register_rule_series(config: &Config) {
     for rule in &config.rules {
         rule.counters.register();
+        crate::limiter::reservation::register_series(&rule.policy);
         if rule.lease.is_some() {
             let m = crate::limiter::lease::lease_metrics();
             m.taken.with_label_values(&[&rule.name]);

@@ -464,7 +464,8 @@ pub fn leaky_bucket(
         _ => 0,
     };
     let (decision, new_tat) = match limit.mode {
-        LeakyMode::Police => gcra_police(backlog, limit, now_ns, cost),
+        // A slowing bucket counts as a policing one; what it refuses is slowed instead.
+        LeakyMode::Police | LeakyMode::Slow => gcra_police(backlog, limit, now_ns, cost),
         LeakyMode::Shape => gcra_shape(backlog, limit, now_ns, cost),
     };
     let update = match new_tat {
@@ -619,7 +620,8 @@ pub fn horizon(limit: &Limit) -> Duration {
         }
         Algorithm::Concurrency => u128::from(duration_ns(Duration::from_secs(1))),
     };
-    nanos(ns)
+    // A blocked key is told to wait out what is left of its block.
+    nanos(ns.max(u128::from(duration_ns(limit.block_for))))
 }
 
 fn allowed(limit: u64, remaining: u64, reset: u128, delay: u128) -> Decision {

@@ -14,8 +14,10 @@ pub mod lease;
 pub mod memory;
 pub mod policy;
 pub mod redis;
+pub mod reservation;
 pub mod settings;
 pub mod store;
+pub mod true_up;
 
 use std::time::Duration;
 
@@ -76,6 +78,8 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(1, "fixed_window"),
                 holds_slots: false,
+                settle_refused: None,
+                slow_refused: None,
             },
             Algorithm::SlidingWindowLog => Capabilities {
                 window: Window::Required,
@@ -89,6 +93,8 @@ impl Algorithm {
                 lease_refused: Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
                 lua: LuaFn::new(2, "sliding_window_log"),
                 holds_slots: false,
+                settle_refused: None,
+                slow_refused: None,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
                 window: Window::Required,
@@ -98,6 +104,8 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(3, "sliding_window_counter"),
                 holds_slots: false,
+                settle_refused: None,
+                slow_refused: None,
             },
             Algorithm::TokenBucket => Capabilities {
                 window: Window::Required,
@@ -107,6 +115,8 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(4, "token_bucket"),
                 holds_slots: false,
+                settle_refused: None,
+                slow_refused: None,
             },
             Algorithm::LeakyBucket => Capabilities {
                 window: Window::Required,
@@ -119,6 +129,10 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(5, "leaky_bucket_police"),
                 holds_slots: false,
+                settle_refused: None,
+                // A slowing leaky bucket polices (counts, never holds) and slows what it
+                // would reject; mode = "shape" is the other mode, so the two never meet.
+                slow_refused: None,
             },
             Algorithm::Concurrency => Capabilities {
                 window: Window::None {
@@ -130,6 +144,8 @@ impl Algorithm {
                 lease_refused: Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
                 lua: LuaFn::new(7, "concurrency"),
                 holds_slots: true,
+                settle_refused: Some("concurrency counts requests in flight, released when each ends; there is no charge for a response to refund"),
+                slow_refused: Some("concurrency counts requests in flight, and a slowed request stays in flight longer: slowing would add load instead of shedding it"),
             },
         }
     }
@@ -169,6 +185,13 @@ pub struct Capabilities {
     pub lua: LuaFn,
     /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
     pub holds_slots: bool,
+    /// Why a rule of this algorithm cannot learn from the response (`count`, `block_for`;
+    /// see [`reservation`]); `None`: it can, its reservation is trued up by
+    /// [`true_up::true_up`] and the Redis `true_up.lua`.
+    pub settle_refused: Option<&'static str>,
+    /// Why a rule of this algorithm cannot slow (`mode = "slow"`) what it would reject;
+    /// `None`: it can.
+    pub slow_refused: Option<&'static str>,
 }
 
 impl Capabilities {
@@ -252,19 +275,26 @@ pub fn shaping_names() -> String {
     Algorithm::names_where(|c| c.shaping.is_some())
 }
 
-/// What a leaky bucket does with a request that does not fit right now.
+/// What a rule does with a request that does not fit right now (`mode`): refuse it, make it
+/// wait (a leaky bucket only), or serve it slowly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LeakyMode {
     /// Reject when the bucket is full (`burst` requests counted in it).
     Police,
     /// Hold the request until its turn, up to `max_delay` and `burst` waiting, then reject.
     Shape,
+    /// Forward what would be rejected, its bodies limited to the rule's `slow_rate`
+    /// ([`Limit::slow_rate`]); counted as a rejection is (not charged).
+    Slow,
 }
 
 impl LeakyMode {
     /// Every mode with its gateway.toml name.
-    pub const NAMES: &'static [(&'static str, LeakyMode)] =
-        &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)];
+    pub const NAMES: &'static [(&'static str, LeakyMode)] = &[
+        ("police", LeakyMode::Police),
+        ("shape", LeakyMode::Shape),
+        ("slow", LeakyMode::Slow),
+    ];
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
@@ -284,6 +314,11 @@ pub struct Limit {
     burst: u64,
     mode: LeakyMode,
     max_delay: Duration,
+    /// `block_for`: once this limit rejects a key, the key is refused this long (zero: never
+    /// blocked); set by [`Limit::blocking`].
+    block_for: Duration,
+    /// `mode = "slow"`: bytes per second of a slowed request's bodies (0 in other modes).
+    slow_rate: u64,
 }
 
 impl Limit {
@@ -317,7 +352,12 @@ impl Limit {
         if mode == LeakyMode::Shape && caps.shaping.is_none() {
             return Err(format!("mode applies to {} only", shaping_names()));
         }
-        if mode == LeakyMode::Police && !max_delay.is_zero() {
+        if mode == LeakyMode::Slow {
+            if let Some(why) = caps.slow_refused {
+                return Err(format!("mode = \"slow\" is not allowed here: {why}"));
+            }
+        }
+        if mode != LeakyMode::Shape && !max_delay.is_zero() {
             return Err(format!(
                 "max_delay applies to {} with mode = \"shape\" only",
                 shaping_names()
@@ -330,7 +370,36 @@ impl Limit {
             burst,
             mode,
             max_delay,
+            block_for: Duration::ZERO,
+            slow_rate: 0,
         })
+    }
+
+    /// This limit slowing what it would reject to `rate` bytes per second: only a limit in
+    /// `mode = "slow"` takes one, and it needs one of at least 1 byte per second (validation
+    /// holds `slow_rate` to its documented bounds and names the key's location).
+    pub fn slowed_to(self, rate: u64) -> Result<Limit, String> {
+        if self.mode != LeakyMode::Slow {
+            return Err("slow_rate applies only with mode = \"slow\"".into());
+        }
+        if rate == 0 {
+            return Err("slow_rate must be at least 1 byte per second".into());
+        }
+        Ok(Limit {
+            slow_rate: rate,
+            ..self
+        })
+    }
+
+    /// This limit, keeping a key it rejects out for `block_for` (`block_for` of a rule; see
+    /// [`reservation`]). Validation allows it only where the algorithm can settle.
+    pub fn blocking(self, block_for: Duration) -> Limit {
+        Limit { block_for, ..self }
+    }
+
+    /// How long a key this limit rejects stays refused (zero: not blocked).
+    pub fn block_for(&self) -> Duration {
+        self.block_for
     }
 
     /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a
@@ -401,6 +470,12 @@ impl Limit {
     /// Leaky bucket shape mode: the longest a request may be held (zero otherwise).
     pub fn max_delay(&self) -> Duration {
         self.max_delay
+    }
+
+    /// `mode = "slow"`: the bytes per second a request this limit would reject is served at
+    /// (`None` in other modes, or before [`Limit::slowed_to`] gave it a rate).
+    pub fn slow_rate(&self) -> Option<u64> {
+        (self.mode == LeakyMode::Slow && self.slow_rate > 0).then_some(self.slow_rate)
     }
 }
 

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::plan::{Applying, Place, Plan};
+use super::plan::{Applying, Place, Plan, Step};
 use super::slots::Slots;
 use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
 use crate::limiter::algorithm::quota;
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::policy::FailureMode;
+use crate::limiter::reservation::Reservation;
 
 /// Settles a request whose phases are over: `admitted` is what they concluded, `slots` what
 /// the store or the fallback took on its way.
@@ -40,6 +41,9 @@ pub(super) fn settle(
         if admitted && step.place == Place::Local {
             slots.hold_local(&limiter.local, step.check);
         }
+        if admitted && step.rule.respond.settles() {
+            reserve(limiter, step, &mut slots);
+        }
         if let Some(decision) = &step.decision {
             let mut decision = decision.clone();
             if !admitted && decision.allowed && !charged {
@@ -57,7 +61,13 @@ pub(super) fn settle(
             });
         }
     }
-    let verdict = verdict(admitted, &applied, closed);
+    // A rule left undecided (an earlier phase refused the request first) might have refused
+    // it too: only a rule that can do nothing worse than slow may stay unknown.
+    let undecided = plan
+        .steps
+        .iter()
+        .any(|s| s.decision.is_none() && s.rule.limit.slow_rate().is_none());
+    let verdict = verdict(admitted, &applied, closed, undecided);
     let shadow_rejected = if admitted {
         shadow_rules(&limiter.local, plan.shadow(), &mut slots)
     } else {
@@ -68,13 +78,33 @@ pub(super) fn settle(
         applied,
         shadow_rejected,
         slots,
+        asked_store: false,
     }
 }
 
+/// Keeps the reservation an admitted step of a response-aware rule charged, where it was
+/// charged: in process, in the shared store's window, or in the `local` fallback (`open`
+/// charged nothing).
+fn reserve(limiter: &Limiter, step: &Step<'_>, slots: &mut Slots) {
+    let (rule, check) = (step.rule.clone(), step.check.clone());
+    let reservation = match (step.place, step.fell_back) {
+        (Place::Local, _) => Reservation::memory(rule, check, &limiter.local),
+        (Place::Shared, None) => {
+            let (holder, window_end_us) = step.charged_in;
+            Reservation::shared(rule, check, &limiter.global, window_end_us, holder)
+        }
+        (Place::Shared, Some(FailureMode::Local)) => {
+            Reservation::memory(rule, check, &limiter.fallback)
+        }
+        _ => return,
+    };
+    slots.reservations.push(reservation);
+}
+
 /// The verdict, counting each rule's decision: every rule of an admitted request counts it
-/// allowed; the rules that rejected a rejected one count it rejected (a 503 of `closed`
-/// rules is counted by the fallback).
-fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdict {
+/// allowed; the rules that rejected a rejected one count it rejected, or slowed when every
+/// one of them slows (a 503 of `closed` rules is counted by the fallback).
+fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>, undecided: bool) -> Verdict {
     if admitted {
         for a in applied {
             a.rule.counters.allowed.inc();
@@ -92,6 +122,9 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
             rules: closed,
         };
     }
+    if let Some(slow) = slowed(applied, undecided) {
+        return slow;
+    }
     let mut status = 429;
     let mut retry_after = Duration::ZERO;
     let mut names = Vec::new();
@@ -108,6 +141,28 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
         retry_after,
         rules: names,
     }
+}
+
+/// The slowed verdict of a refused request, when every rule that refused it slows
+/// (`mode = "slow"`) and no rule that could reject is left undecided: the smallest
+/// `slow_rate` applies. `None`: it stays refused.
+fn slowed(applied: &[Applied], undecided: bool) -> Option<Verdict> {
+    if undecided {
+        return None;
+    }
+    let mut rate = u64::MAX;
+    let mut rules = Vec::new();
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        rate = rate.min(a.rule.limit.slow_rate()?);
+        rules.push(a.rule.name.clone());
+    }
+    if rules.is_empty() {
+        return None;
+    }
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        a.rule.counters.slowed.inc();
+    }
+    Some(Verdict::Slow { rate, rules })
 }
 
 /// Decides an admitted request's shadow rules one by one, in process: they count and never
@@ -129,6 +184,10 @@ fn shadow_rules<'a>(
             Some(_) => {
                 rule.counters.allowed.inc();
                 slots.hold_local(store, check);
+                if rule.respond.settles() {
+                    let r = Reservation::memory(rule.clone(), check.clone(), store);
+                    slots.reservations.push(r);
+                }
             }
             None => {}
         }
