@@ -225,6 +225,13 @@ async fn block_for_outlasts_a_refilled_bucket_and_ends_on_time() {
             .parse()
             .unwrap();
         assert!((1..=2).contains(&retry), "backend {b}: Retry-After {retry}");
+        // /top shows the blocked key and what is left of its block.
+        let top = get_json(&c, gw.admin_url("/top?rule=login")).await;
+        let blocked = top["blocked"].as_array().expect("blocked list");
+        assert_eq!(blocked.len(), 1, "backend {b}: {top}");
+        assert_eq!(blocked[0]["key"]["ip"], "127.0.0.1", "backend {b}: {top}");
+        let left = blocked[0]["seconds_left"].as_u64().unwrap();
+        assert!((1..=2).contains(&left), "backend {b}: {top}");
         // Polling does not extend the block: only the rule's own rejection sets one.
         let back = eventually(Duration::from_secs(10), "the block ends", || async {
             let r = login(&c, &gw, "open-sesame").await;
@@ -237,6 +244,8 @@ async fn block_for_outlasts_a_refilled_bucket_and_ends_on_time() {
             "backend {b}: the block ended after {blocked:?}, before its 2s"
         );
         assert_eq!(upstream_failures(&c, &api).await, 2, "backend {b}");
+        let top = get_json(&c, gw.admin_url("/top?rule=login")).await;
+        assert_eq!(top["blocked"], serde_json::json!([]), "backend {b}: over");
     }
 }
 
