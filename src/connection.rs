@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
-use pingora::apps::ServerApp;
+use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::tls::{SslDigest, TlsRef};
 use pingora::protocols::{
@@ -40,6 +40,7 @@ use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+pub mod serve;
 pub mod tls;
 
 use crate::config::Connections;
@@ -52,6 +53,9 @@ pub const HEAD_TIMEOUT_MESSAGE: &str = "request head not received in time";
 
 /// The h2 connection preface: a client that sends it speaks HTTP/2 with prior knowledge.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How much the peek for the h2 preface reads at once: a whole usual request head.
+const PEEK_READ: usize = 1024;
 
 /// Open connections, in all and per client IP.
 #[derive(Debug, Default)]
@@ -161,6 +165,8 @@ pub struct GuardedApp<A> {
     table: Arc<ConnectionTable>,
     /// The acceptor and the addresses of the TLS listeners (registered as plain TCP).
     tls: Option<(Arc<pingora::listeners::tls::Acceptor>, Vec<SocketAddr>)>,
+    /// Closes the idle kept-alive connections when the service stops.
+    closing: Arc<serve::Closing>,
 }
 
 impl<A> GuardedApp<A> {
@@ -171,6 +177,7 @@ impl<A> GuardedApp<A> {
             gateway,
             table: Arc::default(),
             tls: None,
+            closing: Arc::default(),
         }
     }
 
@@ -190,10 +197,10 @@ impl<A> GuardedApp<A> {
 /// What `process_new` returns (the signature `#[async_trait]` gives the trait method).
 type ProcessNew<'a> = Pin<Box<dyn Future<Output = Option<Stream>> + Send + 'a>>;
 
-// Written out instead of with `#[async_trait]`: the admission at accept is synchronous, and
-// handing back the inner app's future itself (rather than an `async` block awaiting it) keeps
-// one layer of future out of every wake-up of every connection.
-impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
+// Written out instead of with `#[async_trait]`: the admission at accept is synchronous. The
+// keep-alive loop is floodgate's own (`serve`), so that an idle connection does not hold
+// Pingora's per-request future.
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
     fn process_new<'life0, 'life1, 'async_trait>(
         self: &'life0 Arc<Self>,
         stream: Stream,
@@ -230,19 +237,19 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
                 .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
             local.is_some_and(|l| tls::is_listener(listeners, l))
         });
+        let inner = self.inner.clone();
+        let closing = self.closing.clone();
         if let Some((acceptor, _)) = tls {
             let acceptor = acceptor.clone();
-            let inner = self.inner.clone();
             return Box::pin(async move {
                 let stream =
                     tls::handshake(&acceptor, stream, accepted, limits.header_timeout).await?;
                 let guarded = GuardedStream::new(stream, &limits, slot, accepted);
-                inner.process_new(Box::new(guarded), shutdown).await
+                serve::serve(inner, guarded, shutdown, closing).await
             });
         }
         let guarded = GuardedStream::new(stream, &limits, slot, accepted);
-        // The HTTP app loops over kept-alive requests itself and never hands a stream back.
-        self.inner.process_new(Box::new(guarded), shutdown)
+        Box::pin(serve::serve(inner, guarded, shutdown, closing))
     }
 
     fn cleanup<'life0, 'async_trait>(
@@ -252,6 +259,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
+        self.closing.close();
         self.inner.cleanup()
     }
 }
@@ -319,6 +327,21 @@ impl GuardedStream {
         }
     }
 
+    /// Waits for the next request's first bytes (under the head deadlines, as any read while a
+    /// head is awaited) and keeps them for the reads that follow. `Ok(false)`: the client
+    /// closed. The bytes are read into this future, not a buffer of the connection's: an idle
+    /// connection holds no read buffer.
+    async fn await_next_request(&mut self) -> io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        let mut first = [0u8; PEEK_READ];
+        let n = self.read(&mut first).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.peeked.extend_from_slice(&first[..n]);
+        Ok(true)
+    }
+
     /// The whole head was read: the rest of the exchange is not on the head deadline.
     fn head_received(&self) {
         self.phase.fetch_and(!AWAITING_HEAD, Ordering::Relaxed);
@@ -374,6 +397,10 @@ impl AsyncRead for GuardedStream {
             let n = this.peeked.len().min(buf.remaining());
             buf.put_slice(&this.peeked[..n]);
             this.peeked.drain(..n);
+            if this.peeked.is_empty() {
+                // Freed, not kept: an idle connection holds no peek buffer.
+                this.peeked = Vec::new();
+            }
             return Poll::Ready(Ok(()));
         }
         let phase = this.phase.load(Ordering::Relaxed);
@@ -574,17 +601,20 @@ impl Peek for GuardedStream {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         use tokio::io::AsyncReadExt;
         let want = buf.len().min(H2_PREFACE.len());
-        let mut chunk = [0u8; 64];
         let deadline = *self
             .deadline
             .get_or_insert_with(|| Instant::now() + self.header_timeout);
         while self.peeked.len() < want && H2_PREFACE.starts_with(&self.peeked) {
-            match tokio::time::timeout_at(deadline, self.inner.read(&mut chunk)).await {
+            // Plain listeners have no read buffer under this stream (crate::server): read as
+            // much as a usual request head, so that it comes in this one read call.
+            self.peeked.reserve(PEEK_READ);
+            let read = self.inner.read_buf(&mut self.peeked);
+            match tokio::time::timeout_at(deadline, read).await {
                 Ok(Ok(0)) if self.peeked.is_empty() => {
                     return Err(io::ErrorKind::UnexpectedEof.into())
                 }
                 Ok(Ok(0)) => break,
-                Ok(Ok(n)) => self.peeked.extend_from_slice(&chunk[..n]),
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     if !self.peeked.is_empty() {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use pingora::apps::HttpServerOptions;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -15,6 +16,19 @@ use crate::connection::GuardedApp;
 use crate::gateway::{Gateway, Reloader};
 use crate::proxy::Proxy;
 use crate::shutdown::{requests, Drain};
+
+/// The socket buffers of a plain (HTTP/1.1 and h2c) client connection. Pingora's default read
+/// buffer is 64 KiB per connection, held (and, once reused from the allocator, resident) for
+/// as long as the connection is open, idle or not (about 7 KiB of the 47 KiB an idle
+/// keep-alive connection measured with it). Without it a request head is read straight into
+/// the head buffer Pingora parses it from and a body into the body's own buffer, with the
+/// same one read per head (docs/benchmarks.md, "Memory per connection"). The write
+/// buffer stays Pingora's: one MSS, so that a response's head and a small body leave in one
+/// write.
+const PLAIN_L4_BUFFER: L4BufferSettings = L4BufferSettings {
+    read: Some(0),
+    write: None,
+};
 
 /// Pingora's own process flags that floodgate passes through.
 #[derive(Debug, Clone, Default)]
@@ -100,7 +114,11 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         app = app.with_tls(acceptor, tls.listen.clone());
     }
     let mut proxy = Service::new("floodgate proxy".to_string(), app);
-    for addr in listen.iter().chain(tls.iter().flat_map(|t| &t.listen)) {
+    for addr in &listen {
+        proxy.add_listener(ListenerConfig::tcp(addr.to_string()).l4_buffer(PLAIN_L4_BUFFER));
+    }
+    for addr in tls.iter().flat_map(|t| &t.listen) {
+        // rustls reads records in small pieces: Pingora's read buffer saves read calls there.
         proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);

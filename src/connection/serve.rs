@@ -1,0 +1,182 @@
+//! The HTTP/1.1 keep-alive loop of a guarded connection, run by floodgate instead of Pingora so
+//! that an idle connection holds only what waiting for bytes needs.
+//!
+//! Pingora's own loop (its `ServerApp` for every `HttpServerApp`) waits for the next request
+//! inside `process_new_http`, whose future is the whole proxy state machine (request, upstream
+//! exchange, body pumps: tens of KiB) and stays allocated for as long as the connection is idle.
+//! Here each exchange's `process_new_http` ends when its response is done, and the wait for the
+//! next request's first bytes happens in a future of about a KiB ([`GuardedStream`]'s
+//! deadlines apply to it as to any head read). h2 (prior knowledge or ALPN) goes to Pingora's
+//! loop unchanged.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::{Peek, Ssl, Stream, ALPN};
+use pingora::server::ShutdownWatch;
+use tokio::sync::Notify;
+
+use super::{GuardedStream, H2_PREFACE};
+
+/// Set when the service stops ([`ServerApp::cleanup`]): idle kept-alive connections waiting
+/// here close, as Pingora's own wait does.
+#[derive(Debug, Default)]
+pub struct Closing {
+    closed: AtomicBool,
+    notify: Notify,
+}
+
+impl Closing {
+    /// Wakes every idle connection: they close.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Resolves once [`Closing::close`] was called (before or while waiting).
+    async fn closed(&self) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// Serves one admitted connection to its end.
+pub async fn serve<A>(
+    app: Arc<A>,
+    mut stream: GuardedStream,
+    shutdown: &ShutdownWatch,
+    closing: Arc<Closing>,
+) -> Option<Stream>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    if is_h2(&*app, &mut stream).await? {
+        // Pingora's loop peeks again and finds the same bytes (GuardedStream keeps them).
+        return ServerApp::process_new(&app, Box::new(stream), shutdown).await;
+    }
+    let mut session = ServerSession::new_http1(Box::new(stream));
+    // As Pingora's loop: no keep-alive once the service is shutting down.
+    session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+    session.set_keepalive_reuses_remaining(
+        app.server_options().and_then(|o| o.keepalive_request_limit),
+    );
+    let mut result = app.process_new_http(session, shutdown).await;
+    while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
+        if !settings.as_ref().is_some_and(carries_pipelined_bytes) {
+            stream = next_request(stream, &closing).await?;
+        }
+        let mut session = ServerSession::new_http1(stream);
+        if let Some(settings) = settings {
+            settings.apply_to_session(&mut session);
+        }
+        result = app.process_new_http(session, shutdown).await;
+    }
+    None
+}
+
+/// Whether Pingora hands the next request's first bytes over in `settings` (the client
+/// pipelined): they are no longer on the socket, and waiting for bytes there would wait for a
+/// request that has already arrived. Pingora says so only through `Debug`; the formatting stops
+/// at the field. When the field is not found, this says yes: the next exchange then waits in
+/// Pingora, correct with more memory.
+fn carries_pipelined_bytes(settings: &HttpPersistentSettings) -> bool {
+    use std::fmt::Write as _;
+    let mut scan = Scan::default();
+    let _ = write!(scan, "{settings:?}");
+    scan.answer.unwrap_or(true)
+}
+
+/// A `fmt::Write` that reads what follows `pipelined_prefix` and stops the formatting there.
+#[derive(Default)]
+struct Scan {
+    after_key: bool,
+    answer: Option<bool>,
+}
+
+impl std::fmt::Write for Scan {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.after_key {
+            let value = s.trim_start_matches([':', ' ']);
+            if value.is_empty() {
+                return Ok(());
+            }
+            self.answer = Some(!value.starts_with("None"));
+            return Err(std::fmt::Error);
+        }
+        if let Some(rest) = s.split_once("pipelined_prefix").map(|(_, r)| r) {
+            self.after_key = true;
+            return self.write_str(rest);
+        }
+        Ok(())
+    }
+}
+
+/// Whether the connection speaks h2: by ALPN, or by the h2c preface where h2c is on (plain
+/// connections only, as in Pingora). `None`: the client went away while peeking.
+async fn is_h2<A: HttpServerApp>(app: &A, stream: &mut GuardedStream) -> Option<bool> {
+    if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+        return Some(true);
+    }
+    let h2c = app.server_options().is_some_and(|o| o.h2c);
+    if !h2c || stream.get_ssl_digest().is_some() {
+        return Some(false);
+    }
+    let mut buf = [0u8; H2_PREFACE.len()];
+    stream.try_peek(&mut buf).await.ok()?;
+    Some(buf == H2_PREFACE)
+}
+
+/// Waits for the first bytes of the next request on a kept-alive connection (or its close, a
+/// deadline, the service stopping: `None`).
+async fn next_request(stream: Stream, closing: &Closing) -> Option<Stream> {
+    let mut guarded: Box<GuardedStream> = stream.into_any().downcast().ok()?;
+    let arrived = tokio::select! {
+        biased;
+        r = guarded.await_next_request() => r,
+        _ = closing.closed() => return None,
+    };
+    match arrived {
+        Ok(true) => Some(guarded),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scan;
+    use std::fmt::Write as _;
+
+    fn answer(debug: &str) -> Option<bool> {
+        let mut scan = Scan::default();
+        let _ = scan.write_str(debug);
+        scan.answer
+    }
+
+    #[test]
+    fn the_pipelined_prefix_is_read_from_the_settings_debug() {
+        assert_eq!(
+            answer("S { a: None, pipelined_prefix: None, b: true }"),
+            Some(false)
+        );
+        assert_eq!(
+            answer("S { a: None, pipelined_prefix: Some(b\"GET /\"), b: true }"),
+            Some(true)
+        );
+        // Written in pieces, as `debug_struct` does.
+        let mut scan = Scan::default();
+        for piece in ["S", " { ", "pipelined_prefix", ": ", "None", " }"] {
+            if scan.write_str(piece).is_err() {
+                break;
+            }
+        }
+        assert_eq!(scan.answer, Some(false));
+        assert_eq!(answer("S { other: None }"), None);
+    }
+}

@@ -1,0 +1,99 @@
+//! What an idle kept-alive client connection costs the gateway in memory (issue 24): the real
+//! binary, real sockets, its resident set read from /proc before and after many connections
+//! that each served one request and stay open.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{admin_get, metric_value, orders_upstream, Gateway, OrdersApi};
+
+/// Connections held open by the test: enough that a per-connection cost of a few KiB stands
+/// far above what the rest of the process moves by.
+const CONNECTIONS: usize = 1000;
+
+/// Generous: the target is 8 KiB per idle connection in a release build (docs/benchmarks.md);
+/// with Pingora's 64 KiB read buffer per connection it was about 49 KiB.
+const MAX_KIB_PER_CONNECTION: f64 = 24.0;
+
+/// The process's resident set in KiB (VmRSS).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS")
+}
+
+/// Opens a connection, sends one GET, reads the whole answer (by its Content-Length) and
+/// hands the connection back still open.
+fn one_request(gw: &Gateway) -> TcpStream {
+    let mut conn = TcpStream::connect(gw.addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"GET /orders HTTP/1.1\r\nhost: floodgate.test\r\n\r\n")
+        .expect("write");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut chunk).expect("read the answer");
+        assert!(n > 0, "closed before the answer was whole: {got:?}");
+        got.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            assert!(head.starts_with("HTTP/1.1 200 "), "answer: {head}");
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .expect("a Content-Length");
+            if body.len() >= length {
+                return conn;
+            }
+        }
+    }
+}
+
+#[test]
+fn an_idle_keepalive_connection_costs_a_few_kib() {
+    let api = OrdersApi::start("a");
+    let gw = Gateway::start_with(
+        &format!(
+            "access_log = false\nkeepalive_timeout = \"5m\"\nmax_connections_per_ip = {}\n",
+            CONNECTIONS + 100
+        ),
+        &format!(
+            "{}\n[[routes]]\nname = \"all\"\nmatch = {{}}\nupstream = \"orders\"\nauth = \"none\"\n",
+            orders_upstream(&[api.addr])
+        ),
+        &[],
+    );
+    // The first connections warm what is not any one connection's: the upstream pool, lazy
+    // statics, the allocator's first pages.
+    let warm: Vec<TcpStream> = (0..50).map(|_| one_request(&gw)).collect();
+    drop(warm);
+    let before = rss_kib(gw.pid());
+    let held: Vec<TcpStream> = (0..CONNECTIONS).map(|_| one_request(&gw)).collect();
+    let after = rss_kib(gw.pid());
+    let (status, metrics) = admin_get(gw.admin, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    let open = metric_value(&metrics, "floodgate_connections_open").expect("connections gauge");
+    assert!(
+        open >= CONNECTIONS as f64,
+        "{open} connections open, {CONNECTIONS} held"
+    );
+    let per = after.saturating_sub(before) as f64 / CONNECTIONS as f64;
+    eprintln!("{per:.1} KiB per idle connection ({before} KiB before, {after} KiB after)");
+    assert!(
+        per <= MAX_KIB_PER_CONNECTION,
+        "{per:.1} KiB per idle connection ({before} KiB before, {after} KiB with {CONNECTIONS} open)"
+    );
+    drop(held);
+}
