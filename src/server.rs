@@ -97,10 +97,21 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         app = app.with_tls(acceptor, tls.listen.clone());
     }
     let mut proxy = Service::new("floodgate proxy".to_string(), app);
+    let mut proxy_listens = false;
     for addr in listen.iter().chain(tls.iter().flat_map(|t| &t.listen)) {
         proxy.add_tcp(&addr.to_string());
+        proxy_listens = true;
     }
-    server.add_service(proxy);
+    // A rate-limit service only ([rls] without listeners or routes) runs no proxy.
+    if proxy_listens {
+        server.add_service(proxy);
+    }
+    // Envoy's rate-limit service, on as many threads as the proxy.
+    if let Some(rls) = crate::rls::service::RlsServer::bind(gateway.clone())? {
+        let mut rls = background_service("rate-limit service", rls);
+        rls.threads = Some(server_conf.threads);
+        server.add_service(rls);
+    }
 
     server.add_service(pingora::services::background::background_service(
         "memory store sweeper",

@@ -48,6 +48,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
+    /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
+    pub rls: Option<crate::rls::limits::Settings>,
     /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
     /// reloader compares files against it to tell a real change from a no-op event.
     pub fingerprint: [u8; 32],
