@@ -692,3 +692,122 @@ fn check_accepts_an_rls_only_config_and_names_a_bad_limit() {
         "{err}"
     );
 }
+
+/// examples/rls.toml and examples/rls-envoy.yaml (the README's pair), ports moved to free ones.
+fn shipped_pair(
+    rls: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    envoy: std::net::SocketAddr,
+    envoy_admin: std::net::SocketAddr,
+    api: std::net::SocketAddr,
+) -> (String, String) {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{}/examples/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    };
+    let toml = read("rls.toml")
+        .replace("\"127.0.0.1:8081\"", &format!("\"{rls}\""))
+        .replace("\"127.0.0.1:9901\"", &format!("\"{admin}\""));
+    let yaml = read("rls-envoy.yaml");
+    let port = |from: u16, to: u16| (format!("port_value: {from} "), format!("port_value: {to} "));
+    let mut moved = yaml.clone();
+    for (from, to) in [
+        port(10000, envoy.port()),
+        port(9000, api.port()),
+        port(8081, rls.port()),
+        port(9902, envoy_admin.port()),
+    ] {
+        assert!(
+            moved.contains(&from),
+            "examples/rls-envoy.yaml has no {from}"
+        );
+        moved = moved.replace(&from, &to);
+    }
+    (toml, moved)
+}
+
+#[tokio::test]
+async fn envoy_in_front_of_orders_api_asks_floodgate() {
+    let api = common::OrdersApi::start("orders");
+    let (rls, admin, envoy_addr, envoy_admin) = (
+        common::free_addr(),
+        common::free_addr(),
+        common::free_addr(),
+        common::free_addr(),
+    );
+    let (toml, yaml) = shipped_pair(rls, admin, envoy_addr, envoy_admin, api.addr);
+    let gw = RlsGateway::start_config(&toml, rls, admin);
+    let envoy = common::rls::Envoy::start(&yaml, envoy_addr);
+    let c = reqwest::Client::new();
+    let get = |user: &str| {
+        c.get(format!("http://{envoy_addr}/orders"))
+            .header("x-user", user)
+            .send()
+    };
+    // The limit is 5 per user (token bucket, burst 5).
+    for i in 0..5 {
+        let r = get("alice").await.unwrap();
+        assert_eq!(r.status(), 200, "request {i}: {}", envoy.logs());
+        let policy = r
+            .headers()
+            .get("ratelimit-policy")
+            .map(|v| v.to_str().unwrap().to_string());
+        let policy =
+            policy.expect("Envoy passes floodgate's RateLimit-Policy on an allowed answer");
+        assert!(policy.contains("\"orders-per-user\";q=5;w=60"), "{policy}");
+        assert!(
+            policy.contains("\"per-client-address\";q=1000;w=60"),
+            "{policy}"
+        );
+        let state = r.headers()["ratelimit"].to_str().unwrap().to_string();
+        assert!(
+            state.contains(&format!("\"orders-per-user\";r={};", 4 - i)),
+            "{state}"
+        );
+    }
+    let r = get("alice").await.unwrap();
+    assert_eq!(r.status(), 429, "the 6th request is Envoy's 429");
+    let h = r.headers();
+    assert_eq!(
+        h.get("x-envoy-ratelimited").map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    assert!(h["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .contains("\"orders-per-user\";q=5;w=60"));
+    assert!(h["ratelimit"]
+        .to_str()
+        .unwrap()
+        .contains("\"orders-per-user\";r=0;t="));
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    // Another user, and a request without x-user (only the address descriptor): admitted.
+    assert_eq!(get("bob").await.unwrap().status(), 200);
+    let r = c
+        .get(format!("http://{envoy_addr}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = reqwest::get(gw.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_value(
+            &text,
+            "floodgate_ratelimit_decisions_total{result=\"rejected\",rule=\"orders-per-user\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(
+            &text,
+            "floodgate_ratelimit_decisions_total{result=\"allowed\",rule=\"per-client-address\"}"
+        ),
+        Some(7.0),
+        "the address limit was charged only for admitted requests"
+    );
+}

