@@ -180,7 +180,7 @@ impl SharedStore for Instant0 {
             up: true,
             connected: true,
             endpoint: "bench".into(),
-            evicting: false,
+            drops_counters: false,
         }
     }
 }
@@ -189,7 +189,6 @@ fn store_settings(backend: Backend) -> Store {
     Store {
         backend,
         urls: Vec::new(),
-        redis: None,
         timeout: Duration::from_millis(50),
         key_prefix: String::new(),
         instances: 1,

@@ -313,7 +313,6 @@ fn benches(c: &mut Criterion) {
                     black_box(RateLimitHeaders::build(
                         applied[..n].iter().map(|(r, d)| (&*r.policy, d)),
                         black_box(legacy),
-                        false,
                     ))
                 })
             });
@@ -341,7 +340,7 @@ fn smoke() {
     assert_eq!(checks(&rules, &view), 6, "each applying rule can be keyed");
     passed += 2;
     let applied = header_rules();
-    let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (&*r.policy, d)), true, false);
+    let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (&*r.policy, d)), true);
     assert_eq!(
         h.policy,
         "\"per-ip-flood\";q=100;w=60, \"orders-per-key\";q=100;w=60, \"exports\";q=100"

@@ -349,8 +349,8 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
             v
         })
         .collect();
-    let shared = gateway.limiter.shared();
-    let breaker = shared.map(|_| match m.circuit_state.get() {
+    let limiter = &gateway.limiter;
+    let breaker = (!limiter.in_process()).then(|| match m.circuit_state.get() {
         1 => "open",
         2 => "half-open",
         _ => "closed",
@@ -375,7 +375,7 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
         "store": {
             "backend": gateway.backend_in_force().as_str(),
             "configured_backend": cfg.store.backend.as_str(),
-            "up": shared.is_none_or(|s| s.is_up()),
+            "up": limiter.store().is_up(),
             "breaker": breaker,
             "decisions": h.get_histogram().get_sample_count(),
             "decision_seconds_buckets": buckets,
@@ -452,7 +452,7 @@ fn problem(mut p: Problem) -> Response<Vec<u8>> {
 fn store_in_force(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
     let mut v = serde_json::json!({
         "backend": gateway.backend_in_force().as_str(),
-        "up": gateway.limiter.shared().is_none_or(|s| s.is_up()),
+        "up": gateway.limiter.store().is_up(),
     });
     if cfg.store.backend != gateway.backend_in_force() {
         v["configured_backend"] = cfg.store.backend.as_str().into();

@@ -97,6 +97,18 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let ip = client_ip(req.peer, req.headers, &cfg.server.trusted_proxies);
     let id = req.request_id;
 
+    if req.method == http::Method::CONNECT {
+        // Not proxied (a tunnel to anywhere). Pingora would refuse it with a bare 405 of its
+        // own; it lets CONNECT through to here (`allow_connect_method_proxying`) so that HTTP/1.1
+        // and HTTP/2 get floodgate's answer. The connection closes: what follows a CONNECT is
+        // meant for a tunnel, not a next request.
+        let mut admission =
+            Admission::answer(ip, None, crate::response::method_not_allowed("CONNECT"), id);
+        if let Next::Answer(answer) = &mut admission.next {
+            answer.close = true;
+        }
+        return admission;
+    }
     if let Err(detail) = refuse_spellings(cfg, req) {
         return Admission::answer(ip, None, Problem::bad_request(detail), id);
     }
@@ -186,7 +198,6 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let ratelimit = RateLimitHeaders::build(
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         cfg.server.legacy_headers,
-        !matches!(outcome.verdict, Verdict::Allow { .. }),
     );
     admission.slots = Some(outcome.slots);
     admission.next = next_for(outcome.verdict, ratelimit, id);

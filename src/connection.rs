@@ -431,9 +431,9 @@ impl AsyncRead for GuardedStream {
 }
 
 impl GuardedStream {
-    /// Pingora answers a head it cannot parse (two Host headers, bad framing: `400`) or a
-    /// `CONNECT` (`405`) itself, before any floodgate code runs, with a bare body and
-    /// `Server: Pingora`. While a head is awaited, such a write is replaced by floodgate's own
+    /// Pingora answers a head it cannot parse (two Host headers, bad framing: `400`) itself,
+    /// before any floodgate code runs, with a bare body and `Server: Pingora` (`CONNECT`, which
+    /// it would refuse so too, is let through to admission: `crate::server`). While a head is awaited, such a write is replaced by floodgate's own
     /// problem+json answer (with a request id); whatever Pingora writes after it is dropped,
     /// and the connection closes as Pingora intended. `None`: not such a write.
     fn replace_bare_answer(
@@ -446,13 +446,11 @@ impl GuardedStream {
             if self.phase.load(Ordering::Relaxed) & AWAITING_HEAD == 0 {
                 return None;
             }
-            let problem = if first.starts_with(b"HTTP/1.1 400 ") {
-                crate::response::Problem::bad_request("the request head could not be parsed")
-            } else if first.starts_with(b"HTTP/1.1 405 ") {
-                crate::response::method_not_allowed("CONNECT")
-            } else {
+            if !first.starts_with(b"HTTP/1.1 400 ") {
                 return None;
-            };
+            }
+            let problem =
+                crate::response::Problem::bad_request("the request head could not be parsed");
             self.replaced = Some((crate::response::raw_answer(problem), 0));
         }
         let (answer, written) = self.replaced.as_mut()?;

@@ -65,20 +65,92 @@ pub fn metrics() -> &'static Metrics {
     &METRICS
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+/// Registers `c` in `registry` and hands it back.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
     registry
         .register(Box::new(c.clone()))
         .expect("metric registered once");
     c
 }
 
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registered(registry, c)
+}
+
+/// A counter family with one label whose values are known at start, each exported at 0 so
+/// that a panel shows 0 rather than "no data" and `increase()` sees the first event.
+fn counter_vec_at_zero(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[&str],
+) -> IntCounterVec {
+    let c = counter_vec(registry, name, help, &[label]);
+    for value in values {
+        c.with_label_values(&[value]).inc_by(0);
+    }
+    c
+}
+
 fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("static metric definition");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("metric registered once");
-    g
+    registered(registry, g)
+}
+
+/// A latency histogram over [`BUCKETS`], by `labels`.
+fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(BUCKETS.to_vec());
+    let h = HistogramVec::new(opts, labels).expect("static metric definition");
+    registered(registry, h)
+}
+
+/// The store's metrics: errors, up, circuit breakers, eviction policy.
+type StoreMetrics = (IntCounterVec, IntGauge, IntGauge, IntGaugeVec, IntGauge);
+
+fn store_metrics(r: &Registry) -> StoreMetrics {
+    let store_errors = counter_vec_at_zero(
+        r,
+        "floodgate_store_errors_total",
+        "Store calls that failed, by kind (error, timeout, circuit_open).",
+        "kind",
+        &["error", "timeout", "circuit_open"],
+    );
+    let store_up = int_gauge(
+        r,
+        "floodgate_store_up",
+        "1 when the last store call succeeded.",
+    );
+    let circuit_state = int_gauge(
+        r,
+        "floodgate_circuit_breaker_state",
+        "Store circuit breaker: 0 closed, 1 open, 2 half-open.",
+    );
+    let store_node_breaker_state = registered(
+        r,
+        IntGaugeVec::new(
+            Opts::new(
+                "floodgate_store_node_circuit_breaker_state",
+                "Circuit breaker of each Redis Cluster master, by node (host:port): 0 closed, 1 open, 2 half-open.",
+            ),
+            &["node"],
+        )
+        .expect("static metric definition"),
+    );
+    let store_evicting_policy = int_gauge(
+        r,
+        "floodgate_store_evicting_policy",
+        "1 when the Redis maxmemory-policy may evict counter keys (an evicted bucket is a reset limit).",
+    );
+    store_up.set(1);
+    (
+        store_errors,
+        store_up,
+        circuit_state,
+        store_node_breaker_state,
+        store_evicting_policy,
+    )
 }
 
 /// Latency buckets from 50µs to 10s: decisions live at the low end, upstreams higher.
@@ -90,164 +162,113 @@ const BUCKETS: &[f64] = &[
 impl Metrics {
     fn new() -> Self {
         let registry = Registry::new();
-        let requests = counter_vec(
-            &registry,
-            "floodgate_requests_total",
-            "Requests answered, by route and status.",
-            &["route", "status"],
-        );
-        let decisions = counter_vec(
-            &registry,
-            "floodgate_ratelimit_decisions_total",
-            "Rate-limit decisions by rule and result (allowed, rejected, shadow_rejected, skipped).",
-            &["rule", "result"],
-        );
-        let failure_mode = counter_vec(
-            &registry,
-            "floodgate_failure_mode_decisions_total",
-            "Decisions made by a rule's on_store_error because the store failed, by rule and mode.",
-            &["rule", "mode"],
-        );
-        let store_errors = counter_vec(
-            &registry,
-            "floodgate_store_errors_total",
-            "Store calls that failed, by kind (error, timeout, circuit_open).",
-            &["kind"],
-        );
-        for kind in ["error", "timeout", "circuit_open"] {
-            store_errors.with_label_values(&[kind]).inc_by(0);
-        }
-        let store_up = int_gauge(
-            &registry,
-            "floodgate_store_up",
-            "1 when the last store call succeeded.",
-        );
-        store_up.set(1);
-        let circuit_state = int_gauge(
-            &registry,
-            "floodgate_circuit_breaker_state",
-            "Store circuit breaker: 0 closed, 1 open, 2 half-open.",
-        );
-        let store_node_breaker_state = IntGaugeVec::new(
-            Opts::new(
-                "floodgate_store_node_circuit_breaker_state",
-                "Circuit breaker of each Redis Cluster master, by node (host:port): 0 closed, 1 open, 2 half-open.",
-            ),
-            &["node"],
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(store_node_breaker_state.clone()))
-            .expect("metric registered once");
-        let store_evicting_policy = int_gauge(
-            &registry,
-            "floodgate_store_evicting_policy",
-            "1 when the Redis maxmemory-policy may evict counter keys (an evicted bucket is a reset limit).",
-        );
-        let connections_open = int_gauge(
-            &registry,
-            "floodgate_connections_open",
-            "Client connections open now.",
-        );
-        let connections_refused = counter_vec(
-            &registry,
-            "floodgate_connections_refused_total",
-            "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip).",
-            &["reason"],
-        );
-        for reason in ["max_connections", "max_connections_per_ip"] {
-            connections_refused.with_label_values(&[reason]).inc_by(0);
-        }
-        let connection_timeouts = counter_vec(
-            &registry,
-            "floodgate_connection_timeouts_total",
-            "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout).",
-            &["kind"],
-        );
-        for kind in ["tls", "header", "keepalive", "body"] {
-            connection_timeouts.with_label_values(&[kind]).inc_by(0);
-        }
-        let decision_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "floodgate_decision_duration_seconds",
-                "Time to decide all rules of a request.",
-            )
-            .buckets(BUCKETS.to_vec()),
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(decision_seconds.clone()))
-            .expect("metric registered once");
-        let upstream_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "floodgate_upstream_duration_seconds",
-                "Time from sending a request upstream to its response header, by upstream.",
-            )
-            .buckets(BUCKETS.to_vec()),
-            &["upstream"],
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(upstream_seconds.clone()))
-            .expect("metric registered once");
-        let reloads = counter_vec(
-            &registry,
-            "floodgate_config_reloads_total",
-            "Config reloads by result (success, failure).",
-            &["result"],
-        );
-        let last_reload = Gauge::new(
-            "floodgate_config_last_reload_success_timestamp_seconds",
-            "Unix time of the last config load that succeeded.",
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(last_reload.clone()))
-            .expect("metric registered once");
-        let memory_keys = int_gauge(
-            &registry,
-            "floodgate_memory_store_keys",
-            "Keys held by the in-process store.",
-        );
-        let memory_evictions = counter_vec(
-            &registry,
-            "floodgate_memory_store_evictions_total",
-            "Live keys evicted from the in-process store because max_keys was reached, by rule.",
-            &["rule"],
-        );
-        let access_log_dropped = IntCounter::new(
-            "floodgate_access_log_dropped_total",
-            "Access log lines dropped because the log writer fell behind (its queue was full).",
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(access_log_dropped.clone()))
-            .expect("metric registered once");
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
             let _ = registry.register(Box::new(pc));
         }
-        Metrics {
-            registry,
-            requests,
-            decisions,
-            failure_mode,
+        let r = &registry;
+        let (
             store_errors,
             store_up,
             circuit_state,
             store_node_breaker_state,
             store_evicting_policy,
-            connections_open,
-            connections_refused,
-            connection_timeouts,
-            decision_seconds,
-            upstream_seconds,
-            reloads,
-            last_reload,
-            memory_keys,
-            memory_evictions,
-            access_log_dropped,
+        ) = store_metrics(r);
+        Metrics {
+            store_errors,
+            store_up,
+            circuit_state,
+            store_node_breaker_state,
+            store_evicting_policy,
+            requests: counter_vec(
+                r,
+                "floodgate_requests_total",
+                "Requests answered, by route and status.",
+                &["route", "status"],
+            ),
+            decisions: counter_vec(
+                r,
+                "floodgate_ratelimit_decisions_total",
+                "Rate-limit decisions by rule and result (allowed, rejected, shadow_rejected, skipped).",
+                &["rule", "result"],
+            ),
+            failure_mode: counter_vec(
+                r,
+                "floodgate_failure_mode_decisions_total",
+                "Decisions made by a rule's on_store_error because the store failed, by rule and mode.",
+                &["rule", "mode"],
+            ),
+            connections_open: int_gauge(
+                r,
+                "floodgate_connections_open",
+                "Client connections open now.",
+            ),
+            connections_refused: counter_vec_at_zero(
+                r,
+                "floodgate_connections_refused_total",
+                "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip).",
+                "reason",
+                &["max_connections", "max_connections_per_ip"],
+            ),
+            connection_timeouts: counter_vec_at_zero(
+                r,
+                "floodgate_connection_timeouts_total",
+                "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout).",
+                "kind",
+                &["tls", "header", "keepalive", "body"],
+            ),
+            decision_seconds: registered(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "floodgate_decision_duration_seconds",
+                        "Time to decide all rules of a request.",
+                    )
+                    .buckets(BUCKETS.to_vec()),
+                )
+                .expect("static metric definition"),
+            ),
+            upstream_seconds: histogram_vec(
+                r,
+                "floodgate_upstream_duration_seconds",
+                "Time from sending a request upstream to its response header, by upstream.",
+                &["upstream"],
+            ),
+            reloads: counter_vec(
+                r,
+                "floodgate_config_reloads_total",
+                "Config reloads by result (success, failure).",
+                &["result"],
+            ),
+            last_reload: registered(
+                r,
+                Gauge::new(
+                    "floodgate_config_last_reload_success_timestamp_seconds",
+                    "Unix time of the last config load that succeeded.",
+                )
+                .expect("static metric definition"),
+            ),
+            memory_keys: int_gauge(
+                r,
+                "floodgate_memory_store_keys",
+                "Keys held by the in-process store.",
+            ),
+            memory_evictions: counter_vec(
+                r,
+                "floodgate_memory_store_evictions_total",
+                "Live keys evicted from the in-process store because max_keys was reached, by rule.",
+                &["rule"],
+            ),
+            access_log_dropped: registered(
+                r,
+                IntCounter::new(
+                    "floodgate_access_log_dropped_total",
+                    "Access log lines dropped because the log writer fell behind (its queue was full).",
+                )
+                .expect("static metric definition"),
+            ),
+            registry: registry.clone(),
         }
     }
 

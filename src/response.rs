@@ -457,13 +457,11 @@ impl RateLimitHeaders {
     /// Builds the fields. `q` is the rule's limit, `w` its window in seconds (omitted for
     /// concurrency, which has none), `r` what is left, `t`: for a rule that rejected the
     /// request, seconds until it would pass (its `Retry-After`); otherwise seconds until its
-    /// quota is all back. `rejected`: the request was refused, so no rule was charged for it,
-    /// and a rule that admitted it still has its cost (its decision said what would be left
-    /// after the charge).
+    /// quota is all back. On a refused request the decisions already say what each rule
+    /// really has left (see [`crate::limiter::engine::Applied::decision`]).
     pub fn build<'a>(
         applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
         legacy: bool,
-        rejected: bool,
     ) -> Self {
         let mut h = RateLimitHeaders::default();
         let mut tightest: Option<(u64, u64, u64)> = None;
@@ -487,12 +485,9 @@ impl RateLimitHeaders {
             } else {
                 whole_seconds_at_least_one(d.retry_after)
             };
-            let remaining = if rejected && d.allowed {
-                let capacity = rule.limit.burst().max(rule.limit.limit());
-                d.remaining.saturating_add(rule.cost).min(capacity)
-            } else {
-                d.remaining
-            };
+            // On a refused request the engine already shows what each rule really has left
+            // (uncharged or charged: see `Applied::decision`).
+            let remaining = d.remaining;
             h.state.push_str(sep);
             push_sf_string(&mut h.state, &rule.name);
             h.state.push_str(";r=");

@@ -83,6 +83,9 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     );
     let mut opts = HttpServerOptions::default();
     opts.h2c = true;
+    // CONNECT reaches admission, which refuses it with floodgate's own 405 on every protocol
+    // (Pingora's would be bare); nothing ever tunnels.
+    opts.allow_connect_method_proxying = true;
     // h2 connections are idle-timed by Pingora; HTTP/1.1 ones by crate::connection.
     opts.h2_idle_timeout = Some(connections.keepalive_timeout);
     http.server_options = Some(opts);

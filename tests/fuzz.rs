@@ -1028,7 +1028,6 @@ proptest! {
         let h = RateLimitHeaders::build(
             rules.iter().zip(applied.iter().map(|a| &a.decision)),
             legacy,
-            false,
         );
         let shown: Vec<&Applied> = applied.iter().filter(|a| a.headers).collect();
         if shown.is_empty() {
@@ -1098,7 +1097,7 @@ fn ratelimit_fields_escape_names_and_cap_numbers() {
         },
     };
     let rule = rule_of(&a);
-    let h = RateLimitHeaders::build(std::iter::once((&rule, &a.decision)), false, false);
+    let h = RateLimitHeaders::build(std::iter::once((&rule, &a.decision)), false);
     assert_eq!(
         h.policy,
         "\"caf%C3%A9 %F0%9F%98%80\";q=999999999999999;w=60"

@@ -376,6 +376,47 @@ async fn h2c_on_plain_listener() {
     assert_eq!(r.status(), 401);
 }
 
+/// Issue 26 (5), over HTTP/2: a `CONNECT` stream was refused with Pingora's bare 405 (no
+/// body, no request id); it gets floodgate's problem+json like HTTP/1.1.
+#[tokio::test]
+async fn an_h2_connect_is_refused_with_problem_json() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&format!(
+        "{}\n[[routes]]\nname = \"all\"\nupstream = \"orders\"\nauth = \"none\"\n",
+        orders_upstream(&[api.addr])
+    ));
+    let tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("example.com:443")
+        .body(())
+        .unwrap();
+    let (response, _send) = client.send_request(request, true).unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(!headers.contains_key("server"), "{headers:?}");
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
+    }
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["type"], "urn:floodgate:problem:method-not-allowed");
+    assert_eq!(v["status"], 405);
+    let id = v["request_id"].as_str().unwrap();
+    assert_eq!(headers["x-request-id"], id);
+    driver.abort();
+}
+
 #[test]
 fn secrets_never_reach_the_logs() {
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -2,7 +2,9 @@
 //! decisions into one verdict.
 //!
 //! - Local rules (and every rule on the memory backend) are decided in process.
-//! - Global rules on a Redis backend are decided in one call to the shared store, atomically.
+//! - Global rules are decided in one call to the store the backend names (any
+//!   [`SharedStore`]), atomically; on the memory backend that store is the in-process one, and
+//!   every rule of a request is decided in one call.
 //! - A request rejected by any rule charges no rule: local rules are first *peeked*, the shared
 //!   store is asked, and only when it admits are the local rules charged.
 //!   Approximation, stated honestly: if a concurrent request takes the last local unit between
@@ -38,11 +40,11 @@ mod slots;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::backend;
 use super::lease::{lease_metrics, LeaseTable};
 use super::memory::{Clock, MemoryStore, MonotonicClock};
 use super::policy::Policy;
-use super::redis::RedisStore;
-use super::settings::{Backend, Store};
+use super::settings::Store;
 use super::store::SharedStore;
 use super::{Check, Decision};
 
@@ -89,7 +91,11 @@ pub struct Applied {
     pub rule: Arc<Policy>,
     /// The counter the request charged ([`Check::counter`]): who the client is to this rule.
     pub counter: u64,
-    /// Its decision.
+    /// Its decision. On a refused request, a decision that would have admitted shows what
+    /// the rule really has left: its `remaining` as before the request when the rule kept
+    /// nothing of it (the usual case: all or nothing), as after it when the cost stayed charged
+    /// (a Redis Cluster call in another hash slot admitted, or shaping refused it after the
+    /// charge).
     pub decision: Decision,
 }
 
@@ -113,8 +119,10 @@ pub struct Limiter {
     local: Arc<MemoryStore>,
     /// `on_store_error = "local"` decisions while the shared store fails.
     fallback: Arc<MemoryStore>,
-    /// The shared store (Redis), when configured.
-    shared: Option<Arc<dyn SharedStore>>,
+    /// Where global rules are decided: a shared store (Redis), or `local` itself.
+    global: Arc<dyn SharedStore>,
+    /// `global` is `local`: every rule is decided in one in-process call.
+    in_process: bool,
     /// Requests being held by shaping rules.
     waiting: Waiting,
     /// Quota leases held for leased global rules (see [`super::lease`]).
@@ -124,29 +132,16 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter for `store`: in-process stores bounded to `max_keys`, and the Redis store when
-    /// the backend is Redis (it connects in the background).
+    /// A limiter for `store`: in-process stores bounded to `max_keys`, and global rules in the
+    /// store the backend names ([`backend::open`]; Redis connects in the background).
     pub fn new(store: &Store) -> Self {
-        let shared: Option<Arc<dyn SharedStore>> = match store.backend {
-            Backend::Memory => None,
-            Backend::Redis | Backend::RedisCluster => {
-                match RedisStore::with_options(store, options_from_env()) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        // Down for good, not absent: absent would make every global rule a
-                        // per-instance limit at the full limit while everything reported healthy.
-                        tracing::error!(error = %e, "cannot set up the Redis store; it counts as down and global rules apply on_store_error");
-                        Some(RedisStore::broken(store, e))
-                    }
-                }
-            }
-        };
-        Limiter::with_shared(store.max_keys, shared)
+        Limiter::with_shared(store.max_keys, backend::open(store))
     }
 
-    /// A limiter over `shared` (global rules are decided there; `None`: every rule is decided
-    /// in process), its in-process stores bounded to `max_keys`. [`Limiter::new`] passes the
-    /// Redis store; tests pass a store of their own.
+    /// A limiter over `shared` (global rules are decided there; `None`: in the limiter's own
+    /// in-process store, with the local rules in one call), its in-process stores bounded to
+    /// `max_keys`. [`Limiter::new`] passes the store `[store]` names; tests pass any store,
+    /// e.g. one [`MemoryStore`] shared by several limiters standing for instances.
     pub fn with_shared(max_keys: usize, shared: Option<Arc<dyn SharedStore>>) -> Self {
         Limiter::with_clock(max_keys, shared, Arc::new(MonotonicClock::new()))
     }
@@ -160,10 +155,14 @@ impl Limiter {
     ) -> Self {
         // Registered up front, so /metrics lists them before the first lease.
         lease_metrics();
+        let local = Arc::new(MemoryStore::with_clock(max_keys, clock.clone()));
+        let in_process = shared.is_none();
+        let global = shared.unwrap_or_else(|| local.clone());
         Limiter {
-            local: Arc::new(MemoryStore::with_clock(max_keys, clock.clone())),
+            local,
             fallback: Arc::new(MemoryStore::with_clock(max_keys, clock.clone())),
-            shared,
+            global,
+            in_process,
             waiting: Waiting::default(),
             leases: Arc::new(LeaseTable::default()),
             clock,
@@ -175,23 +174,27 @@ impl Limiter {
         &self.local
     }
 
-    /// The shared store, if any.
-    pub fn shared(&self) -> Option<&Arc<dyn SharedStore>> {
-        self.shared.as_ref()
+    /// The store global rules are decided in (the in-process store on the memory backend).
+    pub fn store(&self) -> &Arc<dyn SharedStore> {
+        &self.global
+    }
+
+    /// Whether global rules are decided in the limiter's own in-process store (the memory
+    /// backend): no store call, no circuit breaker, limits per instance.
+    pub fn in_process(&self) -> bool {
+        self.in_process
     }
 
     /// Decides a request's applying rules, each with its check, in file order, under `store`
     /// (the config in force: its timeout and instance count apply).
     pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
-        let mut plan = Plan::new(&applying, self.shared.is_some());
+        let mut plan = Plan::new(&applying, !self.in_process);
         let mut slots = Slots::default();
-        let admitted = match &self.shared {
-            Some(shared) if plan.has_shared() => {
-                self.decide_with_store(&mut plan, shared, store, &mut slots)
-                    .await
-            }
+        let admitted = if plan.has_shared() {
+            self.decide_with_store(&mut plan, store, &mut slots).await
+        } else {
             // The common, memory-only case: one atomic decision in process.
-            _ => self.charge_local(&mut plan),
+            self.charge_local(&mut plan)
         };
         let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
         settle::settle(self, plan, admitted, slots)
@@ -205,7 +208,7 @@ impl Limiter {
         }
         let decisions = self.local.decide(&checks);
         let admitted = decisions.iter().all(|d| d.allowed);
-        plan.put_local(decisions);
+        plan.put_local(decisions, admitted);
         admitted
     }
 
@@ -215,7 +218,6 @@ impl Limiter {
     async fn decide_with_store(
         &self,
         plan: &mut Plan<'_>,
-        shared: &Arc<dyn SharedStore>,
         store: &Store,
         slots: &mut Slots,
     ) -> bool {
@@ -226,7 +228,7 @@ impl Limiter {
             self.local.peek(&local)
         };
         if !peeked.iter().all(|d| d.allowed) {
-            plan.put_local(peeked);
+            plan.put_local(peeked, false);
             return false;
         }
         let steps = &mut plan.steps;
@@ -237,50 +239,29 @@ impl Limiter {
             // waiting on this one's lease calls go on.
             leases::abandon(steps);
         } else if asks {
-            admitted = self.ask_shared(steps, shared, store, slots).await;
+            admitted = self.ask_shared(steps, store, slots).await;
         }
         let calls = if asks { 1.0 } else { 0.0 };
         lease_metrics().calls_per_request.observe(calls);
         if admitted && !local.is_empty() {
             let decisions = self.local.decide(&local);
             admitted = decisions.iter().all(|d| d.allowed);
-            plan.put_local(decisions);
+            plan.put_local(decisions, admitted);
         } else {
-            plan.put_local(peeked);
+            plan.put_local(peeked, false);
         }
         admitted
     }
 
     /// The one store call for the steps that ask, or, when it fails, their `on_store_error`.
     /// Returns whether they all admit.
-    async fn ask_shared(
-        &self,
-        steps: &mut [Step<'_>],
-        shared: &Arc<dyn SharedStore>,
-        store: &Store,
-        slots: &mut Slots,
-    ) -> bool {
+    async fn ask_shared(&self, steps: &mut [Step<'_>], store: &Store, slots: &mut Slots) -> bool {
         let clock = &*self.clock;
-        match shared::call(&self.leases, clock, shared, steps, store, slots).await {
+        match shared::call(&self.leases, clock, &self.global, steps, store, slots).await {
             Ok(admitted) => admitted,
             Err(e) => fallback::apply(&self.fallback, clock, &e, steps, store.instances, slots),
         }
     }
-}
-
-/// The Redis store's options: the defaults, but for the slot TTL that tests of long requests
-/// shorten through the internal `FLOODGATE_TEST_SLOT_TTL_MS` environment variable (300 s is
-/// too long to wait for in a test). Not a setting (README, "Running the tests").
-fn options_from_env() -> super::redis::Options {
-    let mut options = super::redis::Options::default();
-    if let Some(ms) = std::env::var("FLOODGATE_TEST_SLOT_TTL_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-    {
-        options.lease_ttl = Duration::from_millis(ms);
-    }
-    options
 }
 
 #[cfg(test)]

@@ -832,5 +832,6 @@ impl RuleKeys {
     }
 }
 
+mod shared;
 #[cfg(test)]
 mod tests;

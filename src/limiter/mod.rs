@@ -2,11 +2,13 @@
 //!
 //! Every algorithm is a pure state transition (`algorithm`): given the stored state of one key,
 //! the rule's [`Limit`], the time and a cost, it answers a [`Decision`] and an O(1) update to
-//! apply if the request is admitted. Stores (`memory`, and behind the [`store::SharedStore`]
-//! trait `redis`) only keep state and make a request's checks atomic: every rule is charged,
-//! or none is. The `engine` combines a request's rules over them.
+//! apply if the request is admitted. Stores (`memory` and `redis`, both behind the
+//! [`store::SharedStore`] trait; `backend` opens the one `[store]` names) only keep state and
+//! make a request's checks atomic: every rule is charged, or none is. The `engine` combines a
+//! request's rules over them.
 
 pub mod algorithm;
+pub mod backend;
 pub mod engine;
 pub mod lease;
 pub mod memory;

@@ -29,18 +29,16 @@ impl Backend {
     }
 }
 
-/// `[store]`: the limiter's store settings.
-#[derive(Debug, Clone)]
+/// `[store]`: the limiter's store settings. Backend-neutral: what a Redis client needs is
+/// made from `urls` by the Redis store itself ([`crate::limiter::backend::open`]), with the
+/// same parser validation judged them by, so opening cannot fail on a config that passed
+/// `check`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Store {
     /// The backend.
     pub backend: Backend,
     /// Redis URL(s): one for `redis`, the seed nodes for `redis-cluster`, none for memory.
     pub urls: Vec<String>,
-    /// `urls` parsed into the client the Redis store connects with, by validation (the same
-    /// parser and construction the store would use, so building the store cannot fail on a
-    /// config that passed `check`). `None` for memory, and for settings made by hand in tests,
-    /// which the store then parses itself.
-    pub redis: Option<crate::limiter::redis::RedisClient>,
     /// Budget for one decision.
     pub timeout: Duration,
     /// Prefix of every Redis key.
@@ -49,16 +47,4 @@ pub struct Store {
     pub instances: u64,
     /// Bound of the in-process store (keys), for memory and the local fallback.
     pub max_keys: usize,
-}
-
-/// Settings are equal when the file says the same: the parsed client follows from `urls`.
-impl PartialEq for Store {
-    fn eq(&self, other: &Store) -> bool {
-        self.backend == other.backend
-            && self.urls == other.urls
-            && self.timeout == other.timeout
-            && self.key_prefix == other.key_prefix
-            && self.instances == other.instances
-            && self.max_keys == other.max_keys
-    }
 }

@@ -1,9 +1,13 @@
-//! The shared store as the engine sees it: a small trait (as envoyproxy/ratelimit's
-//! `RateLimitCache`), so that the engine depends on what a shared store promises, not on Redis.
+//! The store as the engine sees it: a small backend-neutral trait (as envoyproxy/ratelimit's
+//! `RateLimitCache` and Limitador's `CounterStorage`), so that the engine depends on what a
+//! store promises, not on which one it is.
 //!
-//! [`super::redis::RedisStore`] is the one implementation the gateway runs; the engine's unit
-//! tests drive the engine through an in-test implementation to exercise every failure mode,
-//! partial admits, quota leases and slot release without a server.
+//! Every backend implements it: [`super::memory::MemoryStore`] (the embedded default; the
+//! engine decides global rules in it together with the local ones, in one call),
+//! [`super::redis::RedisStore`] (one Redis server or a Redis Cluster). [`super::backend::open`]
+//! opens the one `[store]` names. The engine's unit tests drive the engine through an in-test
+//! implementation to exercise every failure mode without a server, and `tests/stores.rs` runs
+//! the same scenarios against every backend.
 
 use std::time::Duration;
 
@@ -21,9 +25,10 @@ pub enum StoreError {
     /// The circuit breaker is open: the store is not being called for a cool-down.
     #[error("store circuit breaker open")]
     CircuitOpen,
-    /// Redis answered with an error, or the connection failed.
+    /// The store answered with an error, or could not be reached (the text says which; it
+    /// never holds a password).
     #[error("store error: {0}")]
-    Redis(String),
+    Failed(String),
 }
 
 /// What the store charged for one check of [`SharedStore::decide_leased`] beyond its decision:
@@ -61,15 +66,18 @@ pub struct StoreStatus {
     pub up: bool,
     /// A connection has been established at least once (it may be failing now).
     pub connected: bool,
-    /// Where the store is (`host:port`, comma-separated): safe to log, never a password.
+    /// Where the store is (`host:port`, comma-separated; `in-process` for the memory store):
+    /// safe to log, never a password.
     pub endpoint: String,
-    /// The store may evict floodgate's counters under memory pressure (Redis'
-    /// `maxmemory-policy`), which silently resets limits.
-    pub evicting: bool,
+    /// The store may drop floodgate's counters by a policy of its own under memory pressure
+    /// (Redis' `maxmemory-policy`), which silently resets limits. The memory store's bounded
+    /// eviction keeps limiting keys and counts what it forgets, so it reports `false`.
+    pub drops_counters: bool,
 }
 
-/// A store that several gateways share: decides a request's global checks all or nothing,
-/// and gives back concurrency slots when the request ends.
+/// Where global checks are decided: all or nothing per request, giving back concurrency slots
+/// when the request ends. A store several gateways share (Redis) makes the limits global; the
+/// memory store keeps them per instance.
 #[async_trait]
 pub trait SharedStore: Send + Sync {
     /// Decides `checks` (one decision each, in order), giving up after `timeout`. `holder`
@@ -93,7 +101,7 @@ pub trait SharedStore: Send + Sync {
 
     /// Gives back the concurrency slots that `holder` took for `checks` (other checks are
     /// ignored). Best effort: a slot that cannot be released expires after
-    /// [`SharedStore::slot_ttl`]. Called off the request path, when the request's
+    /// [`SharedStore::slot_ttl`], if the store has one. Called when the request's
     /// [`Slots`](super::engine::Slots) are dropped.
     async fn release(&self, checks: &[Check], holder: u64);
 
@@ -144,10 +152,12 @@ pub trait SharedStore: Send + Sync {
         let _ = (checks, holder);
     }
 
-    /// How long a concurrency slot counts when its request never releases it; held slots are
-    /// renewed well within it ([`SharedStore::renew`]).
-    fn slot_ttl(&self) -> Duration {
-        Duration::from_secs(300)
+    /// How long a concurrency slot counts when its request never releases it (a crashed
+    /// gateway's slots in a store that outlives it); held slots are renewed well within it
+    /// ([`SharedStore::renew`]). `None`: slots live exactly as long as their request, as in a
+    /// store that lives and dies with the process, and are never renewed.
+    fn slot_ttl(&self) -> Option<Duration> {
+        None
     }
 
     /// How the store stands right now.

@@ -25,7 +25,7 @@ fn two_routes(api: &OrdersApi) -> String {
 /// A store whose URL the client refuses (built here the way an older floodgate's `check` let
 /// through, bypassing today's validation) is down for good: it is not quietly replaced by
 /// per-instance counting at the full limit. Each rule's `on_store_error` decides, counted;
-/// readiness (`/readyz` reports `shared().is_up()`) and `floodgate_store_up` say down.
+/// readiness (`/readyz` reports `store().is_up()`) and `floodgate_store_up` say down.
 #[tokio::test]
 async fn a_store_that_cannot_be_built_is_down_and_failure_modes_apply() {
     let text = r#"
@@ -70,16 +70,15 @@ on_store_error = "local"
     for bad in ["redis://host:notaport", "redis://[::1", "redis://:@:0/x"] {
         let mut store = config.store.clone();
         store.urls = vec![bad.to_string()];
-        // As if validation had not parsed them (it now refuses them): the store parses itself.
-        store.redis = None;
+        // As if validation had not refused them: the store judges them itself.
         let limiter = Limiter::new(&store);
-        let shared = limiter.shared().unwrap_or_else(|| {
-            panic!("{bad}: a store that cannot be built must count as down, not be absent")
-        });
-        assert!(!shared.is_up(), "{bad}: reported up");
+        assert!(
+            !limiter.in_process(),
+            "{bad}: a store that cannot be built must count as down, not be absent"
+        );
+        assert!(!limiter.store().is_up(), "{bad}: reported up");
     }
     config.store.urls = vec!["redis://host:notaport".to_string()];
-    config.store.redis = None;
     let limiter = Limiter::new(&config.store);
     assert_eq!(floodgate::metrics::metrics().store_up.get(), 0);
     let rule = |name: &str| {
@@ -139,7 +138,7 @@ on_store_error = "local"
         "the local fallback divides the limit by instances"
     );
     assert_eq!(local.counters.fail_local.get(), 4);
-    assert!(!limiter.shared().expect("down store").is_up());
+    assert!(!limiter.store().is_up(), "a down store");
     assert_eq!(floodgate::metrics::metrics().store_up.get(), 0);
 }
 

@@ -9,8 +9,8 @@ use super::source::Src;
 use crate::config::schema::*;
 use crate::config::*;
 
-/// `[store]`: the backend and, for Redis, a client built from the URL(s) (which connects to
-/// nothing yet).
+/// `[store]`: the backend and, for Redis, the URL(s) as a Redis client would take them (the
+/// client is built to judge them, and dropped: it connects to nothing).
 pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     let backend = match &raw.backend {
         Some(b) => src.one_of(b, "store.backend", Backend::NAMES)?,
@@ -28,14 +28,14 @@ pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     // `check` is exactly what the store can use (its errors never repeat the URL).
     let usable = |urls: Vec<String>, spans: &[Range<usize>], whole: Range<usize>| {
         crate::limiter::redis::RedisClient::build(backend, &urls)
-            .map(|client| (urls, Some(client)))
+            .map(|_client| urls)
             .map_err(|e| {
                 let span = e.index.and_then(|i| spans.get(i).cloned()).unwrap_or(whole);
                 src.err(span, e.message)
             })
     };
-    let (urls, redis) = match backend {
-        Backend::Memory => (Vec::new(), None),
+    let urls = match backend {
+        Backend::Memory => Vec::new(),
         Backend::Redis => match &raw.url {
             Some(u) => usable(vec![check_url(u)?], &[u.span()], u.span())?,
             None => {
@@ -83,7 +83,6 @@ pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
     Ok(Store {
         backend,
         urls,
-        redis,
         timeout,
         key_prefix: raw
             .key_prefix

@@ -15,7 +15,7 @@ impl Limiter {
     pub fn returner(&self) -> Returner {
         Returner {
             table: self.leases.clone(),
-            shared: self.shared.clone(),
+            shared: self.global.clone(),
             clock: self.clock.clone(),
         }
     }
@@ -23,7 +23,7 @@ impl Limiter {
     /// Gives back every quota lease permit held now (on reload: a rule's numbers or lease
     /// may have changed). Returns how many the store took back.
     pub async fn return_leases(&self) -> u64 {
-        give_back(&self.leases, self.shared.as_ref(), &*self.clock, true).await
+        give_back(&self.leases, &self.global, &*self.clock, true).await
     }
 
     /// A background service that sweeps idle keys out of the in-process stores.
@@ -37,22 +37,22 @@ impl Limiter {
 /// Gives back what `table` has due (with `all`, everything it holds) in one batched call.
 async fn give_back(
     table: &LeaseTable,
-    shared: Option<&Arc<dyn SharedStore>>,
+    store: &Arc<dyn SharedStore>,
     clock: &dyn Clock,
     all: bool,
 ) -> u64 {
     let due = table.due(all, clock.instant());
-    match shared {
-        Some(store) if !due.is_empty() => store.give_back(&due).await,
-        _ => 0,
+    if due.is_empty() {
+        return 0;
     }
+    store.give_back(&due).await
 }
 
 /// Background service that gives back unspent quota lease permits (see
 /// [`Limiter::returner`]).
 pub struct Returner {
     table: Arc<LeaseTable>,
-    shared: Option<Arc<dyn SharedStore>>,
+    shared: Arc<dyn SharedStore>,
     clock: Arc<dyn Clock>,
 }
 
@@ -60,7 +60,7 @@ pub struct Returner {
 impl pingora::services::background::BackgroundService for Returner {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
         let mut tick = tokio::time::interval(RETURN_EVERY);
-        let (table, shared, clock) = (&self.table, self.shared.as_ref(), &*self.clock);
+        let (table, shared, clock) = (&self.table, &self.shared, &*self.clock);
         loop {
             tokio::select! {
                 _ = shutdown.changed() => {

@@ -66,6 +66,7 @@ pub(super) fn apply(
         .iter_mut()
         .filter(|s| s.fell_back == Some(FailureMode::Local));
     for (step, d) in fell_back_local.zip(decisions) {
+        step.charged = admitted;
         step.decision = Some(d);
     }
     admitted

@@ -34,6 +34,7 @@ pub(super) async fn take(
             Take::Spent(d) => {
                 step.decision = Some(d);
                 step.from_lease = true;
+                step.charged = true;
             }
             Take::Denied(d) => {
                 step.decision = Some(d);

@@ -63,6 +63,10 @@ pub(super) struct Step<'a> {
     pub(super) from_lease: bool,
     /// The store failed and this rule's `on_store_error` decided it.
     pub(super) fell_back: Option<FailureMode>,
+    /// The request's cost was charged to this rule's counter and stays charged even if the
+    /// request is refused (by another rule a store decided apart, or by shaping): a refused
+    /// request shows what a rule really has left by it.
+    pub(super) charged: bool,
 }
 
 impl Step<'_> {
@@ -100,6 +104,7 @@ impl<'a> Plan<'a> {
                 decision: None,
                 from_lease: false,
                 fell_back: None,
+                charged: false,
             });
         }
         Plan { steps, applying }
@@ -124,10 +129,13 @@ impl<'a> Plan<'a> {
             .collect()
     }
 
-    /// Gives the local steps their decisions, as [`Plan::local_checks`] ordered them.
-    pub(super) fn put_local(&mut self, decisions: Vec<Decision>) {
+    /// Gives the local steps their decisions, as [`Plan::local_checks`] ordered them;
+    /// `charged`: the call that made them charged (a decision that admitted them all), rather
+    /// than peeked.
+    pub(super) fn put_local(&mut self, decisions: Vec<Decision>, charged: bool) {
         let local = self.steps.iter_mut().filter(|s| s.place == Place::Local);
         for (step, d) in local.zip(decisions) {
+            step.charged = charged && d.allowed;
             step.decision = Some(d);
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::plan::{Applying, Place, Plan};
 use super::slots::Slots;
 use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
+use crate::limiter::algorithm::quota;
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::policy::FailureMode;
 
@@ -28,8 +29,10 @@ pub(super) fn settle(
     let mut closed = Vec::new();
     let mut applied = Vec::with_capacity(plan.steps.len());
     for step in &plan.steps {
+        let mut charged = step.charged;
         if !admitted && step.from_lease {
             limiter.leases.put_back(step.check);
+            charged = false;
         }
         if step.fell_back == Some(FailureMode::Closed) {
             closed.push(step.rule.name.clone());
@@ -38,10 +41,19 @@ pub(super) fn settle(
             slots.hold_local(&limiter.local, step.check);
         }
         if let Some(decision) = &step.decision {
+            let mut decision = decision.clone();
+            if !admitted && decision.allowed && !charged {
+                // It would have admitted, but the request was refused and this rule kept
+                // nothing of it: what it has left is what it had.
+                decision.remaining = decision
+                    .remaining
+                    .saturating_add(step.check.cost)
+                    .min(quota(&step.check.limit));
+            }
             applied.push(Applied {
                 rule: step.rule.clone(),
                 counter: step.check.counter,
-                decision: decision.clone(),
+                decision,
             });
         }
     }

@@ -67,6 +67,8 @@ pub(super) async fn call(
             table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
+        // A slot of a request the store did not admit whole is given back by the store.
+        step.charged = grant.granted > 0 && (admitted || !holds_slots(step.check));
         step.decision = Some(decision);
     }
     Ok(admitted)
@@ -81,7 +83,7 @@ fn checked(
     wants: &[u64],
 ) -> Result<Vec<(Decision, Grant)>, StoreError> {
     if answers.len() != checks.len() {
-        return Err(StoreError::Redis(format!(
+        return Err(StoreError::Failed(format!(
             "the store answered {} decisions for {} checks",
             answers.len(),
             checks.len()
@@ -92,4 +94,9 @@ fn checked(
         .zip(checks.iter().zip(wants))
         .map(|(answer, (check, &wanted))| bounded(check, wanted, answer))
         .collect())
+}
+
+/// Whether `check` holds a concurrency slot rather than a rate unit.
+fn holds_slots(check: &Check) -> bool {
+    check.limit.algorithm().capabilities().holds_slots
 }

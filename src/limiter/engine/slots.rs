@@ -63,7 +63,8 @@ impl Slots {
     }
 
     /// Starts renewing the shared slots every third of the store's slot TTL (inside a Tokio
-    /// runtime; outside one the slots simply live their TTL).
+    /// runtime; outside one the slots simply live their TTL). A store without a slot TTL
+    /// needs no renewal.
     pub(super) fn renew_while_held(&mut self) {
         let Some((store, holder)) = &self.shared_store else {
             return;
@@ -71,10 +72,13 @@ impl Slots {
         if self.shared.is_empty() {
             return;
         }
+        let Some(ttl) = store.slot_ttl() else {
+            return;
+        };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let every = (store.slot_ttl() / 3).max(Duration::from_millis(10));
+        let every = (ttl / 3).max(Duration::from_millis(10));
         let (store, holder, checks) = (store.clone(), *holder, self.shared.clone());
         self.renewal = Some(rt.spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

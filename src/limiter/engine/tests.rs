@@ -184,3 +184,63 @@ scope = "local"
     );
     assert_eq!(alone.local_checks::<Vec<_>>().len(), 2);
 }
+
+/// What a refused request shows of a rule that would have admitted it is what the rule
+/// really has left: the cost back when nothing was kept, the cost gone when the store kept it
+/// (the fake decides each check apart, as a Redis Cluster does for keys in other hash slots).
+#[tokio::test]
+async fn a_refused_request_shows_what_each_rule_really_has_left() {
+    let cfg = config(
+        r#"
+[[rules]]
+name = "left-kept"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+
+[[rules]]
+name = "left-full"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+
+[[rules]]
+name = "left-local"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+scope = "local"
+"#,
+    );
+    let (fake, _released) = Fake::new();
+    let limiter = limiter(&fake);
+    let remaining = |out: &Outcome, name: &str| {
+        out.applied
+            .iter()
+            .find(|a| &*a.rule.name == name)
+            .map(|a| a.decision.remaining)
+    };
+    // The full rule's one unit goes first.
+    let full: Vec<_> = applying(&cfg)
+        .into_iter()
+        .filter(|(r, _)| &*r.name == "left-full")
+        .collect();
+    assert!(admitted(&limiter.decide(full, &cfg.store).await));
+    for round in 1..=2u64 {
+        let out = limiter.decide(applying(&cfg), &cfg.store).await;
+        assert_eq!(rejected_by(&out), ["left-full"]);
+        // The store kept the charge of the rule that admitted: 5 - round left, as the
+        // store's count says.
+        assert_eq!(fake.charged("left-kept"), round);
+        assert_eq!(
+            remaining(&out, "left-kept"),
+            Some(5 - round),
+            "round {round}"
+        );
+        // The local rule was only peeked: all 3 are still there.
+        assert_eq!(remaining(&out, "left-local"), Some(3), "round {round}");
+    }
+}

@@ -178,11 +178,8 @@ impl RedisStore {
     /// [`RedisStore::new`] with other [`Options`] (tests shorten the lease TTL and the
     /// breaker's cool-down).
     pub fn with_options(store: &Store, options: Options) -> Result<Arc<RedisStore>, StoreError> {
-        let client = match &store.redis {
-            Some(parsed) => parsed.clone(),
-            None => RedisClient::build(store.backend, &store.urls)
-                .map_err(|e| StoreError::Redis(e.to_string()))?,
-        };
+        let client = RedisClient::build(store.backend, &store.urls)
+            .map_err(|e| StoreError::Failed(e.to_string()))?;
         Ok(RedisStore::from_parts(
             store,
             options,
@@ -358,34 +355,14 @@ impl RedisStore {
             // Never built: down for good, and every decision says so.
             metrics().store_errors.with_label_values(&["error"]).inc();
             metrics().store_up.set(0);
-            return Err(StoreError::Redis(why.to_string()));
+            return Err(StoreError::Failed(why.to_string()));
         }
         let keys: Vec<String> = checks.iter().map(|c| inner.redis_key(c)).collect();
         let groups = inner.groups(&keys);
         // Each call is guarded by the breaker of the node it goes to: one ticket per node,
         // all or none, so that a request touching an open node charges nothing anywhere.
         let topology = inner.topology.load_full();
-        let clustered = matches!(inner.target, Target::Cluster(_));
-        let mut nodes: Vec<&Arc<Node>> = Vec::with_capacity(1);
-        let guard_of: Vec<usize> = groups
-            .iter()
-            .map(|g| {
-                // Standalone, the one node guards everything (no slot has a master).
-                let slot = if clustered {
-                    cluster::slot(&keys[g[0]])
-                } else {
-                    0
-                };
-                let node = topology.guard(slot);
-                match nodes.iter().position(|n| Arc::ptr_eq(n, node)) {
-                    Some(i) => i,
-                    None => {
-                        nodes.push(node);
-                        nodes.len() - 1
-                    }
-                }
-            })
-            .collect();
+        let (nodes, guard_of) = inner.guards(&topology, &keys, &groups);
         let mut tickets = Vec::with_capacity(nodes.len());
         for node in &nodes {
             let Some(ticket) = node.breaker.try_call() else {
@@ -403,47 +380,7 @@ impl RedisStore {
                 &keys, &groups, checks, wants, instances, lease, now_us, deadline,
             )
             .await;
-        // Settle each node's ticket by its own calls.
-        let mut error = None;
-        for (i, ticket) in tickets.into_iter().enumerate() {
-            let failed = outcomes
-                .iter()
-                .zip(&guard_of)
-                .filter(|(_, &g)| g == i)
-                .find_map(|(o, _)| o.as_ref().err());
-            let node = nodes[i];
-            match failed {
-                None => {
-                    ticket.success();
-                    if node.mark(true) {
-                        // Back after failures: possibly a restarted Redis with another
-                        // configuration.
-                        inner.spawn_policy_check();
-                    }
-                }
-                Some(e) => {
-                    let opened = ticket.failure();
-                    node.mark(false);
-                    if opened {
-                        // A failover may have moved its slots: look again at once.
-                        inner.refresh.notify_one();
-                    }
-                    if inner.conn.borrow().as_ref().is_some_and(Conn::is_broken)
-                        || (opened && matches!(e, StoreError::Timeout))
-                    {
-                        // Our own connection does not reconnect by itself, and one that
-                        // stopped answering (a black-holed peer) never fails by itself:
-                        // build a fresh one in the background while the breaker holds calls
-                        // off.
-                        inner.spawn_connect();
-                    }
-                    if error.is_none() || matches!(e, StoreError::Timeout) {
-                        error = Some(e.clone());
-                    }
-                }
-            }
-        }
-        if let Some(error) = error {
+        if let Some(error) = inner.settle_tickets(&nodes, &guard_of, tickets, &outcomes) {
             let kind = if matches!(error, StoreError::Timeout) {
                 "timeout"
             } else {
@@ -472,6 +409,92 @@ impl RedisStore {
             inner.spawn_release(checks, lease);
         }
         Ok(decisions.into_iter().flatten().collect())
+    }
+}
+
+impl Inner {
+    /// The breaker guarding each call of `groups` (`guard_of[g]` indexes `nodes`): a cluster
+    /// call by the master of its hash slot, a standalone one by the one node.
+    fn guards<'t>(
+        &self,
+        topology: &'t Topology,
+        keys: &[String],
+        groups: &[Vec<usize>],
+    ) -> (Vec<&'t Arc<Node>>, Vec<usize>) {
+        let clustered = matches!(self.target, Target::Cluster(_));
+        let mut nodes: Vec<&Arc<Node>> = Vec::with_capacity(1);
+        let guard_of = groups
+            .iter()
+            .map(|g| {
+                // Standalone, the one node guards everything (no slot has a master).
+                let slot = if clustered {
+                    cluster::slot(&keys[g[0]])
+                } else {
+                    0
+                };
+                let node = topology.guard(slot);
+                match nodes.iter().position(|n| Arc::ptr_eq(n, node)) {
+                    Some(i) => i,
+                    None => {
+                        nodes.push(node);
+                        nodes.len() - 1
+                    }
+                }
+            })
+            .collect();
+        (nodes, guard_of)
+    }
+
+    /// Settles each node's breaker ticket by its own calls' outcomes (reconnecting or looking
+    /// at the topology again where a failure calls for it); returns the error the request
+    /// fails with, if any call failed (a timeout wins: it is what the client waited for).
+    fn settle_tickets(
+        self: &Arc<Self>,
+        nodes: &[&Arc<Node>],
+        guard_of: &[usize],
+        tickets: Vec<breaker::Ticket<'_>>,
+        outcomes: &[Result<Vec<(Decision, Grant)>, StoreError>],
+    ) -> Option<StoreError> {
+        let mut error = None;
+        for (i, ticket) in tickets.into_iter().enumerate() {
+            let failed = outcomes
+                .iter()
+                .zip(guard_of)
+                .filter(|(_, &g)| g == i)
+                .find_map(|(o, _)| o.as_ref().err());
+            let node = nodes[i];
+            match failed {
+                None => {
+                    ticket.success();
+                    if node.mark(true) {
+                        // Back after failures: possibly a restarted Redis with another
+                        // configuration.
+                        self.spawn_policy_check();
+                    }
+                }
+                Some(e) => {
+                    let opened = ticket.failure();
+                    node.mark(false);
+                    if opened {
+                        // A failover may have moved its slots: look again at once.
+                        self.refresh.notify_one();
+                    }
+                    if self.conn.borrow().as_ref().is_some_and(Conn::is_broken)
+                        || (opened && matches!(e, StoreError::Timeout))
+                    {
+                        // Our own connection does not reconnect by itself, and one that
+                        // stopped answering (a black-holed peer) never fails by itself:
+                        // build a fresh one in the background while the breaker holds calls
+                        // off.
+                        self.spawn_connect();
+                    }
+                    if error.is_none() || matches!(e, StoreError::Timeout) {
+                        error = Some(e.clone());
+                    }
+                }
+            }
+        }
+        error
     }
 }
 
@@ -533,8 +556,8 @@ impl SharedStore for RedisStore {
         self.inner.release(checks, lease).await;
     }
 
-    fn slot_ttl(&self) -> Duration {
-        self.inner.options.lease_ttl
+    fn slot_ttl(&self) -> Option<Duration> {
+        Some(self.inner.options.lease_ttl)
     }
 
     fn status(&self) -> StoreStatus {
@@ -542,7 +565,7 @@ impl SharedStore for RedisStore {
             up: self.is_up(),
             connected: self.is_connected(),
             endpoint: self.endpoint().to_string(),
-            evicting: self.evicting_policy(),
+            drops_counters: self.evicting_policy(),
         }
     }
 
@@ -577,9 +600,9 @@ impl Inner {
         let conn = rx
             .wait_for(Option::is_some)
             .await
-            .map_err(|_| StoreError::Redis("store closed".into()))?
+            .map_err(|_| StoreError::Failed("store closed".into()))?
             .clone();
-        conn.ok_or_else(|| StoreError::Redis("not connected".into()))
+        conn.ok_or_else(|| StoreError::Failed("not connected".into()))
     }
 
     /// Runs the decide script, one call per group of `keys` (see [`Inner::groups`]), all
@@ -627,9 +650,9 @@ impl Inner {
                 let reply = tokio::time::timeout_at(deadline, conn.eval::<Vec<u8>>(&DECIDE, &cmd))
                     .await
                     .map_err(|_| StoreError::Timeout)?
-                    .map_err(|e| StoreError::Redis(e.to_string()))?;
+                    .map_err(|e| StoreError::Failed(e.to_string()))?;
                 if reply.len() != group.len() * REPLY_BYTES {
-                    return Err(StoreError::Redis(format!(
+                    return Err(StoreError::Failed(format!(
                         "decide script answered {} bytes for {} checks",
                         reply.len(),
                         group.len()
@@ -824,7 +847,6 @@ mod tests {
         let store = Store {
             backend: Backend::Redis,
             urls: vec!["http://user:s3cret@host:1".into()],
-            redis: None,
             timeout: Duration::from_millis(20),
             key_prefix: "p:".into(),
             instances: 1,

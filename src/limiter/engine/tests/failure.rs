@@ -99,7 +99,7 @@ on_store_error = "local"
 "#,
     );
     let (fake, _released) = Fake::new();
-    fake.fail(Some(StoreError::Redis("down".into())));
+    fake.fail(Some(StoreError::Failed("down".into())));
     let limiter = limiter(&fake);
     // limit 4 over 2 instances: 2 here. Each outcome is dropped at once, so the one fallback
     // concurrency slot here (3 / 2) is free for the next request.

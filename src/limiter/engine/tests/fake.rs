@@ -179,7 +179,13 @@ impl SharedStore for Fake {
             .zip(checks.iter().zip(wants))
             .map(|(d, (c, &want))| {
                 let granted = if !all {
-                    0
+                    // Each check is a call of its own: one that admitted stays charged,
+                    // but for a slot, given back above.
+                    if d.allowed && c.limit.algorithm() != Algorithm::Concurrency {
+                        c.cost
+                    } else {
+                        0
+                    }
                 } else if want > 0 {
                     c.cost + self.lease_extra(c, want)
                 } else {
@@ -206,7 +212,7 @@ impl SharedStore for Fake {
             up: self.failing.lock().is_none(),
             connected: true,
             endpoint: "fake".into(),
-            evicting: false,
+            drops_counters: false,
         }
     }
 }
