@@ -512,8 +512,12 @@ async fn three_instances_on_one_redis_admit_exactly_the_limit() {
         clients.push(g.client().await);
     }
     assert_eq!(spread(&clients, 90, &[("user", "a")]).await, (25, 65));
-    // Leased (permits spent in process, leased from the shared store): still exact.
-    assert_eq!(spread(&clients, 90, &[("team", "t")]).await, (30, 60));
+    // Leased (permits charged to the shared counter when leased, spent in process): never
+    // over. Permits another instance holds, or that a lease ending gives back a moment after
+    // the burst, may go unspent in it (README, "Quota leasing": what it costs).
+    let (ok, over) = spread(&clients, 90, &[("team", "t")]).await;
+    assert_eq!(ok + over, 90);
+    assert!((27..=30).contains(&ok), "{ok} of 30 admitted");
 }
 
 #[tokio::test]

@@ -59,14 +59,13 @@ pub fn response(
                 code: Code::Ok as i32,
                 ..Default::default()
             },
-            Some(g) => status(&planned.groups[*g].policy, decided[*g], rejected),
+            Some(g) => status(&planned.groups[*g].policy, decided[*g]),
         })
         .collect();
     let mut headers = Vec::new();
     let fields = RateLimitHeaders::build(
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         legacy,
-        rejected,
     );
     if !fields.policy.is_empty() {
         headers.push(header("RateLimit-Policy", fields.policy));
@@ -90,8 +89,8 @@ pub fn response(
 }
 
 /// One matched descriptor's status. A descriptor of a request that another descriptor
-/// rejected was not charged: its remaining quota is what it was (as the RateLimit field says).
-fn status(policy: &Policy, decision: Option<&Decision>, rejected: bool) -> DescriptorStatus {
+/// rejected was not charged: the engine's decision already says what it really has left.
+fn status(policy: &Policy, decision: Option<&Decision>) -> DescriptorStatus {
     let current_limit = Some(current_limit(policy));
     let Some(d) = decision else {
         // A shadow limit: decided after the answer, never over.
@@ -101,12 +100,7 @@ fn status(policy: &Policy, decision: Option<&Decision>, rejected: bool) -> Descr
             ..Default::default()
         };
     };
-    let remaining = if rejected && d.allowed {
-        let capacity = policy.limit.burst().max(policy.limit.limit());
-        d.remaining.saturating_add(policy.cost).min(capacity)
-    } else {
-        d.remaining
-    };
+    let remaining = d.remaining;
     let until = if d.allowed { d.reset } else { d.retry_after };
     DescriptorStatus {
         code: if d.allowed { Code::Ok } else { Code::OverLimit } as i32,
