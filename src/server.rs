@@ -109,11 +109,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     if proxy_listens {
         server.add_service(proxy);
     }
-    // Envoy's rate-limit service, on as many threads as the proxy.
+    // Envoy's rate-limit service: its connections are served on the one runtime thread that
+    // Pingora starts a background service on.
     if let Some(rls) = crate::rls::service::RlsServer::bind(gateway.clone())? {
-        let mut rls = background_service("rate-limit service", rls);
-        rls.threads = Some(server_conf.threads);
-        server.add_service(rls);
+        server.add_service(background_service("rate-limit service", rls));
     }
 
     server.add_service(pingora::services::background::background_service(

@@ -815,3 +815,20 @@ async fn envoy_in_front_of_orders_api_asks_floodgate() {
         "the address limit was charged only for admitted requests"
     );
 }
+
+#[test]
+fn the_readme_shows_the_pair_the_envoy_test_runs() {
+    let read =
+        |f: &str| std::fs::read_to_string(format!("{}/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let readme = read("README.md");
+    for (file, fence) in [
+        ("examples/rls.toml", "toml"),
+        ("examples/rls-envoy.yaml", "yaml"),
+    ] {
+        let block = format!("```{fence}\n{}```", read(file));
+        assert!(
+            readme.contains(&block),
+            "README's copy of {file} differs from the file"
+        );
+    }
+}

@@ -91,6 +91,7 @@ impl crate::upstream::service::InForce for Gateway {
 /// registry alone (see [`crate::metrics::RuleCounters`]), so a file that is only checked, or a
 /// reload that fails, exports nothing.
 fn register_rule_series(config: &Config) {
+    crate::rls::metrics::register(config);
     let rls_limits = config.rls.iter().flat_map(|r| &r.limits).map(|l| &l.policy);
     for rule in config.rules.iter().map(|r| &r.policy).chain(rls_limits) {
         rule.counters.register();
