@@ -832,3 +832,57 @@ fn the_readme_shows_the_pair_the_envoy_test_runs() {
         );
     }
 }
+
+#[tokio::test]
+async fn top_and_the_dashboard_list_rls_limits_and_their_clients() {
+    let gw = RlsGateway::start(&limit(
+        "per-user",
+        "[{ key = \"user\" }, { key = \"api_key\" }]",
+        "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\nscope = \"local\"",
+    ));
+    let mut c = gw.client().await;
+    let d = || {
+        request(
+            "edge",
+            vec![descriptor(&[("user", "alice"), ("api_key", "s3cret")])],
+        )
+    };
+    for _ in 0..5 {
+        ask(&mut c, d()).await;
+    }
+    let top: serde_json::Value = reqwest::get(gw.admin_url("/top?rule=per-user&by=rejected"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let first = &top["clients"][0];
+    assert_eq!(first["key"]["user"], "alice", "{top}");
+    assert_eq!(first["rejected"], 3, "{top}");
+    let shown = first["key"]["api_key"].as_str().unwrap();
+    assert!(
+        shown.starts_with("sha256:") && !shown.contains("s3cret"),
+        "{shown}"
+    );
+    let stats: serde_json::Value = reqwest::get(gw.admin_url("/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rule = stats["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "per-user")
+        .unwrap_or_else(|| panic!("/stats lists no per-user: {stats}"));
+    assert_eq!(rule["rls"]["domain"], "edge");
+    assert_eq!(rule["counters"]["rejected"], 3);
+    assert_eq!(rule["key"], serde_json::json!(["user", "api_key"]));
+    let (ok, out, err) = common::check(&std::fs::read_to_string(gw.config_path()).unwrap(), &[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("per-user: domain edge | descriptor [user, api_key] | fixed_window 2/1m"),
+        "{out}"
+    );
+}

@@ -6,10 +6,12 @@
 //! - `plan`: descriptors as the engine's checks (counter, cost, override).
 //! - `answer`: the engine's outcome as Envoy's response, with floodgate's RateLimit fields.
 //! - `service`: the gRPC handler and its listener.
+//! - `describe`: the limits as `check` prints them and `/stats` lists them.
 //! - `metrics`: the service's own series (per-limit decisions use the rules' series).
 
 pub mod answer;
 pub mod bounds;
+pub mod describe;
 pub mod limits;
 pub mod metrics;
 pub mod plan;
