@@ -886,3 +886,43 @@ async fn top_and_the_dashboard_list_rls_limits_and_their_clients() {
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn the_gateway_and_the_rls_run_in_one_process_and_a_shadow_limit_never_rejects() {
+    let api = common::OrdersApi::start("orders");
+    let rls = common::free_addr();
+    let gw = common::Gateway::start(&format!(
+        "{}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"none\"\n\n\
+         [[rules]]\nname = \"per-ip\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"\n\n\
+         [rls]\nlisten = \"{rls}\"\n\n{}",
+        common::orders_upstream(&[api.addr]),
+        limit(
+            "dark",
+            "[{ key = \"user\" }]",
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"\nshadow = true"
+        ),
+    ));
+    let mut c = common::rls::connect(rls).await;
+    for _ in 0..4 {
+        let r = ask(&mut c, request("edge", vec![descriptor(&[("user", "a")])])).await;
+        assert_eq!(r.overall_code, OK, "a shadow limit never rejects");
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "dark");
+    }
+    let http = common::client();
+    assert_eq!(
+        http.get(gw.url("/orders")).send().await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        http.get(gw.url("/orders")).send().await.unwrap().status(),
+        429
+    );
+    let text = common::get_text(&http, gw.admin_url("/metrics")).await;
+    assert_eq!(
+        metric_value(
+            &text,
+            "floodgate_ratelimit_decisions_total{result=\"shadow_rejected\",rule=\"dark\"}"
+        ),
+        Some(3.0)
+    );
+}
