@@ -176,6 +176,16 @@ fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<P
     }
     let n = u64::from(o.requests_per_unit);
     let p = &limit.policy;
+    // The cap validation puts on a written limit (sliding_window_log keeps one entry per
+    // admitted request): a client's override must not lift it.
+    if let Some(cap) = p.limit.algorithm().capabilities().limit_cap {
+        if n > cap.max {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i}: the limit override's requests_per_unit is at most {} here: {}",
+                cap.max, cap.why
+            )));
+        }
+    }
     let numbers = Limit::new(
         p.limit.algorithm(),
         n,
@@ -315,6 +325,26 @@ mod tests {
             let e = plan(&s, &request(vec![over.clone()], 1)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn an_override_cannot_lift_the_algorithms_cap() {
+        let mut s = settings();
+        let l = Arc::get_mut(&mut s.limits[0]).unwrap();
+        let p = Arc::get_mut(&mut l.policy).unwrap();
+        p.limit = Limit::police(Algorithm::SlidingWindowLog, 10, Duration::from_secs(60), 10);
+        let mut over = descriptor("user", "a");
+        over.limit = Some(RateLimitOverride {
+            requests_per_unit: u32::MAX,
+            unit: 1,
+        });
+        let e = plan(&s, &request(vec![over.clone()], 1)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        over.limit = Some(RateLimitOverride {
+            requests_per_unit: 1000,
+            unit: 1,
+        });
+        assert!(plan(&s, &request(vec![over], 1)).is_ok());
     }
 
     #[test]
