@@ -27,9 +27,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::limiter::engine::{Applied, Outcome, Verdict};
-use crate::rules::{KeyPart, RequestView, Rule, Scope, MAX_KEY_VALUE};
+use crate::rules::{KeyPart, RequestView, Rule, MAX_KEY_VALUE};
 
 /// Counters per sketch (k of Space-Saving). 64 is plenty to name who is being limited, and it
 /// keeps the eviction scan (a linear pass over 64 counts) short.
@@ -451,9 +451,9 @@ pub struct Top {
     started_unix: u64,
     /// Requests that had at least one applying rule decided.
     pub decided: AtomicU64,
-    /// Of those, the ones whose decision asked the shared store (a global rule on a Redis
-    /// backend): each is one round trip (one per hash slot on a cluster, none when a lease
-    /// covered it), so `store_requests / decided` is at most the Redis calls per request.
+    /// Of those, the ones whose decision asked the shared store (a global rule on the Redis
+    /// backend in force, not covered by a lease): each is one round trip (one per hash slot on
+    /// a cluster), so `store_requests / decided` is the share of requests that cost a round trip.
     pub store_requests: AtomicU64,
 }
 
@@ -575,12 +575,7 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
         Verdict::Unavailable { .. } => return,
     };
     t.decided.fetch_add(1, Ordering::Relaxed);
-    if cfg.store.backend != Backend::Memory
-        && outcome
-            .applied
-            .iter()
-            .any(|a| a.rule.scope == Scope::Global)
-    {
+    if outcome.asked_store {
         t.store_requests.fetch_add(1, Ordering::Relaxed);
     }
     let now = t.now();
@@ -620,12 +615,7 @@ pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied)
         Verdict::Unavailable { .. } => return,
     };
     t.decided.fetch_add(1, Ordering::Relaxed);
-    if cfg.store.backend != Backend::Memory
-        && outcome
-            .applied
-            .iter()
-            .any(|a| a.rule.scope == Scope::Global)
-    {
+    if outcome.asked_store {
         t.store_requests.fetch_add(1, Ordering::Relaxed);
     }
     let now = t.now();

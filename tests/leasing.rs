@@ -171,6 +171,7 @@ lease_ttl = "50ms"
 
     let n = 3000;
     let before = redis.command_calls("evalsha");
+    let stats_before = get_json(&c, gw.admin_url("/stats")).await["store"].clone();
     let counts = hammer(
         &[&gw],
         n,
@@ -184,6 +185,15 @@ lease_ttl = "50ms"
     let per_request = calls as f64 / n as f64;
     eprintln!("hot key: {calls} EVALSHA for {n} requests = {per_request:.4} per request");
     assert!(per_request <= 0.05, "{calls} calls for {n} requests");
+    // /stats counts the requests that asked the store, not every request with a global rule:
+    // a request spent from a lease made no call.
+    let stats = get_json(&c, gw.admin_url("/stats")).await["store"].clone();
+    let asked = stats["store_requests"].as_u64().unwrap()
+        - stats_before["store_requests"].as_u64().unwrap();
+    let decided = stats["decided_requests"].as_u64().unwrap()
+        - stats_before["decided_requests"].as_u64().unwrap();
+    assert_eq!(decided, n as u64, "{stats}");
+    assert!(asked <= calls, "{asked} requests asked, {calls} EVALSHA");
 
     // /rules shows leasing; /metrics counts leases, permits and calls per request (spends
     // are added in batches by the returner: poll, bounded).

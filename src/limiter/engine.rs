@@ -111,6 +111,9 @@ pub struct Outcome {
     pub shadow_rejected: Vec<Arc<str>>,
     /// Concurrency slots taken: released when the [`Slots`] is dropped.
     pub slots: Slots,
+    /// The decision asked the shared store (one call, answered or failed); false when every
+    /// rule was decided in process or by leased permits in hand.
+    pub asked_store: bool,
 }
 
 /// The rate limiter: counters and the logic that combines rules.
@@ -190,14 +193,16 @@ impl Limiter {
     pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
         let mut plan = Plan::new(&applying, !self.in_process);
         let mut slots = Slots::default();
-        let admitted = if plan.has_shared() {
+        let (admitted, asked_store) = if plan.has_shared() {
             self.decide_with_store(&mut plan, store, &mut slots).await
         } else {
             // The common, memory-only case: one atomic decision in process.
-            self.charge_local(&mut plan)
+            (self.charge_local(&mut plan), false)
         };
         let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
-        settle::settle(self, plan, admitted, slots)
+        let mut outcome = settle::settle(self, plan, admitted, slots);
+        outcome.asked_store = asked_store;
+        outcome
     }
 
     /// Decides every local step in one atomic call; returns whether they all admit.
@@ -214,13 +219,14 @@ impl Limiter {
 
     /// With global rules on the shared store: peek at the local rules, spend or take leases,
     /// make the one store call (or fall back), and only then charge the local rules. Returns
-    /// whether every step admits; slots the store or the fallback took go into `slots`.
+    /// whether every step admits, and whether the store was asked; slots the store or the
+    /// fallback took go into `slots`.
     async fn decide_with_store(
         &self,
         plan: &mut Plan<'_>,
         store: &Store,
         slots: &mut Slots,
-    ) -> bool {
+    ) -> (bool, bool) {
         let local: Vec<Check> = plan.local_checks();
         let peeked = if local.is_empty() {
             Vec::new()
@@ -229,7 +235,7 @@ impl Limiter {
         };
         if !peeked.iter().all(|d| d.allowed) {
             plan.put_local(peeked, false);
-            return false;
+            return (false, false);
         }
         let steps = &mut plan.steps;
         let mut admitted = leases::take(&self.leases, &*self.clock, steps, store).await;
@@ -250,7 +256,7 @@ impl Limiter {
         } else {
             plan.put_local(peeked, false);
         }
-        admitted
+        (admitted, asks)
     }
 
     /// The one store call for the steps that ask, or, when it fails, their `on_store_error`.

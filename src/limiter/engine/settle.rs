@@ -68,6 +68,7 @@ pub(super) fn settle(
         applied,
         shadow_rejected,
         slots,
+        asked_store: false,
     }
 }
 
