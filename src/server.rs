@@ -111,7 +111,7 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     }
     // Envoy's rate-limit service: its connections are served on the one runtime thread that
     // Pingora starts a background service on.
-    if let Some(rls) = crate::rls::service::RlsServer::bind(gateway.clone())? {
+    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone())? {
         server.add_service(background_service("rate-limit service", rls));
     }
 

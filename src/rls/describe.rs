@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::limits::{RlsLimit, Settings};
+use crate::limiter::lease::{Lease, LeaseSize};
 use crate::limiter::Window;
 use crate::text::humantime;
 
@@ -39,13 +40,20 @@ pub fn report(rls: &Settings) -> String {
             p.cost,
             p.scope.as_str(),
             p.on_store_error.as_str(),
-            p.lease
-                .map(|lease| format!(" | {}", crate::describe::lease_text(&lease)))
-                .unwrap_or_default(),
+            p.lease.map(|lease| format!(" | {}", lease_text(&lease))).unwrap_or_default(),
             if p.shadow { " | shadow" } else { "" }
         );
     }
     out
+}
+
+/// `lease auto for 1s`, as `check` prints a rule's.
+fn lease_text(l: &Lease) -> String {
+    let size = match l.size {
+        LeaseSize::Auto => "auto".to_string(),
+        LeaseSize::Permits(n) => n.to_string(),
+    };
+    format!("lease {size} for {}", humantime(l.ttl))
 }
 
 /// `token_bucket 100/1m burst 100`.

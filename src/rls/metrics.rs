@@ -54,12 +54,12 @@ pub fn rls_metrics() -> &'static RlsMetrics {
     &M
 }
 
-/// Exports the series of `config`'s `[rls]` at 0 as it is put in force (every result, the
+/// Exports the series of a config's `[rls]` at 0 as it is put in force (every result, the
 /// `other` domain and each configured one), so that a panel shows 0 before the first call.
-pub fn register(config: &crate::config::Config) {
+pub fn register(rls: Option<&super::limits::Settings>) {
     let m = rls_metrics();
     m.unmatched.with_label_values(&[OTHER_DOMAIN]);
-    for l in config.rls.iter().flat_map(|r| &r.limits) {
+    for l in rls.iter().flat_map(|r| &r.limits) {
         m.unmatched.with_label_values(&[&l.domain]);
     }
 }

@@ -20,10 +20,10 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tonic::{Request, Response, Status};
 
-use super::metrics::rls_metrics;
-use super::{answer, bounds, plan};
-use crate::gateway::Gateway;
+use super::Gateway;
 use crate::metrics::metrics;
+use crate::rls::metrics::rls_metrics;
+use crate::rls::{answer, bounds, plan};
 
 /// Streams one HTTP/2 connection may have open at once: Envoy multiplexes its calls over a
 /// few connections, and this bounds what one client can make the service hold.
