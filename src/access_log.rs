@@ -70,6 +70,10 @@ pub struct AccessLine {
     pub client_ip: IpAddr,
     /// The rules that refused the request, comma-separated.
     pub rejected_by: Option<String>,
+    /// The request was slowed (`mode = "slow"`), not refused: `rejected_by` names the rules
+    /// that slowed it, and the line shows them as `slowed_by` (a flag, not a second list, so
+    /// that a queued line stays as small as it was).
+    pub slowed: bool,
     /// The request's `x-request-id`.
     pub request_id: RequestId,
     /// Milliseconds from the request's start to the end of its answer.
@@ -151,11 +155,20 @@ fn emit(line: &AccessLine) {
         upstream = line.upstream.as_deref().unwrap_or("-"),
         key_id = line.identity.as_ref().map_or("-", |i| i.id.as_str()),
         client_ip = %line.client_ip,
-        rejected_by = line.rejected_by.as_deref().unwrap_or("-"),
+        rejected_by = limited_by(line, false),
+        slowed_by = limited_by(line, true),
         request_id = %line.request_id.as_str(),
         latency_ms = line.latency_ms,
         error = line.error,
     );
+}
+
+/// The line's `rejected_by` (`slowed` false) or `slowed_by` (true): its rules, or `-`.
+fn limited_by(line: &AccessLine, slowed: bool) -> &str {
+    match &line.rejected_by {
+        Some(rules) if line.slowed == slowed => rules,
+        _ => "-",
+    }
 }
 
 fn start() -> Option<SyncSender<Message>> {

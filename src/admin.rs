@@ -332,6 +332,7 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
                 "allowed": c.allowed.get(),
                 "rejected": c.rejected.get(),
                 "shadow_rejected": c.shadow_rejected.get(),
+                "slowed": c.slowed.get(),
                 "skipped": c.skipped.get(),
                 "fail_open": c.fail_open.get(),
                 "fail_closed": c.fail_closed.get(),

@@ -61,6 +61,8 @@ pub struct Admission {
     pub slots: Option<Slots>,
     /// Forward or answer.
     pub next: Next,
+    /// Set when the request is forwarded slowed (`mode = "slow"`): its rate and rules.
+    pub slowed: Option<crate::throttle::Slowed>,
 }
 
 /// The verdict.
@@ -88,6 +90,7 @@ impl Admission {
             host: None,
             slots: None,
             next: Next::Answer(Box::new(problem.answer())),
+            slowed: None,
         }
     }
 }
@@ -160,6 +163,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
             delay: Duration::ZERO,
             ratelimit: None,
         },
+        slowed: None,
     };
     if cfg.rules.is_empty() {
         return admission;
@@ -200,6 +204,12 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         cfg.server.legacy_headers,
     );
     admission.slots = Some(outcome.slots);
+    if let Verdict::Slow { rate, rules } = &outcome.verdict {
+        admission.slowed = Some(crate::throttle::Slowed {
+            rate: *rate,
+            rules: rules.join(","),
+        });
+    }
     admission.next = next_for(outcome.verdict, ratelimit, id);
     admission
 }
@@ -252,6 +262,11 @@ fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
     match verdict {
         Verdict::Allow { delay } => Next::Forward {
             delay,
+            ratelimit: Some(ratelimit),
+        },
+        // Served, not refused: the RateLimit fields say r=0 and there is no Retry-After.
+        Verdict::Slow { .. } => Next::Forward {
+            delay: Duration::ZERO,
             ratelimit: Some(ratelimit),
         },
         Verdict::Reject {

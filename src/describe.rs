@@ -59,7 +59,12 @@ pub fn rule_limit(r: &Rule) -> String {
             LeakyMode::Shape => {
                 let _ = write!(out, " shape max_delay {}", humantime(l.max_delay()));
             }
+            // Said below, for every algorithm that can slow.
+            LeakyMode::Slow => {}
         }
+    }
+    if let Some(rate) = l.slow_rate() {
+        let _ = write!(out, " slow slow_rate {}", crate::throttle::show_rate(rate));
     }
     out
 }
@@ -194,6 +199,10 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         if l.mode() == LeakyMode::Shape {
             v["max_delay"] = humantime(l.max_delay()).into();
         }
+    }
+    if let Some(rate) = l.slow_rate() {
+        v["mode"] = l.mode().as_str().into();
+        v["slow_rate"] = rate.into();
     }
     v
 }

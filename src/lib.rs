@@ -30,5 +30,6 @@ pub mod rules;
 pub mod server;
 pub mod shutdown;
 pub mod text;
+pub mod throttle;
 pub mod top;
 pub mod upstream;

@@ -190,7 +190,7 @@ impl Metrics {
             decisions: counter_vec(
                 r,
                 "floodgate_ratelimit_decisions_total",
-                "Rate-limit decisions by rule and result (allowed, rejected, shadow_rejected, skipped).",
+                "Rate-limit decisions by rule and result (allowed, rejected, shadow_rejected, slowed, skipped).",
                 &["rule", "result"],
             ),
             failure_mode: counter_vec(
@@ -337,6 +337,8 @@ pub struct RuleCounters {
     pub rejected: RuleCounter,
     /// result="shadow_rejected".
     pub shadow_rejected: RuleCounter,
+    /// result="slowed": would have rejected, and served the request slowly (`mode = "slow"`).
+    pub slowed: RuleCounter,
     /// result="skipped" (a key part was absent).
     pub skipped: RuleCounter,
     /// mode="open".
@@ -358,6 +360,7 @@ impl RuleCounters {
             allowed: d("allowed"),
             rejected: d("rejected"),
             shadow_rejected: d("shadow_rejected"),
+            slowed: d("slowed"),
             skipped: d("skipped"),
             fail_open: f("open"),
             fail_closed: f("closed"),
@@ -373,6 +376,7 @@ impl RuleCounters {
             &self.allowed,
             &self.rejected,
             &self.shadow_rejected,
+            &self.slowed,
             &self.skipped,
             &self.fail_open,
             &self.fail_closed,

@@ -76,6 +76,8 @@ pub struct RequestCtx {
     slots: Option<Slots>,
     /// The request body's deadline and what was read ahead of the upstream.
     body: crate::body::Body,
+    /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
+    slow: Option<crate::throttle::Throttle>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
@@ -119,6 +121,7 @@ impl ProxyHttp for Proxy {
             no_healthy: None,
             slots: None,
             body: crate::body::Body::default(),
+            slow: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
     }
@@ -164,6 +167,7 @@ impl ProxyHttp for Proxy {
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
         ctx.slots = admitted.slots;
+        ctx.slow = admitted.slowed.map(crate::throttle::Throttle::new);
         match admitted.next {
             Next::Forward { delay, ratelimit } => {
                 ctx.headers = ratelimit;
@@ -173,6 +177,9 @@ impl ProxyHttp for Proxy {
                 // The body is read (up to a bound) before any upstream is asked: a slow body
                 // holds no upstream connection.
                 let timeout = cfg.server.connections.body_timeout;
+                if let Some(slow) = &mut ctx.slow {
+                    slow.body_deadline = Some(Instant::now() + timeout);
+                }
                 let problem = match ctx.body.read_ahead(session, timeout).await? {
                     ReadAhead::Forward => return Ok(false),
                     ReadAhead::TimedOut => {
@@ -415,6 +422,29 @@ impl ProxyHttp for Proxy {
             // Tunnel bytes, not a body: only tunnel_timeout applies.
             return Ok(());
         }
+        if let Some(slow) = &mut ctx.slow {
+            // The client's next piece is not read while this one waits: backpressure. A wait
+            // ends at the body's deadline at the latest, which the check below then finds.
+            let len = body.as_ref().map_or(0, bytes::Bytes::len);
+            let now = Instant::now();
+            match slow
+                .request
+                .wait(len, now, slow.body_deadline, end_of_stream)
+            {
+                crate::throttle::Wait::For(d) | crate::throttle::Wait::UntilDeadline(d) => {
+                    if !d.is_zero() {
+                        tokio::time::sleep(d).await;
+                    }
+                }
+                crate::throttle::Wait::Cut => {
+                    return Err(Error::explain(
+                        ErrorType::ReadTimedout,
+                        "the slowed request body cannot arrive within body_timeout",
+                    )
+                    .into_down());
+                }
+            }
+        }
         if !end_of_stream {
             if ctx.body.late() {
                 return Err(Error::explain(
@@ -449,6 +479,27 @@ impl ProxyHttp for Proxy {
             ));
         }
         Ok(None)
+    }
+
+    fn response_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        match &mut ctx.slow {
+            Some(slow) if !session.was_upgraded() => {
+                let len = body.as_ref().map_or(0, bytes::Bytes::len);
+                crate::throttle::response_delay(
+                    &mut slow.response,
+                    len,
+                    ctx.deadline,
+                    end_of_stream,
+                )
+            }
+            _ => Ok(None),
+        }
     }
 
     async fn response_filter(
@@ -521,7 +572,11 @@ impl ProxyHttp for Proxy {
             upstream: ctx.upstream().map(|u| u.name.clone()),
             identity: ctx.identity.clone(),
             client_ip: ctx.client_ip,
-            rejected_by: ctx.rejected_by.clone(),
+            rejected_by: match &ctx.slow {
+                Some(t) => Some(t.slowed.rules.clone()),
+                None => ctx.rejected_by.clone(),
+            },
+            slowed: ctx.slow.is_some(),
             request_id: ctx.request_id.clone(),
             latency_ms: ctx
                 .start

@@ -570,7 +570,8 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
     let t = top();
     let admitted = match outcome.verdict {
         Verdict::Allow { .. } => true,
-        Verdict::Reject { .. } => false,
+        // Slowed: limited like a rejection, shown among the rule's rejected clients.
+        Verdict::Reject { .. } | Verdict::Slow { .. } => false,
         // The store failed and a rule is closed: nobody was limited by a rule's count.
         Verdict::Unavailable { .. } => return,
     };
@@ -611,7 +612,7 @@ pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied)
     let t = top();
     let admitted = match outcome.verdict {
         Verdict::Allow { .. } => true,
-        Verdict::Reject { .. } => false,
+        Verdict::Reject { .. } | Verdict::Slow { .. } => false,
         Verdict::Unavailable { .. } => return,
     };
     t.decided.fetch_add(1, Ordering::Relaxed);

@@ -178,10 +178,57 @@ impl ServeHttp for OrdersApi {
                     ),
                 }
             }
+            // N bytes of `x` (at most 16 MiB): a download for tests of slowed responses.
+            ("GET", ["download"]) => {
+                let n = req
+                    .uri
+                    .query()
+                    .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("bytes=")))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0)
+                    .min(MAX_TRANSFER);
+                let mut resp = Response::new(vec![b'x'; n]);
+                let h = resp.headers_mut();
+                h.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/octet-stream"),
+                );
+                h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
+                resp
+            }
+            // Reads a body of any size up to 16 MiB and says how many bytes came: an upload
+            // sink for tests of slowed request bodies.
+            ("POST", ["upload"]) => match count_body(session).await {
+                Some(n) => self.reply(StatusCode::OK, &json!({"bytes": n})),
+                None => self.reply(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "body unreadable or over 16 MiB"}),
+                ),
+            },
             _ => self.reply(
                 StatusCode::NOT_FOUND,
                 &json!({"error": "not found", "path": path}),
             ),
+        }
+    }
+}
+
+/// The largest `/download` and `/upload`.
+const MAX_TRANSFER: usize = 16 << 20;
+
+/// Reads a request body to its end, keeping only its length.
+async fn count_body(session: &mut ServerSession) -> Option<usize> {
+    let mut n = 0;
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                n += chunk.len();
+                if n > MAX_TRANSFER {
+                    return None;
+                }
+            }
+            Ok(None) => return Some(n),
+            Err(_) => return None,
         }
     }
 }

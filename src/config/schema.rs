@@ -220,6 +220,8 @@ pub struct RawRule {
     pub status: Option<Spanned<i64>>,
     pub lease: Option<Spanned<RawLease>>,
     pub lease_ttl: Option<Spanned<String>>,
+    /// `mode = "slow"`: bytes per second of a slowed request's bodies (`"64KiB"`).
+    pub slow_rate: Option<Spanned<String>>,
 }
 
 /// A rule's `lease`: `"auto"` or a number of permits.

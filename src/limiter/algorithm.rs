@@ -464,7 +464,8 @@ pub fn leaky_bucket(
         _ => 0,
     };
     let (decision, new_tat) = match limit.mode {
-        LeakyMode::Police => gcra_police(backlog, limit, now_ns, cost),
+        // A slowing bucket counts as a policing one; what it refuses is slowed instead.
+        LeakyMode::Police | LeakyMode::Slow => gcra_police(backlog, limit, now_ns, cost),
         LeakyMode::Shape => gcra_shape(backlog, limit, now_ns, cost),
     };
     let update = match new_tat {

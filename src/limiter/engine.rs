@@ -75,6 +75,15 @@ pub enum Verdict {
         /// Rules that rejected it, in file order.
         rules: Vec<Arc<str>>,
     },
+    /// Forward, but serve the request's bodies at `rate` bytes per second: every rule that
+    /// would reject it is `mode = "slow"` (the smallest `slow_rate` applies). Charged as a
+    /// rejection is: not at all.
+    Slow {
+        /// Bytes per second, each way.
+        rate: u64,
+        /// The rules that slowed it, in file order.
+        rules: Vec<Arc<str>>,
+    },
     /// Refuse with 503: the store is failing and these rules are `on_store_error = "closed"`.
     Unavailable {
         /// When to try again.

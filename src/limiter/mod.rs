@@ -76,6 +76,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(1, "fixed_window"),
                 holds_slots: false,
+                slow_refused: None,
             },
             Algorithm::SlidingWindowLog => Capabilities {
                 window: Window::Required,
@@ -89,6 +90,7 @@ impl Algorithm {
                 lease_refused: Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
                 lua: LuaFn::new(2, "sliding_window_log"),
                 holds_slots: false,
+                slow_refused: None,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
                 window: Window::Required,
@@ -98,6 +100,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(3, "sliding_window_counter"),
                 holds_slots: false,
+                slow_refused: None,
             },
             Algorithm::TokenBucket => Capabilities {
                 window: Window::Required,
@@ -107,6 +110,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(4, "token_bucket"),
                 holds_slots: false,
+                slow_refused: None,
             },
             Algorithm::LeakyBucket => Capabilities {
                 window: Window::Required,
@@ -119,6 +123,9 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(5, "leaky_bucket_police"),
                 holds_slots: false,
+                // A slowing leaky bucket polices (counts, never holds) and slows what it
+                // would reject; mode = "shape" is the other mode, so the two never meet.
+                slow_refused: None,
             },
             Algorithm::Concurrency => Capabilities {
                 window: Window::None {
@@ -130,6 +137,7 @@ impl Algorithm {
                 lease_refused: Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
                 lua: LuaFn::new(7, "concurrency"),
                 holds_slots: true,
+                slow_refused: Some("concurrency counts requests in flight, and a slowed request stays in flight longer: slowing would add load instead of shedding it"),
             },
         }
     }
@@ -169,6 +177,9 @@ pub struct Capabilities {
     pub lua: LuaFn,
     /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
     pub holds_slots: bool,
+    /// Why a rule of this algorithm cannot slow (`mode = "slow"`) what it would reject;
+    /// `None`: it can.
+    pub slow_refused: Option<&'static str>,
 }
 
 impl Capabilities {
@@ -252,19 +263,26 @@ pub fn shaping_names() -> String {
     Algorithm::names_where(|c| c.shaping.is_some())
 }
 
-/// What a leaky bucket does with a request that does not fit right now.
+/// What a rule does with a request that does not fit right now (`mode`): refuse it, make it
+/// wait (a leaky bucket only), or serve it slowly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LeakyMode {
     /// Reject when the bucket is full (`burst` requests counted in it).
     Police,
     /// Hold the request until its turn, up to `max_delay` and `burst` waiting, then reject.
     Shape,
+    /// Forward what would be rejected, its bodies limited to the rule's `slow_rate`
+    /// ([`Limit::slow_rate`]); counted as a rejection is (not charged).
+    Slow,
 }
 
 impl LeakyMode {
     /// Every mode with its gateway.toml name.
-    pub const NAMES: &'static [(&'static str, LeakyMode)] =
-        &[("police", LeakyMode::Police), ("shape", LeakyMode::Shape)];
+    pub const NAMES: &'static [(&'static str, LeakyMode)] = &[
+        ("police", LeakyMode::Police),
+        ("shape", LeakyMode::Shape),
+        ("slow", LeakyMode::Slow),
+    ];
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
@@ -284,6 +302,8 @@ pub struct Limit {
     burst: u64,
     mode: LeakyMode,
     max_delay: Duration,
+    /// `mode = "slow"`: bytes per second of a slowed request's bodies (0 in other modes).
+    slow_rate: u64,
 }
 
 impl Limit {
@@ -317,7 +337,12 @@ impl Limit {
         if mode == LeakyMode::Shape && caps.shaping.is_none() {
             return Err(format!("mode applies to {} only", shaping_names()));
         }
-        if mode == LeakyMode::Police && !max_delay.is_zero() {
+        if mode == LeakyMode::Slow {
+            if let Some(why) = caps.slow_refused {
+                return Err(format!("mode = \"slow\" is not allowed here: {why}"));
+            }
+        }
+        if mode != LeakyMode::Shape && !max_delay.is_zero() {
             return Err(format!(
                 "max_delay applies to {} with mode = \"shape\" only",
                 shaping_names()
@@ -330,6 +355,23 @@ impl Limit {
             burst,
             mode,
             max_delay,
+            slow_rate: 0,
+        })
+    }
+
+    /// This limit slowing what it would reject to `rate` bytes per second: only a limit in
+    /// `mode = "slow"` takes one, and it needs one of at least 1 byte per second (validation
+    /// holds `slow_rate` to its documented bounds and names the key's location).
+    pub fn slowed_to(self, rate: u64) -> Result<Limit, String> {
+        if self.mode != LeakyMode::Slow {
+            return Err("slow_rate applies only with mode = \"slow\"".into());
+        }
+        if rate == 0 {
+            return Err("slow_rate must be at least 1 byte per second".into());
+        }
+        Ok(Limit {
+            slow_rate: rate,
+            ..self
         })
     }
 
@@ -401,6 +443,12 @@ impl Limit {
     /// Leaky bucket shape mode: the longest a request may be held (zero otherwise).
     pub fn max_delay(&self) -> Duration {
         self.max_delay
+    }
+
+    /// `mode = "slow"`: the bytes per second a request this limit would reject is served at
+    /// (`None` in other modes, or before [`Limit::slowed_to`] gave it a rate).
+    pub fn slow_rate(&self) -> Option<u64> {
+        (self.mode == LeakyMode::Slow && self.slow_rate > 0).then_some(self.slow_rate)
     }
 }
 

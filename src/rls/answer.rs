@@ -29,7 +29,8 @@ pub fn response(
 ) -> Result<RateLimitResponse, Status> {
     let rejected = match &outcome.verdict {
         Verdict::Allow { .. } => false,
-        Verdict::Reject { .. } => true,
+        // A slowed request is a rejected one to Envoy (no rls limit slows: validation).
+        Verdict::Reject { .. } | Verdict::Slow { .. } => true,
         Verdict::Unavailable { rules, .. } => {
             let names: Vec<&str> = rules.iter().map(|r| &**r).collect();
             return Err(Status::unavailable(format!(

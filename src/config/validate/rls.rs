@@ -17,7 +17,7 @@ use super::rules::{charge, shape};
 use super::source::Src;
 use crate::config::schema::*;
 use crate::config::ConfigError;
-use crate::limiter::{Algorithm, LeakyMode, Limit};
+use crate::limiter::{Algorithm, Limit};
 use crate::rls::limits::{Entry, RlsLimit, Settings, MAX_ENTRIES};
 use crate::rules::{Policy, Rule};
 
@@ -91,19 +91,22 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
         ));
     }
     let entries = descriptor(src, l, name)?;
+    // Only policing answers Envoy: a shaping bucket would hold the answer past Envoy's
+    // timeout, and a slowed request's bodies are Envoy's to serve, not floodgate's.
+    if let Some(m) = l.mode.as_ref().filter(|m| m.get_ref() != "police") {
+        if ["shape", "slow"].contains(&m.get_ref().as_str()) {
+            return Err(src.err(
+                m.span(),
+                format!("rls limit \"{name}\": mode = \"{}\" cannot apply to Envoy's question (shaping would hold the answer past Envoy's timeout; slowing serves bodies floodgate never sees); a rate-limit service only polices", m.get_ref()),
+            ));
+        }
+    }
     let rule = as_rule(l);
     let shape = shape(src, &rule, name).map_err(|e| as_limit(e, name))?;
     if shape.algorithm == Algorithm::Concurrency {
         return Err(src.err(
             l.algorithm.span(),
             format!("rls limit \"{name}\": concurrency counts requests in flight, and a rate-limit service never hears when Envoy's request ends; use a rule of the gateway for it"),
-        ));
-    }
-    if shape.mode == LeakyMode::Shape {
-        let span = l.mode.as_ref().map_or(l.algorithm.span(), |m| m.span());
-        return Err(src.err(
-            span,
-            format!("rls limit \"{name}\": mode = \"shape\" would hold Envoy's question past its timeout; a rate-limit service only polices"),
         ));
     }
     let charge = charge(src, &rule, name, &shape).map_err(|e| as_limit(e, name))?;
@@ -217,6 +220,7 @@ fn as_rule(l: &RawRlsLimit) -> RawRule {
         status: None,
         lease: l.lease.clone(),
         lease_ttl: l.lease_ttl.clone(),
+        slow_rate: None,
     }
 }
 

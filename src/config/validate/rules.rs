@@ -69,6 +69,10 @@ pub(super) fn rules(
                     shape.mode,
                     shape.max_delay,
                 )
+                .and_then(|l| match shape.slow_rate {
+                    Some(rate) => l.slowed_to(rate),
+                    None => Ok(l),
+                })
                 .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
                 scope: charge.scope,
                 on_store_error: charge.on_store_error,
@@ -93,10 +97,12 @@ pub(super) struct Shape {
     pub(super) burst: u64,
     pub(super) mode: LeakyMode,
     pub(super) max_delay: Duration,
+    /// `mode = "slow"`: its `slow_rate` in bytes per second.
+    pub(super) slow_rate: Option<u64>,
 }
 
-/// `algorithm`, `limit`, `window`, `burst`, `mode` and `max_delay`, each checked against the
-/// algorithm it applies to.
+/// `algorithm`, `limit`, `window`, `burst`, `mode`, `max_delay` and `slow_rate`, each checked
+/// against the algorithm it applies to.
 pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
     let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
     let limit = src.positive(&r.limit, "limit")?;
@@ -164,6 +170,15 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
         None => limit,
     };
     let mode = match &r.mode {
+        Some(m) if m.get_ref() == LeakyMode::Slow.as_str() => {
+            if let Some(why) = caps.slow_refused {
+                return Err(src.err(
+                    m.span(),
+                    format!("rule \"{name}\": mode = \"slow\" is not allowed here: {why}"),
+                ));
+            }
+            LeakyMode::Slow
+        }
         Some(m) if caps.shaping.is_some() => src.one_of(m, "mode", LeakyMode::NAMES)?,
         Some(m) => {
             return Err(src.err(
@@ -208,6 +223,7 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
             format!("rule \"{name}\": an empty bucket would take {days} days to refill (burst × window / limit); at most 3650d (ten years), the longest the shared store times exactly"),
         ));
     }
+    let slow_rate = slow_rate(src, r, name, mode)?;
     Ok(Shape {
         algorithm,
         limit,
@@ -215,7 +231,35 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
         burst,
         mode,
         max_delay,
+        slow_rate,
     })
+}
+
+/// `slow_rate`: required with `mode = "slow"` (which `shape` accepted only for an algorithm
+/// that can slow), refused without it.
+fn slow_rate(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    mode: LeakyMode,
+) -> Result<Option<u64>, ConfigError> {
+    match (&r.slow_rate, mode) {
+        (Some(rate), LeakyMode::Slow) => crate::throttle::parse_rate(rate.get_ref())
+            .map(Some)
+            .map_err(|e| src.err(rate.span(), format!("rule \"{name}\": {e}"))),
+        (Some(rate), _) => Err(src.err(
+            rate.span(),
+            format!("rule \"{name}\": slow_rate applies only with mode = \"slow\""),
+        )),
+        (None, LeakyMode::Slow) => {
+            let span = r.mode.as_ref().map_or(r.name.span(), |m| m.span());
+            Err(src.err(
+                span,
+                format!("rule \"{name}\": mode = \"slow\" needs a slow_rate, e.g. slow_rate = \"64KiB\" (bytes per second of a slowed request)"),
+            ))
+        }
+        (None, _) => Ok(None),
+    }
 }
 
 /// `key`: the request parts a counter is per, at least one.

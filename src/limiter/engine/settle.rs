@@ -57,7 +57,13 @@ pub(super) fn settle(
             });
         }
     }
-    let verdict = verdict(admitted, &applied, closed);
+    // A rule left undecided (an earlier phase refused the request first) might have refused
+    // it too: only a rule that can do nothing worse than slow may stay unknown.
+    let undecided = plan
+        .steps
+        .iter()
+        .any(|s| s.decision.is_none() && s.rule.limit.slow_rate().is_none());
+    let verdict = verdict(admitted, &applied, closed, undecided);
     let shadow_rejected = if admitted {
         shadow_rules(&limiter.local, plan.shadow(), &mut slots)
     } else {
@@ -73,9 +79,9 @@ pub(super) fn settle(
 }
 
 /// The verdict, counting each rule's decision: every rule of an admitted request counts it
-/// allowed; the rules that rejected a rejected one count it rejected (a 503 of `closed`
-/// rules is counted by the fallback).
-fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdict {
+/// allowed; the rules that rejected a rejected one count it rejected, or slowed when every
+/// one of them slows (a 503 of `closed` rules is counted by the fallback).
+fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>, undecided: bool) -> Verdict {
     if admitted {
         for a in applied {
             a.rule.counters.allowed.inc();
@@ -93,6 +99,9 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
             rules: closed,
         };
     }
+    if let Some(slow) = slowed(applied, undecided) {
+        return slow;
+    }
     let mut status = 429;
     let mut retry_after = Duration::ZERO;
     let mut names = Vec::new();
@@ -109,6 +118,28 @@ fn verdict(admitted: bool, applied: &[Applied], closed: Vec<Arc<str>>) -> Verdic
         retry_after,
         rules: names,
     }
+}
+
+/// The slowed verdict of a refused request, when every rule that refused it slows
+/// (`mode = "slow"`) and no rule that could reject is left undecided: the smallest
+/// `slow_rate` applies. `None`: it stays refused.
+fn slowed(applied: &[Applied], undecided: bool) -> Option<Verdict> {
+    if undecided {
+        return None;
+    }
+    let mut rate = u64::MAX;
+    let mut rules = Vec::new();
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        rate = rate.min(a.rule.limit.slow_rate()?);
+        rules.push(a.rule.name.clone());
+    }
+    if rules.is_empty() {
+        return None;
+    }
+    for a in applied.iter().filter(|a| !a.decision.allowed) {
+        a.rule.counters.slowed.inc();
+    }
+    Some(Verdict::Slow { rate, rules })
 }
 
 /// Decides an admitted request's shadow rules one by one, in process: they count and never

@@ -9,6 +9,7 @@ mod hostile;
 mod leasing;
 mod shaping;
 mod slots;
+mod slowing;
 
 use std::path::Path;
 use std::sync::Arc;

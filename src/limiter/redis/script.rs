@@ -321,6 +321,7 @@ mod tests {
                 burst,
                 mode: LeakyMode::Shape,
                 max_delay: Duration::from_millis(250),
+                slow_rate: 0,
             },
             cost: 1,
         }

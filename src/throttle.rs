@@ -1,0 +1,254 @@
+//! `mode = "slow"`: a request a rule would reject is forwarded, and its bodies go at the
+//! rule's `slow_rate` bytes per second, each way.
+//!
+//! Nothing here sleeps on a thread or buffers. The proxy asks [`Pace::wait`] before each body
+//! piece goes on, and awaits what it answers: Pingora's `response_body_filter` returns it as
+//! the delay before the piece is written to the client (while it waits, the upstream side
+//! fills Pingora's four-piece channel and then stops reading: the upstream is read no faster
+//! than the client is served), and `request_body_filter` awaits it before the piece goes
+//! upstream (the client's next piece is not read meanwhile). A request's memory is then
+//! what Pingora holds anyway: at most the channel's pieces (each at most 64 KiB from an
+//! HTTP/1.1 upstream, one 16 KiB frame from HTTP/2) and the socket buffers.
+//!
+//! A piece is sent whole: Pingora's filters cannot split it. The wait is counted per byte
+//! (a piece goes when every byte sent so far, itself included, is due at `slow_rate`), so the
+//! average rate is exact and the client sees at most one piece at a time ahead of the pace.
+//! [`MIN_SLOW_RATE`] keeps the gap before one 64 KiB piece to a minute at most.
+//!
+//! Timeouts still apply: a wait never runs past the upstream's total `timeout` (the exchange
+//! is cut there, see [`Pace::wait`]), `read_timeout` still times every upstream read, and an
+//! upload still has to arrive within `body_timeout`.
+
+use std::time::{Duration, Instant};
+
+/// The smallest `slow_rate`: 1 KiB per second. Below it, one 64 KiB piece of an upstream's
+/// body would keep a client waiting more than a minute between two writes.
+pub const MIN_SLOW_RATE: u64 = 1024;
+
+/// The largest `slow_rate`: 1 GiB per second (faster is not a slowdown).
+pub const MAX_SLOW_RATE: u64 = 1024 * 1024 * 1024;
+
+/// Parses a `slow_rate`: a whole number of `B`, `KiB` or `MiB` (per second, per request),
+/// between [`MIN_SLOW_RATE`] and [`MAX_SLOW_RATE`].
+pub fn parse_rate(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| {
+        format!("slow_rate \"{t}\" has no unit; write e.g. \"{t}KiB\" (units: B, KiB, MiB)")
+    })?;
+    let (number, unit) = t.split_at(split);
+    if number.is_empty() {
+        return Err(format!(
+            "slow_rate \"{t}\" must start with a whole number, e.g. \"64KiB\""
+        ));
+    }
+    let scale: u64 = match unit {
+        "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        _ => {
+            return Err(format!(
+                "slow_rate \"{t}\" has unknown unit \"{unit}\" (units: B, KiB, MiB)"
+            ))
+        }
+    };
+    let rate = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|&r| r <= MAX_SLOW_RATE)
+        .ok_or_else(|| format!("slow_rate \"{t}\" is more than 1GiB per second"))?;
+    if rate < MIN_SLOW_RATE {
+        return Err(format!(
+            "slow_rate \"{t}\" is less than 1KiB per second (a single 64KiB piece of a body would wait over a minute)"
+        ));
+    }
+    Ok(rate)
+}
+
+/// A rate as gateway.toml writes it: `64KiB`, `1MiB`, `1500B` (what `check` shows).
+pub fn show_rate(rate: u64) -> String {
+    match rate {
+        r if r >= 1 << 20 && r % (1 << 20) == 0 => format!("{}MiB", r >> 20),
+        r if r >= 1 << 10 && r % (1 << 10) == 0 => format!("{}KiB", r >> 10),
+        r => format!("{r}B"),
+    }
+}
+
+/// What slowed a request: the rate and the rules, for the proxy and the access log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slowed {
+    /// Bytes per second, each way.
+    pub rate: u64,
+    /// The rules that slowed it, comma-separated (the access log's `slowed_by`).
+    pub rules: String,
+}
+
+/// One slowed request's state across the proxy's phases: what slowed it and the pace of each
+/// direction.
+#[derive(Debug, Clone)]
+pub struct Throttle {
+    /// The rate and the rules.
+    pub slowed: Slowed,
+    /// The request body's pace (what goes upstream).
+    pub request: Pace,
+    /// The response body's pace (what goes to the client).
+    pub response: Pace,
+    /// When the request body is due (`body_timeout` after its head): an upload's wait never
+    /// runs past it.
+    pub body_deadline: Option<Instant>,
+}
+
+impl Throttle {
+    /// A throttle at the rate `slowed` names, each direction paced on its own.
+    pub fn new(slowed: Slowed) -> Throttle {
+        Throttle {
+            request: Pace::new(slowed.rate),
+            response: Pace::new(slowed.rate),
+            body_deadline: None,
+            slowed,
+        }
+    }
+}
+
+/// The pace of one direction of one slowed request.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    rate: u64,
+    /// When the first piece came: the pace counts from there.
+    start: Option<Instant>,
+    /// Bytes let through so far.
+    sent: u64,
+}
+
+/// What to do with the next piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Send it after this long.
+    For(Duration),
+    /// The deadline comes before the piece is due: send it at the deadline, where the
+    /// exchange will be cut (the next piece finds the deadline past).
+    UntilDeadline(Duration),
+    /// The deadline has passed, or the last piece would be due after it: cut the exchange now.
+    Cut,
+}
+
+impl Pace {
+    /// A pace of `rate` bytes per second (at least 1).
+    pub fn new(rate: u64) -> Pace {
+        Pace {
+            rate: rate.max(1),
+            start: None,
+            sent: 0,
+        }
+    }
+
+    /// How long the next piece of `bytes` waits at `now`: until every byte let through,
+    /// these included, is due at the rate. `deadline`: when the exchange must be over;
+    /// `last`: this piece ends the body (it must then be due in time itself).
+    pub fn wait(
+        &mut self,
+        bytes: usize,
+        now: Instant,
+        deadline: Option<Instant>,
+        last: bool,
+    ) -> Wait {
+        if deadline.is_some_and(|d| now >= d) {
+            return Wait::Cut;
+        }
+        let start = *self.start.get_or_insert(now);
+        self.sent = self.sent.saturating_add(bytes as u64);
+        let due = start + due_after(self.sent, self.rate);
+        let wait = due.saturating_duration_since(now);
+        match deadline {
+            Some(d) if due > d && last => Wait::Cut,
+            Some(d) if due > d => Wait::UntilDeadline(d.saturating_duration_since(now)),
+            _ => Wait::For(wait),
+        }
+    }
+}
+
+/// What Pingora's `response_body_filter` answers for a slowed response's next piece of
+/// `len` bytes: the delay before it is written, or the error that cuts the exchange at the
+/// upstream's total `deadline`.
+pub fn response_delay(
+    pace: &mut Pace,
+    len: usize,
+    deadline: Option<Instant>,
+    last: bool,
+) -> pingora::Result<Option<Duration>> {
+    match pace.wait(len, Instant::now(), deadline, last) {
+        Wait::For(d) | Wait::UntilDeadline(d) if d.is_zero() => Ok(None),
+        Wait::For(d) | Wait::UntilDeadline(d) => Ok(Some(d)),
+        Wait::Cut => Err(pingora::Error::explain(
+            pingora::ErrorType::ReadTimedout,
+            "the upstream's total timeout ran out while the response was slowed",
+        )),
+    }
+}
+
+/// How long after the start `sent` bytes are due at `rate` bytes per second.
+fn due_after(sent: u64, rate: u64) -> Duration {
+    let nanos = u128::from(sent) * 1_000_000_000 / u128::from(rate);
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_take_b_kib_and_mib_within_bounds() {
+        assert_eq!(parse_rate("64KiB"), Ok(64 * 1024));
+        assert_eq!(parse_rate("1MiB"), Ok(1024 * 1024));
+        assert_eq!(parse_rate("2048B"), Ok(2048));
+        assert_eq!(parse_rate("1024MiB"), Ok(MAX_SLOW_RATE));
+        for bad in [
+            "64", "KiB", "64kb", "64 KiB", "1.5MiB", "100B", "1025MiB", "0KiB",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad} should be refused");
+        }
+        assert!(parse_rate("99999999999999999999MiB").is_err());
+        for shown in ["64KiB", "1MiB", "1500B", "1536KiB"] {
+            assert_eq!(show_rate(parse_rate(shown).unwrap()), shown);
+        }
+    }
+
+    #[test]
+    fn bytes_go_at_the_rate_counted_per_byte() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(50 * 1024);
+        // 150 KiB in three 50 KiB pieces arriving at once: due at 1 s, 2 s, 3 s.
+        assert_eq!(
+            p.wait(50 * 1024, t0, None, false),
+            Wait::For(Duration::from_secs(1))
+        );
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(
+            p.wait(50 * 1024, t1, None, false),
+            Wait::For(Duration::from_secs(1))
+        );
+        // A piece that comes late goes at once, and the pace is not reset by it.
+        let late = t0 + Duration::from_secs(10);
+        assert_eq!(
+            p.wait(50 * 1024, late, None, true),
+            Wait::For(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn a_wait_never_runs_past_the_deadline() {
+        let t0 = Instant::now();
+        let deadline = Some(t0 + Duration::from_millis(500));
+        let mut p = Pace::new(1024);
+        assert_eq!(
+            p.wait(1024, t0, deadline, false),
+            Wait::UntilDeadline(Duration::from_millis(500))
+        );
+        assert_eq!(
+            p.wait(1, t0 + Duration::from_millis(500), deadline, false),
+            Wait::Cut
+        );
+        let mut last = Pace::new(1024);
+        assert_eq!(last.wait(4096, t0, deadline, true), Wait::Cut);
+    }
+}
