@@ -115,6 +115,7 @@ fn policy(name: &str, algorithm: Algorithm, scope: Scope, lease: Option<Lease>) 
         counters: RuleCounters::for_rule(name),
         lease,
         max_waiting: MAX_WAITING_PER_RULE,
+        respond: Default::default(),
     })
 }
 

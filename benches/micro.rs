@@ -43,6 +43,7 @@ fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm)
             counters: RuleCounters::for_rule(name),
             lease: None,
             max_waiting: floodgate::limiter::engine::MAX_WAITING_PER_RULE,
+            respond: Default::default(),
         }),
     }
 }

@@ -21,6 +21,10 @@
 --           state: cost, plus at most floor(remaining / share) more (a fair share of what is
 --           left, shrinking to single permits as the budget runs out), never more than lease.
 --
+-- ARGV[3 + #KEYS + i] optional: check i's block_for in ms (absent or 0: the rule does not
+--           block). A key whose block key <key>:b lives is refused for what is left of it
+--           without reading its state; a key the rule rejects gets the block key, PX block_for.
+--
 -- Every check is decided against the stored state first; only if every one admits is any of
 -- them charged (all or nothing). Returns 11 numbers per check, in KEYS order:
 --   allowed (1/0), remaining, reset (wide: us, ns), retry_after (wide, 0 when allowed),
@@ -53,6 +57,8 @@ local lease = ARGV[1]
 local lease_ttl = tonumber(ARGV[2])
 local out = {}
 local charges = {}
+local blocks = {}
+local n_keys = #KEYS
 local admitted = true
 for i, key in ipairs(KEYS) do
   local packed = ARGV[3 + i]
@@ -77,8 +83,32 @@ for i, key in ipairs(KEYS) do
     lease = lease,
     lease_ttl = lease_ttl,
   }
-  local allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge =
-    decide(key, now, p)
+  local allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge
+  -- block_for: a key its rule rejected is refused, before its state is read, until the
+  -- block key (same hash tag, so the same cluster slot) expires.
+  local block_ms = tonumber(ARGV[3 + n_keys + i] or '') or 0
+  local blocked_ms = 0
+  if block_ms > 0 then
+    blocked_ms = math.max(0, redis.call('PTTL', key .. ':b'))
+  end
+  if blocked_ms > 0 then
+    allowed, remaining, charge = false, 0, nil
+    reset_u, reset_n, retry_u, retry_n = blocked_ms * 1000, 0, blocked_ms * 1000, 0
+    delay_u, delay_n = 0, 0
+  else
+    allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge =
+      decide(key, now, p)
+    if not allowed and block_ms > 0 then
+      blocks[#blocks + 1] = { key, block_ms }
+      -- The rejection that starts the block says to retry when it ends.
+      if w_lt(retry_u, retry_n, block_ms * 1000, 0) then
+        retry_u, retry_n = block_ms * 1000, 0
+      end
+      if w_lt(reset_u, reset_n, block_ms * 1000, 0) then
+        reset_u, reset_n = block_ms * 1000, 0
+      end
+    end
+  end
   local granted, window_left, window_end = cost, 0, 0
   if code == 1 or code == 3 then
     local _, into = floor_div(now, window)
@@ -120,5 +150,8 @@ if admitted then
   for _, charge in ipairs(charges) do
     charge()
   end
+end
+for _, b in ipairs(blocks) do
+  redis.call('SET', b[1] .. ':b', '1', 'PX', b[2])
 end
 return struct.pack('<' .. string.rep('d', #out), unpack(out))

@@ -272,26 +272,45 @@ fn top_clients(cfg: &Config, query: &str) -> Response<Vec<u8>> {
     }
     let t = top();
     let now = t.now();
-    let list = match t.rule(&rule) {
-        Some(state) => state.lock().top(now, window, by, limit),
-        None => TopList {
-            total: 0,
-            bound: 0,
-            clients: Vec::new(),
-        },
+    let (list, blocked) = match t.rule(&rule) {
+        Some(state) => {
+            let state = state.lock();
+            (state.top(now, window, by, limit), state.blocked(t.now_ms()))
+        }
+        None => (
+            TopList {
+                total: 0,
+                bound: 0,
+                clients: Vec::new(),
+            },
+            Vec::new(),
+        ),
     };
+    let key_json = |client: &crate::top::Client| -> serde_json::Map<String, serde_json::Value> {
+        client
+            .parts
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into()))
+            .collect()
+    };
+    let blocked: Vec<serde_json::Value> = blocked
+        .iter()
+        .take(limit)
+        .map(|(client, until_ms)| {
+            let left_ms = until_ms.saturating_sub(t.now_ms());
+            serde_json::json!({
+                "key": key_json(client),
+                "until_unix_ms": until_ms,
+                "seconds_left": left_ms.div_ceil(1000),
+            })
+        })
+        .collect();
     let clients: Vec<serde_json::Value> = list
         .clients
         .iter()
         .map(|c| {
-            let key: serde_json::Map<String, serde_json::Value> = c
-                .client
-                .parts
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone().into()))
-                .collect();
             serde_json::json!({
-                "key": key,
+                "key": key_json(&c.client),
                 "count": c.count,
                 "error": c.error,
                 "admitted": c.admitted,
@@ -309,6 +328,7 @@ fn top_clients(cfg: &Config, query: &str) -> Response<Vec<u8>> {
             "counters": crate::top::COUNTERS,
             "bound": list.bound,
             "clients": clients,
+            "blocked": blocked,
         }),
     )
 }

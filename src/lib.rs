@@ -25,6 +25,7 @@ pub mod normalize;
 pub mod proxy;
 pub mod query;
 pub mod response;
+pub mod response_cost;
 pub mod rls;
 pub mod rules;
 pub mod server;

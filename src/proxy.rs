@@ -74,6 +74,8 @@ pub struct RequestCtx {
     no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     slots: Option<Slots>,
+    /// Reads `cost_from` rules' true costs from the upstream's response as it streams by.
+    cost: Option<crate::response_cost::CostReader>,
     /// The request body's deadline and what was read ahead of the upstream.
     body: crate::body::Body,
     /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
@@ -120,6 +122,7 @@ impl ProxyHttp for Proxy {
             responded: false,
             no_healthy: None,
             slots: None,
+            cost: None,
             body: crate::body::Body::default(),
             slow: None,
             _in_flight: crate::shutdown::requests().enter(),
@@ -387,6 +390,8 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
+        crate::response_cost::settle_on_status(ctx.slots.as_mut(), upstream_response.status).await;
+        ctx.cost = crate::response_cost::CostReader::start(ctx.slots.as_mut(), upstream_response);
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // The client's side of the tunnel gets the same idle timeout as the upstream's.
             if let Some(u) = ctx.upstream() {
@@ -462,10 +467,18 @@ impl ProxyHttp for Proxy {
     fn upstream_response_body_filter(
         &self,
         session: &mut Session,
-        _body: &mut Option<bytes::Bytes>,
+        body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
+        if let Some(reader) = ctx.cost.as_mut() {
+            if let Some(piece) = body.as_deref() {
+                reader.feed(piece);
+            }
+            if end_of_stream {
+                reader.finish();
+            }
+        }
         // The total `timeout` covers the whole body; each read is also capped by read_timeout.
         // The last piece has arrived in time whatever the clock says now. A tunnel (after a
         // 101) has no end to wait for: only tunnel_timeout applies to it.
@@ -552,6 +565,9 @@ impl ProxyHttp for Proxy {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The response is complete: a kept-alive connection now waits for its next request.
         crate::connection::exchange_done(session);
+        // The exchange is over (also when the client left mid-stream): cost_from rules are
+        // charged what was read.
+        crate::response_cost::settle_costs(ctx.slots.as_mut(), ctx.cost.take()).await;
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.slots = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());

@@ -318,6 +318,7 @@ mod tests {
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rule"),
                 lease: None,
                 max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
+                respond: Default::default(),
             }),
         }
     }

@@ -266,7 +266,15 @@ pub struct RuleTop {
     windows: [Vec<Bucket>; 2],
     /// Per second, `(second, admitted, rejected)`, at `second % SERIES_SECONDS`.
     series: Vec<(u64, u64, u64)>,
+    /// Keys a `block_for` rule keeps out now: counter → (Unix millisecond the block ends,
+    /// who). At most
+    /// [`BLOCKED_SHOWN`]: past it, the block ending first makes room.
+    blocked: HashMap<u64, (u64, Arc<Client>)>,
 }
+
+/// How many blocked keys a rule's `/top` remembers (the store holds every block; this is what
+/// is shown of them).
+pub const BLOCKED_SHOWN: usize = 256;
 
 impl Default for RuleTop {
     fn default() -> Self {
@@ -282,6 +290,7 @@ impl Default for RuleTop {
         RuleTop {
             windows: [window(WINDOWS[0]), window(WINDOWS[1])],
             series: Vec::new(),
+            blocked: HashMap::new(),
         }
     }
 }
@@ -422,6 +431,48 @@ impl RuleTop {
         }
     }
 
+    /// Notes that the key `hash` is blocked until `until` (a `block_for` rule refused it at
+    /// `now`; both Unix milliseconds).
+    pub fn block(
+        &mut self,
+        now: u64,
+        hash: u64,
+        until: u64,
+        label: &mut dyn FnMut() -> Arc<Client>,
+    ) {
+        if let Some(entry) = self.blocked.get_mut(&hash) {
+            entry.0 = entry.0.max(until);
+            return;
+        }
+        if self.blocked.len() >= BLOCKED_SHOWN {
+            self.blocked.retain(|_, (end, _)| *end > now);
+        }
+        if self.blocked.len() >= BLOCKED_SHOWN {
+            let first = self.blocked.iter().min_by_key(|(_, (end, _))| *end);
+            match first.map(|(h, (end, _))| (*h, *end)) {
+                Some((h, end)) if end < until => {
+                    self.blocked.remove(&h);
+                }
+                // Every remembered block outlasts this one: it is the one left out.
+                _ => return,
+            }
+        }
+        self.blocked.insert(hash, (until, label()));
+    }
+
+    /// The keys blocked at `now` (Unix milliseconds), the longest block first: `(who, Unix
+    /// millisecond it ends)`.
+    pub fn blocked(&self, now: u64) -> Vec<(Arc<Client>, u64)> {
+        let mut live: Vec<(Arc<Client>, u64)> = self
+            .blocked
+            .values()
+            .filter(|(end, _)| *end > now)
+            .map(|(end, client)| (client.clone(), *end))
+            .collect();
+        live.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.parts.cmp(&b.0.parts)));
+        live
+    }
+
     /// `(admitted, rejected)` per second for the `SERIES_SECONDS` seconds ending at `now`
     /// (inclusive), oldest first.
     pub fn series(&self, now: u64) -> (Vec<u64>, Vec<u64>) {
@@ -476,6 +527,11 @@ impl Top {
     /// Now, in Unix seconds on a monotonic clock (so windows never run backwards).
     pub fn now(&self) -> u64 {
         self.started_unix + self.started.elapsed().as_secs()
+    }
+
+    /// [`Top::now`] in milliseconds: when blocks end.
+    pub fn now_ms(&self) -> u64 {
+        self.started_unix * 1000 + self.started.elapsed().as_millis() as u64
     }
 
     /// The state of rule `name`, if it has recorded anything.
@@ -598,7 +654,14 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
                 })
                 .clone()
         };
-        state.lock().record(now, a.counter, admitted, &mut make);
+        let mut state = state.lock();
+        state.record(now, a.counter, admitted, &mut make);
+        if !a.decision.allowed && !a.rule.limit.block_for().is_zero() {
+            // A refusal of a blocking rule: the key is kept out until its Retry-After.
+            let now_ms = t.now_ms();
+            let until = now_ms + a.decision.retry_after.as_millis() as u64;
+            state.block(now_ms, a.counter, until, &mut make);
+        }
     }
 }
 

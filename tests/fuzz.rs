@@ -985,6 +985,7 @@ fn rule_of(a: &Applied) -> Policy {
         counters: RuleCounters::for_rule("fuzz"),
         lease: None,
         max_waiting: floodgate::limiter::engine::MAX_WAITING_PER_RULE,
+        respond: Default::default(),
     }
 }
 

@@ -103,8 +103,8 @@ async fn routes_auth_and_404() {
     let r = c.post(gw.url("/login")).send().await.unwrap();
     assert_eq!(
         r.status(),
-        404,
-        "the demo API has no /login, but the gateway routed it"
+        401,
+        "the demo API refuses a login without the password, and the gateway routed it"
     );
     assert!(r.headers().get("x-served-by").is_some());
     let r = c.get(gw.url("/login")).send().await.unwrap();

@@ -591,7 +591,9 @@ async fn documented_metrics_are_exactly_the_exported_ones() {
          [[rules]]\nname = \"leased\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 1000\n\
          window = \"1m\"\nscope = \"global\"\nlease = \"auto\"\n\n\
          [[rules]]\nname = \"one\"\nmatch = {{ path = \"/orders/1\" }}\nkey = [\"ip\"]\n\
-         algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"\n",
+         algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"\n\n\
+         [[rules]]\nname = \"priced\"\nmatch = {{ path = \"/priced\" }}\nkey = [\"ip\"]\n\
+         algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nscope = \"local\"\ncost_from = \"header:x-cost\"\n",
         orders_upstream(&[api.addr])
     );
     let gw = Gateway::start(&body);

@@ -62,9 +62,10 @@ async fn the_shipped_rules_work() {
         "100/min refills one token every 0.6s"
     );
 
-    // login: sliding log, 5 per minute per IP (the demo API has no /login and answers 404).
+    // login: sliding log, 5 failed logins per minute per IP (the demo API answers 401 to a
+    // wrong password), then a 15-minute block.
     for _ in 0..5 {
-        assert_eq!(c.post(url("/login")).send().await.unwrap().status(), 404);
+        assert_eq!(c.post(url("/login")).send().await.unwrap().status(), 401);
     }
     let r = c.post(url("/login")).send().await.unwrap();
     assert_eq!(r.status(), 429);
@@ -73,7 +74,10 @@ async fn the_shipped_rules_work() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!((55..=60).contains(&wait), "Retry-After {wait}");
+    assert!(
+        (895..=900).contains(&wait),
+        "Retry-After {wait}: the 15m block"
+    );
 
     // exports: at most 2 in flight per user.
     let slow = hold_slots(

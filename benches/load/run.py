@@ -16,6 +16,9 @@ wrk (one thread). The systems compared:
   fg-global1      floodgate, one global token-bucket rule on Redis
   fg-lease        fg-global1's rule with lease = "auto" (one hot key: every request from wrk)
   fg-global3      floodgate, three global token-bucket rules on Redis
+  fg-count        fg-global1's rule with count = { status = [500] }: every 200 is refunded (the
+                  settle's cost on the request path: one more Redis call per request)
+  fg-count-kept   fg-global1's rule with count = { status = [200] }: every reservation kept
   nginx-429       nginx limit_req, every request over its limit (429)
   pingora-429     the bare Pingora proxy answering every request 429 in request_filter (the floor
                   of floodgate's 429 path)
@@ -615,6 +618,13 @@ auth = "none"
             fg.insert(4, ("fg-global3", "floodgate, 3 global token-bucket rules (Redis)",
                           rule("g1", ["ip"], "global", extra=closed) + rule("g2", ["route"], "global", extra=closed)
                           + rule("g3", ["method"], "global", extra=closed), store, 200, "fg-none"))
+            # Response-aware: the same global rule counting only 500s (nginx answers 200, so
+            # every reservation is refunded: the worst case, one more Redis call per request),
+            # and counting 200s (every reservation kept: no call after the decision).
+            fg.insert(5, ("fg-count", "floodgate, 1 global token-bucket rule, count = { status = [500] }, every response refunded (Redis)",
+                          rule("g1", ["ip"], "global", extra=closed + "count = { status = [500] }\n"), store, 200, "fg-global1"))
+            fg.insert(6, ("fg-count-kept", "floodgate, 1 global token-bucket rule, count = { status = [200] }, every reservation kept (Redis)",
+                          rule("g1", ["ip"], "global", extra=closed + "count = { status = [200] }\n"), store, 200, "fg-global1"))
         for name, title, rules, store, expect, base in fg:
             if a.only and name not in a.only:
                 continue
@@ -622,7 +632,7 @@ auth = "none"
             self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
                             baseline=base, admin=admin))
 
-        order = ["upstream", "nginx-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3",
+        order = ["upstream", "nginx-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3", "fg-count", "fg-count-kept",
                  "nginx-429", "pingora-429", "fg-429", "fg-concurrency"]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:
@@ -892,7 +902,7 @@ auth = "none"
         w("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
         numbers = {"upstream": "1", "nginx-limit": "2", "pingora-bare": "3a", "pingora-contract": "3c", "fg-none": "3", "fg-log": "3b", "fg-local": "4",
                    "fg-local-notop": "4a", "fg-global1": "5", "fg-lease": "5a",
-                   "fg-global3": "6", "nginx-429": "7", "pingora-429": "7a", "fg-429": "7", "fg-concurrency": "8"}
+                   "fg-global3": "6", "fg-count": "5c", "fg-count-kept": "5k", "nginx-429": "7", "pingora-429": "7a", "fg-429": "7", "fg-concurrency": "8"}
         for n, s in self.systems.items():
             r = S[n]
             if s.skipped or not r:

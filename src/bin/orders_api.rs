@@ -1,7 +1,11 @@
 //! The demo Orders API that floodgate's examples, `make run` and the tests put behind the
 //! gateway.
 //!
-//! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`, and for
+//! Endpoints: `GET /orders`, `GET /orders/{id}`, `POST /orders` (JSON), `GET /healthz`,
+//! `POST /login` (JSON `{"password": "open-sesame"}` answers 200, anything else 401; `GET
+//! /debug/logins` counts the attempts and failures it saw), an OpenAI-compatible `POST
+//! /v1/chat/completions` (JSON, or server-sent events with `stream: true`; `?usage=header`
+//! or `?usage=none` move or drop the usage), and for
 //! tests `GET /debug/headers` (also the HTTP version it was asked with) and any other `GET /debug/...` (echo the path, query and request
 //! headers they received). Any request may carry
 //! `?delay_ms=N` (at most 60000) to make the answer slow. Every response carries
@@ -35,7 +39,13 @@ struct OrdersApi {
     status: Option<StatusCode>,
     next_id: AtomicU64,
     orders: Mutex<BTreeMap<u64, Value>>,
+    /// `POST /login` attempts seen, and how many of them failed (`GET /debug/logins`).
+    logins: AtomicU64,
+    failed_logins: AtomicU64,
 }
+
+/// The one password `POST /login` accepts (a demo: the point is the gateway counting failures).
+const PASSWORD: &str = "open-sesame";
 
 impl OrdersApi {
     fn new(name: String) -> Self {
@@ -53,6 +63,8 @@ impl OrdersApi {
             status: None,
             next_id: AtomicU64::new(3),
             orders: Mutex::new(orders),
+            logins: AtomicU64::new(0),
+            failed_logins: AtomicU64::new(0),
         }
     }
 
@@ -71,6 +83,85 @@ impl OrdersApi {
         let len = resp.body().len();
         resp.headers_mut()
             .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+        resp
+    }
+}
+
+impl OrdersApi {
+    /// An OpenAI-compatible chat completion: the answer repeats "ok" `max_tokens` times (5 by
+    /// default); prompt tokens are the words of the messages. `usage` says where the usage
+    /// goes: `body` (in the JSON, or with `stream: true` in a last event before `[DONE]`, as
+    /// OpenAI's `stream_options.include_usage` does), `header` (`x-usage-total-tokens`
+    /// only) or `none`.
+    fn chat_completion(&self, body: &[u8], usage: &str) -> Response<Vec<u8>> {
+        let Ok(req) = serde_json::from_slice::<Value>(body) else {
+            return self.reply(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": {"message": "expected a JSON body", "type": "invalid_request_error"}}),
+            );
+        };
+        let completion = req["max_tokens"].as_u64().unwrap_or(5).min(10_000);
+        let prompt: u64 = req["messages"]
+            .as_array()
+            .map(|ms| {
+                ms.iter()
+                    .filter_map(|m| m["content"].as_str())
+                    .map(|c| c.split_whitespace().count() as u64)
+                    .sum()
+            })
+            .unwrap_or(0);
+        let total = prompt + completion;
+        let model = req["model"].as_str().unwrap_or("demo").to_owned();
+        let counts = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total});
+        let text = vec!["ok"; completion as usize].join(" ");
+        let mut resp = if req["stream"].as_bool() == Some(true) {
+            let mut out = String::new();
+            let mut event = |v: Value| out.push_str(&format!("data: {v}\n\n"));
+            for (i, word) in text.split(' ').enumerate() {
+                let content = if i == 0 {
+                    word.to_owned()
+                } else {
+                    format!(" {word}")
+                };
+                event(
+                    json!({"id": "chatcmpl-demo", "object": "chat.completion.chunk", "created": 0,
+                    "model": model, "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]}),
+                );
+            }
+            event(
+                json!({"id": "chatcmpl-demo", "object": "chat.completion.chunk", "created": 0,
+                "model": model, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            );
+            if usage == "body" {
+                event(
+                    json!({"id": "chatcmpl-demo", "object": "chat.completion.chunk", "created": 0,
+                    "model": model, "choices": [], "usage": counts}),
+                );
+            }
+            out.push_str("data: [DONE]\n\n");
+            let mut resp = self.reply(StatusCode::OK, &Value::Null);
+            let len = out.len();
+            *resp.body_mut() = out.into_bytes();
+            let h = resp.headers_mut();
+            h.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/event-stream"),
+            );
+            h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+            resp
+        } else {
+            let mut doc = json!({"id": "chatcmpl-demo", "object": "chat.completion", "created": 0,
+                "model": model, "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": text}}]});
+            if usage == "body" {
+                doc["usage"] = counts;
+            }
+            self.reply(StatusCode::OK, &doc)
+        };
+        if usage == "header" {
+            resp.headers_mut()
+                .insert("x-usage-total-tokens", http::HeaderValue::from(total));
+        }
         resp
     }
 }
@@ -135,6 +226,11 @@ impl ServeHttp for OrdersApi {
                     &json!({"headers": headers, "path": path, "version": version}),
                 )
             }
+            ("GET", ["debug", "logins"]) => self.reply(
+                StatusCode::OK,
+                &json!({"attempts": self.logins.load(Ordering::Relaxed),
+                        "failed": self.failed_logins.load(Ordering::Relaxed)}),
+            ),
             // Any other GET under /debug/ echoes the path it was asked for (what the gateway
             // forwarded, after normalization).
             ("GET", ["debug", ..]) => self.reply(
@@ -155,6 +251,32 @@ impl ServeHttp for OrdersApi {
                     Some(order) => self.reply(StatusCode::OK, &order),
                     None => self.reply(StatusCode::NOT_FOUND, &json!({"error": "no such order"})),
                 }
+            }
+            ("POST", ["login"]) => {
+                self.logins.fetch_add(1, Ordering::Relaxed);
+                let body = read_body(session).await.unwrap_or_default();
+                let password = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("password").and_then(Value::as_str).map(str::to_owned));
+                if password.as_deref() == Some(PASSWORD) {
+                    self.reply(StatusCode::OK, &json!({"token": "demo-session"}))
+                } else {
+                    self.failed_logins.fetch_add(1, Ordering::Relaxed);
+                    self.reply(
+                        StatusCode::UNAUTHORIZED,
+                        &json!({"error": "wrong user or password"}),
+                    )
+                }
+            }
+            ("POST", ["v1", "chat", "completions"]) => {
+                let usage = req
+                    .uri
+                    .query()
+                    .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("usage=")))
+                    .unwrap_or("body")
+                    .to_owned();
+                let body = read_body(session).await.unwrap_or_default();
+                self.chat_completion(&body, &usage)
             }
             ("POST", ["orders"]) => {
                 let Some(body) = read_body(session).await else {

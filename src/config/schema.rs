@@ -222,6 +222,24 @@ pub struct RawRule {
     pub lease_ttl: Option<Spanned<String>>,
     /// `mode = "slow"`: bytes per second of a slowed request's bodies (`"64KiB"`).
     pub slow_rate: Option<Spanned<String>>,
+    pub count: Option<Spanned<RawCount>>,
+    pub cost_from: Option<Spanned<String>>,
+    pub block_for: Option<Spanned<String>>,
+}
+
+/// A rule's `count = { status = [401, "4xx"] }`: the responses it charges.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCount {
+    pub status: Spanned<Vec<Spanned<RawStatus>>>,
+}
+
+/// One entry of `count.status`: a code or a class (`"4xx"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawStatus {
+    Code(i64),
+    Class(String),
 }
 
 /// A rule's `lease`: `"auto"` or a number of permits.

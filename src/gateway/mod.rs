@@ -98,6 +98,7 @@ fn register_rule_series(config: &Config) {
     let rls_limits = config.rls.iter().flat_map(|r| &r.limits).map(|l| &l.policy);
     for rule in config.rules.iter().map(|r| &r.policy).chain(rls_limits) {
         rule.counters.register();
+        crate::limiter::reservation::register_series(rule);
         if rule.lease.is_some() {
             let m = crate::limiter::lease::lease_metrics();
             m.taken.with_label_values(&[&rule.name]);

@@ -620,7 +620,8 @@ pub fn horizon(limit: &Limit) -> Duration {
         }
         Algorithm::Concurrency => u128::from(duration_ns(Duration::from_secs(1))),
     };
-    nanos(ns)
+    // A blocked key is told to wait out what is left of its block.
+    nanos(ns.max(u128::from(duration_ns(limit.block_for))))
 }
 
 fn allowed(limit: u64, remaining: u64, reset: u128, delay: u128) -> Decision {

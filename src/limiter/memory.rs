@@ -203,6 +203,8 @@ pub struct MemoryStore {
     /// the rule first stores a key there).
     rule_evictions: Mutex<std::collections::HashMap<Arc<str>, Arc<RuleEvictions>>>,
     max_keys: usize,
+    /// Keys refused by a `block_for` rule until their block ends.
+    blocks: blocks::Blocks,
 }
 
 /// The evictions of one rule: this store's count and the process-wide metric.
@@ -317,7 +319,34 @@ impl MemoryStore {
             evictions: AtomicU64::new(0),
             rule_evictions: Mutex::new(std::collections::HashMap::new()),
             max_keys,
+            blocks: blocks::Blocks::default(),
         }
+    }
+
+    /// What is left of `check`'s block (`block_for`) at `now`, if its key is blocked.
+    fn block_left(&self, check: &Check, slot: Slot, now: u64) -> Option<u64> {
+        if check.limit.block_for().is_zero() {
+            return None;
+        }
+        self.blocks.left((slot.rule, slot.hash), now)
+    }
+
+    /// Blocks `check`'s key, which its rule just rejected in `decision`, if the rule
+    /// blocks: the rejection then says to retry when the block ends.
+    fn block_after(&self, check: &Check, slot: Slot, now: u64, decision: &mut Decision) {
+        let block_for = check.limit.block_for();
+        let for_ns = algorithm::sat(block_for.as_nanos());
+        if for_ns > 0 {
+            let key = (slot.rule, slot.hash);
+            self.blocks.block(key, now, for_ns, self.max_keys);
+            decision.retry_after = decision.retry_after.max(block_for);
+            decision.reset = decision.reset.max(block_for);
+        }
+    }
+
+    /// Keys blocked by `block_for` rules now.
+    pub fn blocked_keys(&self) -> usize {
+        self.blocks.len()
     }
 
     /// Decides every check of one request atomically: either every rule is charged or none.
@@ -350,6 +379,10 @@ impl MemoryStore {
         if let [check] = checks {
             // The common case, without the bookkeeping of several shards.
             let slot = self.slot(check);
+            // A blocked key is refused before its counter is read (nothing is charged).
+            if let Some(left) = self.block_left(check, slot, now) {
+                return vec![blocks::blocked(check, left)];
+            }
             let mut shard = self.shard(slot.hash).lock();
             shard.ops_since_sweep += 1;
             let position = shard.position(slot.rule);
@@ -359,10 +392,20 @@ impl MemoryStore {
                 self.write(&mut shard, check, slot, position, update, now, &[slot.hash]);
             }
             shard.sweep_if_due(now);
+            drop(shard);
+            let mut decision = decision;
+            if !decision.allowed {
+                self.block_after(check, slot, now, &mut decision);
+            }
             return vec![decision];
         }
 
         let slots: Vec<Slot> = checks.iter().map(|check| self.slot(check)).collect();
+        let blocked: Vec<Option<u64>> = checks
+            .iter()
+            .zip(&slots)
+            .map(|(check, &slot)| self.block_left(check, slot, now))
+            .collect();
         let hashes: Vec<u64> = slots.iter().map(|slot| slot.hash).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&hash| self.shard_index(hash)).collect();
         order.sort_unstable();
@@ -395,7 +438,10 @@ impl MemoryStore {
                 Some(j) => pending[j].as_ref(),
                 None => shard.get(slot),
             };
-            let (decision, update) = algorithm::decide(stored, &check.limit, now, check.cost);
+            let (decision, update) = match blocked[i] {
+                Some(left) => (blocks::blocked(check, left), Update::Nothing),
+                None => algorithm::decide(stored, &check.limit, now, check.cost),
+            };
             if repeated {
                 pending[i] = charged(stored.cloned(), update.clone());
             }
@@ -414,6 +460,12 @@ impl MemoryStore {
         for (_, shard) in &mut guards {
             shard.sweep_if_due(now);
         }
+        drop(guards);
+        for (i, (check, d)) in checks.iter().zip(&mut decisions).enumerate() {
+            if !d.allowed && blocked[i].is_none() {
+                self.block_after(check, slots[i], now, d);
+            }
+        }
         decisions
     }
 
@@ -430,6 +482,29 @@ impl MemoryStore {
         }
     }
 
+    /// Trues up the reservation `check` made at `charged_at_ns` (see
+    /// [`super::true_up`]): refunds or charges on top, in the window it was charged in.
+    /// Returns whether the key still held that charge (evicted, or its window over: nothing
+    /// is done).
+    pub fn true_up(
+        &self,
+        check: &Check,
+        charged_at_ns: u64,
+        adjust: super::true_up::Adjust,
+    ) -> bool {
+        let now = self.clock.now_ns();
+        let slot = self.slot(check);
+        let mut shard = self.shard(slot.hash).lock();
+        shard.get_mut(slot).is_some_and(|state| {
+            super::true_up::true_up(state, &check.limit, now, charged_at_ns, adjust)
+        })
+    }
+
+    /// The store's time now (what a reservation records as the instant it was charged).
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
     /// Drops every expired key now, one segment at a time (each lock held for one pass over
     /// 1/16 of a shard). Optional: decisions already sweep as they go; a periodic call returns
     /// the memory of keys that went idle in shards that see no traffic any more.
@@ -440,6 +515,7 @@ impl MemoryStore {
                 shard.0.lock().sweep(segment, now);
             }
         }
+        self.blocks.sweep(now);
     }
 
     /// Keys held, expired ones not yet swept included. Locks each shard in turn: for metrics,
@@ -832,6 +908,8 @@ impl RuleKeys {
     }
 }
 
+mod blocks;
 mod shared;
+
 #[cfg(test)]
 mod tests;

@@ -14,8 +14,10 @@ pub mod lease;
 pub mod memory;
 pub mod policy;
 pub mod redis;
+pub mod reservation;
 pub mod settings;
 pub mod store;
+pub mod true_up;
 
 use std::time::Duration;
 
@@ -76,6 +78,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(1, "fixed_window"),
                 holds_slots: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::SlidingWindowLog => Capabilities {
@@ -90,6 +93,7 @@ impl Algorithm {
                 lease_refused: Some("sliding_window_log keeps one timestamp per request, so permits cannot be handed out in advance; use sliding_window_counter"),
                 lua: LuaFn::new(2, "sliding_window_log"),
                 holds_slots: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::SlidingWindowCounter => Capabilities {
@@ -100,6 +104,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(3, "sliding_window_counter"),
                 holds_slots: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::TokenBucket => Capabilities {
@@ -110,6 +115,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(4, "token_bucket"),
                 holds_slots: false,
+                settle_refused: None,
                 slow_refused: None,
             },
             Algorithm::LeakyBucket => Capabilities {
@@ -123,6 +129,7 @@ impl Algorithm {
                 lease_refused: None,
                 lua: LuaFn::new(5, "leaky_bucket_police"),
                 holds_slots: false,
+                settle_refused: None,
                 // A slowing leaky bucket polices (counts, never holds) and slows what it
                 // would reject; mode = "shape" is the other mode, so the two never meet.
                 slow_refused: None,
@@ -137,6 +144,7 @@ impl Algorithm {
                 lease_refused: Some("concurrency counts requests in flight, not a rate; its slots are already held per request"),
                 lua: LuaFn::new(7, "concurrency"),
                 holds_slots: true,
+                settle_refused: Some("concurrency counts requests in flight, released when each ends; there is no charge for a response to refund"),
                 slow_refused: Some("concurrency counts requests in flight, and a slowed request stays in flight longer: slowing would add load instead of shedding it"),
             },
         }
@@ -177,6 +185,10 @@ pub struct Capabilities {
     pub lua: LuaFn,
     /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
     pub holds_slots: bool,
+    /// Why a rule of this algorithm cannot learn from the response (`count`, `block_for`;
+    /// see [`reservation`]); `None`: it can, its reservation is trued up by
+    /// [`true_up::true_up`] and the Redis `true_up.lua`.
+    pub settle_refused: Option<&'static str>,
     /// Why a rule of this algorithm cannot slow (`mode = "slow"`) what it would reject;
     /// `None`: it can.
     pub slow_refused: Option<&'static str>,
@@ -302,6 +314,9 @@ pub struct Limit {
     burst: u64,
     mode: LeakyMode,
     max_delay: Duration,
+    /// `block_for`: once this limit rejects a key, the key is refused this long (zero: never
+    /// blocked); set by [`Limit::blocking`].
+    block_for: Duration,
     /// `mode = "slow"`: bytes per second of a slowed request's bodies (0 in other modes).
     slow_rate: u64,
 }
@@ -355,6 +370,7 @@ impl Limit {
             burst,
             mode,
             max_delay,
+            block_for: Duration::ZERO,
             slow_rate: 0,
         })
     }
@@ -373,6 +389,17 @@ impl Limit {
             slow_rate: rate,
             ..self
         })
+    }
+
+    /// This limit, keeping a key it rejects out for `block_for` (`block_for` of a rule; see
+    /// [`reservation`]). Validation allows it only where the algorithm can settle.
+    pub fn blocking(self, block_for: Duration) -> Limit {
+        Limit { block_for, ..self }
+    }
+
+    /// How long a key this limit rejects stays refused (zero: not blocked).
+    pub fn block_for(&self) -> Duration {
+        self.block_for
     }
 
     /// A limit whose leaky bucket, if any, polices (rejects when full) and never holds a

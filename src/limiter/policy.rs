@@ -35,6 +35,9 @@ pub struct Policy {
     /// How many requests a shaping rule may hold at once (`max_waiting`); other rules hold
     /// none, and leave it at the default.
     pub max_waiting: usize,
+    /// What the rule learns from the response (`count`, `block_for`; see
+    /// [`super::reservation`]); the default charges every admitted request.
+    pub respond: super::reservation::Respond,
 }
 
 /// Where a rule's counters live.

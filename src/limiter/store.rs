@@ -58,6 +58,19 @@ pub struct Return {
     pub window_end_us: u64,
 }
 
+/// One reservation's true-up, for [`SharedStore::true_up`].
+#[derive(Debug, Clone)]
+pub struct TrueUp {
+    /// The check the reservation was charged for.
+    pub check: Check,
+    /// What to refund or charge on top.
+    pub adjust: super::true_up::Adjust,
+    /// [`Grant::window_end_us`] of the call that charged it (0 for the buckets and the log).
+    pub window_end_us: u64,
+    /// The holder id the call was made under: names a sliding log's entries.
+    pub holder: u64,
+}
+
 /// How the shared store stands, for `/readyz` and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreStatus {
@@ -143,6 +156,16 @@ pub trait SharedStore: Send + Sync {
     /// their bucket refills, which costs availability, never exactness.
     async fn give_back(&self, returns: &[Return]) -> u64 {
         let _ = returns;
+        0
+    }
+
+    /// Trues up reservations of response-aware rules (see [`super::reservation`]), in one
+    /// call (per cluster slot), each in the window it was charged in and atomic per key.
+    /// Returns how many were applied (one whose window has ended is not). Best effort like
+    /// [`SharedStore::give_back`]: a refund that cannot be applied stays charged, which costs
+    /// availability, never exactness. The default applies none.
+    async fn true_up(&self, ups: &[TrueUp]) -> u64 {
+        let _ = ups;
         0
     }
 

@@ -127,6 +127,7 @@ mod tests {
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rls"),
                 lease: None,
                 max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
+                respond: crate::limiter::reservation::Respond::default(),
             }),
         })
     }

@@ -207,6 +207,7 @@ fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<P
         counters: p.counters.clone(),
         lease: None,
         max_waiting: p.max_waiting,
+        respond: crate::limiter::reservation::Respond::default(),
     }))
 }
 
@@ -239,6 +240,7 @@ mod tests {
                     counters: crate::metrics::RuleCounters::for_rule("unit-test-rls-plan"),
                     lease: None,
                     max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
+                    respond: crate::limiter::reservation::Respond::default(),
                 }),
             })
         };

@@ -233,3 +233,31 @@ fn a_client_heavy_over_the_window_but_light_in_each_bucket_is_listed() {
     assert_eq!(first.client.parts[0].1, u64::MAX.to_string());
     assert!(first.count >= truth && first.count - truth <= list.bound);
 }
+
+/// Blocked keys: a longer block wins over a shorter one of the same key, an ended block is
+/// not shown, and the list holds at most `BLOCKED_SHOWN` keys, the blocks ending first making
+/// room (never a longer one for a shorter).
+#[test]
+fn blocked_keys_are_bounded_and_end_on_time() {
+    let mut t = RuleTop::default();
+    let label = |n: u64| {
+        move || {
+            Arc::new(Client {
+                parts: vec![("ip".into(), format!("10.0.0.{n}"))],
+            })
+        }
+    };
+    t.block(100, 1, 110, &mut label(1));
+    t.block(101, 1, 105, &mut label(1));
+    assert_eq!(t.blocked(100)[0].1, 110, "the longer block stays");
+    assert!(t.blocked(110).is_empty(), "ended at 110");
+    for k in 0..(BLOCKED_SHOWN as u64 + 10) {
+        t.block(100, 1000 + k, 200 + k, &mut label(k));
+    }
+    let shown = t.blocked(100);
+    assert_eq!(shown.len(), BLOCKED_SHOWN);
+    assert_eq!(shown[0].1, 200 + BLOCKED_SHOWN as u64 + 9, "longest first");
+    // A block shorter than every remembered one is the one left out.
+    t.block(100, 5, 150, &mut label(5));
+    assert!(t.blocked(100).iter().all(|(_, end)| *end >= 200));
+}

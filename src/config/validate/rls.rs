@@ -134,6 +134,7 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
             counters: crate::metrics::RuleCounters::for_rule(name),
             lease: charge.lease,
             max_waiting: charge.max_waiting,
+            respond: crate::limiter::reservation::Respond::default(),
         }),
     })
 }
@@ -221,6 +222,9 @@ fn as_rule(l: &RawRlsLimit) -> RawRule {
         lease: l.lease.clone(),
         lease_ttl: l.lease_ttl.clone(),
         slow_rate: None,
+        count: None,
+        cost_from: None,
+        block_for: None,
     }
 }
 

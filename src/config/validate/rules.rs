@@ -12,6 +12,7 @@ use crate::config::*;
 use crate::limiter::algorithm::{MAX_COUNT, MAX_WINDOW};
 use crate::limiter::engine::MAX_WAITING_PER_RULE;
 use crate::limiter::lease::{Lease, LeaseSize, DEFAULT_LEASE_TTL};
+use crate::limiter::reservation::{CostFrom, Respond, StatusMatch, StatusSet};
 use crate::limiter::{shaping_names, Algorithm, LeakyMode, Limit, Window};
 use crate::rules::{FailureMode, KeyPart, Policy, Rule, RuleMatch, Scope};
 
@@ -55,6 +56,7 @@ pub(super) fn rules(
         }
         let charge = charge(src, r, name, &shape)?;
         let matcher = rule_match(src, r, name, routes)?;
+        let respond = respond(src, r, name, &shape, &charge)?;
         out.push(Arc::new(Rule {
             matcher,
             key_parts: key,
@@ -73,7 +75,8 @@ pub(super) fn rules(
                     Some(rate) => l.slowed_to(rate),
                     None => Ok(l),
                 })
-                .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?,
+                .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?
+                .blocking(respond.block_for.unwrap_or_default()),
                 scope: charge.scope,
                 on_store_error: charge.on_store_error,
                 cost: charge.cost,
@@ -83,6 +86,7 @@ pub(super) fn rules(
                 counters: crate::metrics::RuleCounters::for_rule(name),
                 lease: charge.lease,
                 max_waiting: charge.max_waiting,
+                respond,
             }),
         }));
     }
@@ -465,6 +469,99 @@ fn rule_lease(
         None => DEFAULT_LEASE_TTL,
     };
     Ok(Some(Lease { size, ttl }))
+}
+
+/// What a rule learns from the response: `count` (the statuses it charges) and `block_for`,
+/// for the algorithms whose charge can be trued up (see
+/// `crate::limiter::Capabilities::settle_refused`), never shaping or leased (a leased permit
+/// is spent in process, where neither a refund nor a block reaches the store).
+fn respond(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    shape: &Shape,
+    charge: &Charge,
+) -> Result<Respond, ConfigError> {
+    let mut out = Respond::default();
+    let spans = [
+        r.count.as_ref().map(|c| ("count", c.span())),
+        r.cost_from.as_ref().map(|c| ("cost_from", c.span())),
+        r.block_for.as_ref().map(|b| ("block_for", b.span())),
+    ];
+    for (key, span) in spans.into_iter().flatten() {
+        let refused = if let Some(why) = shape.algorithm.capabilities().settle_refused {
+            Some(why.to_string())
+        } else if shape.mode == LeakyMode::Shape {
+            Some("a shaping leaky bucket holds requests in a queue whose departure slots a response cannot give back; use mode = \"police\"".into())
+        } else if shape.mode == LeakyMode::Slow {
+            Some("mode = \"slow\" admits, slowed, what it would reject, and response-aware limits are not combined with it; use mode = \"police\"".into())
+        } else if charge.lease.is_some() {
+            Some("lease spends permits in process, where a refund or a block would not reach the shared store; remove lease".into())
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(src.err(
+                span,
+                format!("rule \"{name}\": {key} is not allowed here: {why}"),
+            ));
+        }
+    }
+    if let Some(count) = &r.count {
+        let list = &count.get_ref().status;
+        if list.get_ref().is_empty() {
+            return Err(src.err(
+                list.span(),
+                format!(
+                    "rule \"{name}\": count.status needs at least one status, e.g. [401, \"5xx\"]"
+                ),
+            ));
+        }
+        let mut entries = Vec::new();
+        for entry in list.get_ref() {
+            let parsed = match entry.get_ref() {
+                RawStatus::Code(c) if (100..=599).contains(c) => Some(StatusMatch::Code(*c as u16)),
+                RawStatus::Code(_) => None,
+                RawStatus::Class(c) => StatusMatch::parse_class(c),
+            };
+            let Some(parsed) = parsed else {
+                return Err(src.err(
+                    entry.span(),
+                    format!("rule \"{name}\": count.status entries are status codes (100 to 599) or classes (\"1xx\" to \"5xx\")"),
+                ));
+            };
+            entries.push(parsed);
+        }
+        out.count = Some(StatusSet::new(entries));
+    }
+    if let Some(c) = &r.cost_from {
+        if r.count.is_some() {
+            return Err(src.err(
+                c.span(),
+                format!("rule \"{name}\": cost_from and count cannot be combined: count charges a response 1 or 0, cost_from its true cost"),
+            ));
+        }
+        if shape.algorithm.capabilities().limit_cap.is_some() {
+            return Err(src.err(
+                c.span(),
+                format!("rule \"{name}\": cost_from is not allowed here: {} keeps one entry per unit, at most limit, so a true cost above the reservation cannot be kept; use sliding_window_counter", shape.algorithm.as_str()),
+            ));
+        }
+        let from = CostFrom::parse(c.get_ref())
+            .map_err(|e| src.err(c.span(), format!("rule \"{name}\": {e}")))?;
+        out.cost_from = Some(from);
+    }
+    if let Some(b) = &r.block_for {
+        let d = src.duration(b)?;
+        if d < Duration::from_millis(1) || d > MAX_WINDOW {
+            return Err(src.err(
+                b.span(),
+                format!("rule \"{name}\": block_for must be between 1ms and 3650d"),
+            ));
+        }
+        out.block_for = Some(d);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -325,6 +325,7 @@ fn absurd_numbers_do_not_panic() {
                     burst,
                     mode,
                     max_delay: Duration::MAX,
+                    block_for: Duration::ZERO,
                     slow_rate: 0,
                 };
                 // Time going backwards too: a caller's clock bug must not panic either.
@@ -371,6 +372,7 @@ fn any_algorithm() -> impl Strategy<Value = Limit> {
                 burst,
                 mode,
                 max_delay: ms(max_delay_ms),
+                block_for: Duration::ZERO,
                 slow_rate: 0,
             },
         )

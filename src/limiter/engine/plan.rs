@@ -63,6 +63,9 @@ pub(super) struct Step<'a> {
     pub(super) from_lease: bool,
     /// The store failed and this rule's `on_store_error` decided it.
     pub(super) fell_back: Option<FailureMode>,
+    /// The shared store's call that decided it: its holder id and the end of the window it
+    /// charged (a reservation's true-up names both).
+    pub(super) charged_in: (u64, u64),
     /// The request's cost was charged to this rule's counter and stays charged even if the
     /// request is refused (by another rule a store decided apart, or by shaping): a refused
     /// request shows what a rule really has left by it.
@@ -104,6 +107,7 @@ impl<'a> Plan<'a> {
                 decision: None,
                 from_lease: false,
                 fell_back: None,
+                charged_in: (0, 0),
                 charged: false,
             });
         }

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::plan::{Applying, Place, Plan};
+use super::plan::{Applying, Place, Plan, Step};
 use super::slots::Slots;
 use super::{Applied, Limiter, Outcome, Verdict, STORE_RETRY_AFTER};
 use crate::limiter::algorithm::quota;
 use crate::limiter::memory::MemoryStore;
 use crate::limiter::policy::FailureMode;
+use crate::limiter::reservation::Reservation;
 
 /// Settles a request whose phases are over: `admitted` is what they concluded, `slots` what
 /// the store or the fallback took on its way.
@@ -39,6 +40,9 @@ pub(super) fn settle(
         }
         if admitted && step.place == Place::Local {
             slots.hold_local(&limiter.local, step.check);
+        }
+        if admitted && step.rule.respond.settles() {
+            reserve(limiter, step, &mut slots);
         }
         if let Some(decision) = &step.decision {
             let mut decision = decision.clone();
@@ -76,6 +80,25 @@ pub(super) fn settle(
         slots,
         asked_store: false,
     }
+}
+
+/// Keeps the reservation an admitted step of a response-aware rule charged, where it was
+/// charged: in process, in the shared store's window, or in the `local` fallback (`open`
+/// charged nothing).
+fn reserve(limiter: &Limiter, step: &Step<'_>, slots: &mut Slots) {
+    let (rule, check) = (step.rule.clone(), step.check.clone());
+    let reservation = match (step.place, step.fell_back) {
+        (Place::Local, _) => Reservation::memory(rule, check, &limiter.local),
+        (Place::Shared, None) => {
+            let (holder, window_end_us) = step.charged_in;
+            Reservation::shared(rule, check, &limiter.global, window_end_us, holder)
+        }
+        (Place::Shared, Some(FailureMode::Local)) => {
+            Reservation::memory(rule, check, &limiter.fallback)
+        }
+        _ => return,
+    };
+    slots.reservations.push(reservation);
 }
 
 /// The verdict, counting each rule's decision: every rule of an admitted request counts it
@@ -161,6 +184,10 @@ fn shadow_rules<'a>(
             Some(_) => {
                 rule.counters.allowed.inc();
                 slots.hold_local(store, check);
+                if rule.respond.settles() {
+                    let r = Reservation::memory(rule.clone(), check.clone(), store);
+                    slots.reservations.push(r);
+                }
             }
             None => {}
         }

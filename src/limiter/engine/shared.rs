@@ -67,6 +67,7 @@ pub(super) async fn call(
             table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
+        step.charged_in = (holder, grant.window_end_us);
         // A slot of a request the store did not admit whole is given back by the store.
         step.charged = grant.granted > 0 && (admitted || !holds_slots(step.check));
         step.decision = Some(decision);

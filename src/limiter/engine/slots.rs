@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limiter::memory::MemoryStore;
+use crate::limiter::reservation::Reservations;
 use crate::limiter::store::SharedStore;
 use crate::limiter::Check;
 
@@ -23,6 +24,9 @@ pub struct Slots {
     shared: Vec<Check>,
     /// Renews the shared slots while the request runs; aborted when they are released.
     renewal: Option<tokio::task::JoinHandle<()>>,
+    /// The reservations of response-aware rules, held like the slots until the exchange
+    /// ends; dropped unsettled, they stay charged.
+    pub(super) reservations: Reservations,
 }
 
 /// Whether `check` holds a slot while its request runs (rather than a rate unit).
@@ -87,6 +91,11 @@ impl Slots {
                 store.renew(&checks, holder).await;
             }
         }));
+    }
+
+    /// The request's reservations, for the proxy to settle on the response.
+    pub fn reservations(&mut self) -> &mut Reservations {
+        &mut self.reservations
     }
 
     /// Whether the request holds no slot.

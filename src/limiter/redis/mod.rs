@@ -65,6 +65,7 @@ mod probe;
 pub mod resp;
 pub mod script;
 mod topology;
+mod true_up;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -543,6 +544,12 @@ impl SharedStore for RedisStore {
         self.inner.give_back(returns).await
     }
 
+    /// Trues up reservations: one `EVALSHA` of `lua/true_up.lua` (per cluster slot) for all
+    /// of them, bounded by [`RELEASE_TIMEOUT`].
+    async fn true_up(&self, ups: &[crate::limiter::store::TrueUp]) -> u64 {
+        self.inner.true_up(ups).await
+    }
+
     /// Renews the concurrency slots `lease` holds: `lua/renew.lua`, bounded by
     /// [`RELEASE_TIMEOUT`].
     async fn renew(&self, checks: &[Check], lease: u64) {
@@ -642,6 +649,16 @@ impl Inner {
             cmd.arg(lease.as_str()).arg(lease_ttl_us).arg(now.as_str());
             for &i in group {
                 cmd.arg(&params[i].packed()[..]);
+            }
+            // block_for, per check, only when one of the group blocks (see decide.lua).
+            if group
+                .iter()
+                .any(|&i| !checks[i].limit.block_for().is_zero())
+            {
+                for &i in group {
+                    let ms = checks[i].limit.block_for().as_millis();
+                    cmd.arg(u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_EXACT));
+                }
             }
             let conn = conn.clone();
             let params = &params;

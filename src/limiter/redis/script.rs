@@ -51,12 +51,24 @@ pub const LEASE_RETURN_LUA: &str = concat!(
     include_str!("../../../lua/lease_return.lua"),
 );
 
+/// The reservation true-up script: helpers, then `lua/true_up.lua` (see there).
+pub const TRUE_UP_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    "\n",
+    include_str!("../../../lua/wide.lua"),
+    "\n",
+    include_str!("../../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../../lua/true_up.lua"),
+);
+
 /// The concurrency slot renewal script (`lua/renew.lua`).
 pub const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
 
 pub(super) static DECIDE: LazyLock<Lua> = LazyLock::new(|| Lua::new(DECIDE_LUA));
 pub(super) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
 pub(super) static LEASE_RETURN: LazyLock<Lua> = LazyLock::new(|| Lua::new(LEASE_RETURN_LUA));
+pub(super) static TRUE_UP: LazyLock<Lua> = LazyLock::new(|| Lua::new(TRUE_UP_LUA));
 pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
 
 /// A script as the store runs it: its SHA, computed once, for `EVALSHA`, and its source for
@@ -108,6 +120,9 @@ pub(super) const PACKED_BYTES: usize = 1 + PACKED_NUMBERS * 8;
 
 /// Bytes of one packed lease return (`lua/lease_return.lua`): code, then five doubles.
 pub(super) const RETURN_BYTES: usize = 1 + 5 * 8;
+
+/// Bytes of one packed true-up (`lua/true_up.lua`): code, then six doubles.
+pub(super) const TRUE_UP_BYTES: usize = 1 + 6 * 8;
 
 /// The algorithm's number in `decide.lua`'s `algorithms` table (1-based, as Lua indexes).
 pub(super) fn code(algorithm: Algorithm, mode: LeakyMode) -> u8 {
@@ -185,6 +200,27 @@ impl Params {
             self.code,
             [
                 permits.min(MAX_EXACT),
+                self.interval[0],
+                self.interval[1],
+                self.window_us,
+                window_end_us.min(MAX_EXACT),
+            ],
+        )
+    }
+
+    /// A reservation's true-up as `true_up.lua` reads it: the algorithm's code, the refund,
+    /// the extra charge, the interval, the window and the window the reservation was charged
+    /// in.
+    pub(super) fn true_up_packed(
+        &self,
+        adjust: crate::limiter::true_up::Adjust,
+        window_end_us: u64,
+    ) -> [u8; TRUE_UP_BYTES] {
+        pack(
+            self.code,
+            [
+                adjust.refund.min(MAX_EXACT),
+                adjust.extra.min(MAX_EXACT),
                 self.interval[0],
                 self.interval[1],
                 self.window_us,
@@ -321,6 +357,7 @@ mod tests {
                 burst,
                 mode: LeakyMode::Shape,
                 max_delay: Duration::from_millis(250),
+                block_for: Duration::ZERO,
                 slow_rate: 0,
             },
             cost: 1,
@@ -481,6 +518,38 @@ mod tests {
             handled, leasable,
             "codes lease_return.lua undoes vs leasable codes"
         );
+    }
+
+    /// `true_up.lua` trues up exactly the algorithms (and modes) whose capabilities say a
+    /// rule can learn from the response, and unpacks what Rust packs.
+    #[test]
+    fn true_up_handles_exactly_the_settling_codes() {
+        let lua = include_str!("../../../lua/true_up.lua");
+        let mut handled: Vec<u8> = lua
+            .split("code == ")
+            .skip(1)
+            .map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().expect("a code after `code == `")
+            })
+            .collect();
+        handled.sort_unstable();
+        handled.dedup();
+        let mut settling: Vec<u8> = Algorithm::ALL
+            .into_iter()
+            .filter(|a| a.capabilities().settle_refused.is_none())
+            .map(|a| a.capabilities().lua_fn(LeakyMode::Police).code)
+            .collect();
+        settling.sort_unstable();
+        assert_eq!(
+            handled, settling,
+            "codes true_up.lua handles vs settling codes"
+        );
+        assert!(lua.contains(&format!("#packed == {TRUE_UP_BYTES}")));
+        assert!(lua.contains(&format!(
+            "struct.unpack('<B{}'",
+            "d".repeat((TRUE_UP_BYTES - 1) / 8)
+        )));
     }
 
     /// The packed check is the size and layout `decide.lua` unpacks, and the reply holds as

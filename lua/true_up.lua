@@ -1,0 +1,94 @@
+-- floodgate: trues up the reservations of response-aware rules (count, later cost_from), one
+-- batched call per gateway and cluster slot (composed after common.lua, wide.lua and
+-- gcra.lua; see src/limiter/true_up.rs, the reference, and src/limiter/redis/script.rs).
+--
+-- KEYS[i]           the state key the reservation was charged to
+-- ARGV[i]           packed little-endian '<Bdddddd': algorithm code (as decide.lua: 1 fixed
+--                   window, 2 sliding log, 3 sliding counter, 4 token bucket, 5 leaky bucket
+--                   police), refund, extra, interval (wide: us, ns; the buckets), window (us),
+--                   window end (us, the windows: the aligned window the reservation was
+--                   charged in)
+-- ARGV[#KEYS + i]   the holder id (16 hex digits) of the call that charged it: the sliding
+--                   log's entries are named by it
+--
+-- A refund undoes the charge; an extra charge adds to it and is never refused (it may pass
+-- the limit: the following requests wait until it drains). Both apply only to the window the
+-- reservation was charged in, while it still counts: never to another. Returns the number of
+-- reservations trued up.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local applied = 0
+local n_keys = #KEYS
+for i, key in ipairs(KEYS) do
+  local packed = ARGV[i]
+  local holder = ARGV[n_keys + i]
+  if packed ~= nil and #packed == 49 then
+    local code, refund, extra, int_u, int_n, window, window_end =
+      struct.unpack('<Bdddddd', packed)
+    if code == 1 then
+      local stored_end, count = load_fields(key, TAG_FW, 2)
+      if stored_end == window_end and window_end > now then
+        local next = math.max(0, count - refund) + extra
+        save_fields(key, TAG_FW, window_end - now, 0, window_end, next)
+        applied = applied + 1
+      end
+    elseif code == 2 then
+      -- Entries "l<holder>:1".."l<holder>:<cost>" (see sliding_window_log.lua): refunds only.
+      if holder ~= nil and refund > 0 then
+        -- In batches: unpack() of a very long list would overflow the Lua C stack.
+        local removed = 0
+        local j = 1
+        while j <= refund do
+          local members = {}
+          local last = math.min(refund, j + 499)
+          for m = j, last do
+            members[#members + 1] = 'l' .. holder .. ':' .. m
+          end
+          removed = removed + redis.call('ZREM', key, unpack(members))
+          j = last + 1
+        end
+        if removed > 0 then
+          applied = applied + 1
+        end
+      end
+    elseif code == 3 then
+      local expires, prev, cur = load_fields(key, TAG_SWC, 3)
+      if expires and expires == window_end + window and window_end > now then
+        save_fields(key, TAG_SWC, expires - now, 0, expires, prev, math.max(0, cur - refund) + extra)
+        applied = applied + 1
+      elseif expires and expires == window_end + 2 * window and window_end + window > now then
+        -- The window moved on: the charge is now the previous window's count.
+        save_fields(key, TAG_SWC, expires - now, 0, expires, math.max(0, prev - refund) + extra, cur)
+        applied = applied + 1
+      end
+    elseif code == 4 or code == 5 then
+      local tag = TAG_TB
+      if code == 5 then
+        tag = TAG_LB
+      end
+      local full_u, full_n, stored_u, stored_n = gcra_load(key, tag)
+      if full_u and stored_u == int_u and stored_n == int_n then
+        -- Debt left at now (never below empty), minus the refund, plus the extra charge.
+        local u, ns = w_norm(full_u - now, full_n)
+        if not w_pos(u, ns) then
+          u, ns = 0, 0
+        end
+        if refund > 0 then
+          if refund < w_ceil_div(u, ns, int_u, int_n) then
+            local paid_u, paid_n = w_mul(refund, int_u, int_n)
+            u, ns = w_sub(u, ns, paid_u, paid_n)
+          else
+            u, ns = 0, 0
+          end
+        end
+        if extra > 0 then
+          local more_u, more_n = w_mul(extra, int_u, int_n)
+          u, ns = w_add(u, ns, more_u, more_n)
+        end
+        gcra_save(key, tag, now, u, ns, int_u, int_n)
+        applied = applied + 1
+      end
+    end
+  end
+end
+return applied

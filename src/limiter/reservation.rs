@@ -1,0 +1,389 @@
+//! Response-aware rules: what a rule learns from the upstream's response (`count`, the
+//! statuses it charges; `block_for`, how long a rejected key stays out), and the reservations
+//! an admitted request holds until its response settles them.
+//!
+//! Reserve, then true up: a request is admitted against its rule's budget and charged its
+//! `cost` at once (the reservation), exactly as any rule, so that concurrent requests can never
+//! together pass the limit. When the response is known the reservation is trued up
+//! ([`super::true_up`]): a `count` rule refunds it unless the status matches. The refund goes
+//! to the store and window the reservation was charged in, before the response head is sent
+//! to the client, so the client's next request already sees it. A request whose response
+//! never comes (client gone, upstream failure without a matching status) keeps its
+//! reservation: an attacker cannot escape the count by hanging up.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, Opts};
+
+use super::memory::MemoryStore;
+use super::policy::Policy;
+use super::store::{SharedStore, TrueUp};
+use super::true_up::Adjust;
+use super::Check;
+
+/// What a rule learns from the response. The default learns nothing: every admitted request
+/// is charged its cost, whatever the answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Respond {
+    /// `count = { status = [...] }`: only responses with these statuses are charged.
+    pub count: Option<StatusSet>,
+    /// `cost_from`: the request's true cost, read from the response.
+    pub cost_from: Option<CostFrom>,
+    /// `block_for`: once the rule rejects a key, the key is refused for this long.
+    pub block_for: Option<Duration>,
+}
+
+impl Respond {
+    /// Whether an admitted request's charge waits for its response.
+    pub fn settles(&self) -> bool {
+        self.count.is_some() || self.cost_from.is_some()
+    }
+}
+
+/// Where a `cost_from` rule reads a request's true cost in the upstream's response.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CostFrom {
+    /// `header:NAME`: the header's integer value.
+    Header(http::HeaderName),
+    /// `json:a.b.c`: the number at this path of the JSON body (or, for `text/event-stream`,
+    /// of the last `data:` event that has it).
+    Json(Vec<String>),
+}
+
+impl CostFrom {
+    /// `header:NAME` or `json:dotted.path`, or why not.
+    pub fn parse(text: &str) -> Result<CostFrom, String> {
+        if let Some(name) = text.strip_prefix("header:") {
+            return http::HeaderName::from_bytes(name.as_bytes())
+                .map(CostFrom::Header)
+                .map_err(|_| format!("\"{name}\" is not a valid header name"));
+        }
+        if let Some(path) = text.strip_prefix("json:") {
+            let parts: Vec<String> = path.split('.').map(str::to_owned).collect();
+            if parts.iter().any(String::is_empty) {
+                return Err(format!(
+                    "\"{path}\" is not a dotted path such as usage.total_tokens"
+                ));
+            }
+            return Ok(CostFrom::Json(parts));
+        }
+        Err("cost_from is \"header:NAME\" or \"json:dotted.path\"".into())
+    }
+}
+
+/// The statuses a `count` rule charges: codes (`401`) and classes (`"4xx"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusSet {
+    entries: Vec<StatusMatch>,
+}
+
+/// One entry of a [`StatusSet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusMatch {
+    /// One status code, 100..=599.
+    Code(u16),
+    /// A class: `4` for `"4xx"`.
+    Class(u16),
+}
+
+impl StatusMatch {
+    /// An entry as written in gateway.toml: a code of 100..=599, or a class `"1xx"`..`"5xx"`.
+    pub fn parse_class(text: &str) -> Option<StatusMatch> {
+        match text.as_bytes() {
+            [d @ b'1'..=b'5', b'x' | b'X', b'x' | b'X'] => {
+                Some(StatusMatch::Class(u16::from(d - b'0')))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl StatusSet {
+    /// A set of these entries.
+    pub fn new(entries: Vec<StatusMatch>) -> Self {
+        StatusSet { entries }
+    }
+
+    /// Whether `status` is charged.
+    pub fn matches(&self, status: u16) -> bool {
+        self.entries.iter().any(|e| match *e {
+            StatusMatch::Code(c) => c == status,
+            StatusMatch::Class(k) => status / 100 == k,
+        })
+    }
+}
+
+/// Where a reservation was charged.
+enum Held {
+    /// An in-process store (local rules, the memory backend, the `local` fallback), at this
+    /// instant of its clock.
+    Memory {
+        store: Arc<MemoryStore>,
+        charged_at_ns: u64,
+    },
+    /// The shared store, in the call made under `holder` whose window ends at `window_end_us`.
+    Shared {
+        store: Arc<dyn SharedStore>,
+        window_end_us: u64,
+        holder: u64,
+    },
+}
+
+/// One admitted rule's reservation, waiting for the response.
+pub struct Reservation {
+    rule: Arc<Policy>,
+    check: Check,
+    held: Held,
+}
+
+impl Reservation {
+    /// A reservation charged to an in-process `store` just now.
+    pub fn memory(rule: Arc<Policy>, check: Check, store: &Arc<MemoryStore>) -> Self {
+        let charged_at_ns = store.now_ns();
+        Reservation {
+            rule,
+            check,
+            held: Held::Memory {
+                store: store.clone(),
+                charged_at_ns,
+            },
+        }
+    }
+
+    /// A reservation charged to the shared `store` by the call under `holder`.
+    pub fn shared(
+        rule: Arc<Policy>,
+        check: Check,
+        store: &Arc<dyn SharedStore>,
+        window_end_us: u64,
+        holder: u64,
+    ) -> Self {
+        Reservation {
+            rule,
+            check,
+            held: Held::Shared {
+                store: store.clone(),
+                window_end_us,
+                holder,
+            },
+        }
+    }
+}
+
+/// The reservations of one request. Dropped unsettled, they stay charged.
+#[derive(Default)]
+pub struct Reservations {
+    held: Vec<Reservation>,
+}
+
+impl Reservations {
+    /// Adds one.
+    pub fn push(&mut self, r: Reservation) {
+        self.held.push(r);
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Where the `cost_from` rules among them read their cost (each source once).
+    pub fn cost_sources(&self) -> Vec<CostFrom> {
+        let mut out: Vec<CostFrom> = Vec::new();
+        for r in &self.held {
+            if let Some(from) = &r.rule.respond.cost_from {
+                if !out.contains(from) {
+                    out.push(from.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Settles the `count` rules' reservations on the response `status`: each is refunded
+    /// unless the status matches (`cost_from` rules wait for [`Reservations::settle_costs`]).
+    /// Memory stores are trued up in place; the shared store in one call, awaited, so that
+    /// the client's next request sees it.
+    pub async fn settle(&mut self, status: u16) {
+        let (counted, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|r| r.rule.respond.count.is_some());
+        self.held = rest;
+        let settled = counted.into_iter().map(|r| {
+            let matched = r
+                .rule
+                .respond
+                .count
+                .as_ref()
+                .is_some_and(|c| c.matches(status));
+            let adjust = if matched {
+                Adjust::default()
+            } else {
+                Adjust::between(r.check.cost, 0)
+            };
+            (adjust, r, false)
+        });
+        apply(settled.collect()).await;
+    }
+
+    /// Settles the `cost_from` rules' reservations at the true cost `cost_of` their source
+    /// read: the difference is refunded or charged on top. A source that read nothing (no
+    /// such header or path, a body past the bound, the client gone first) settles at the
+    /// reservation, counted in `floodgate_cost_unread_total`.
+    pub async fn settle_costs(&mut self, cost_of: impl Fn(&CostFrom) -> Option<u64>) {
+        let mut settled = Vec::new();
+        for r in std::mem::take(&mut self.held) {
+            let Some(from) = &r.rule.respond.cost_from else {
+                continue;
+            };
+            match cost_of(from) {
+                Some(cost) => {
+                    let adjust = Adjust::between(r.check.cost, cost.min(MAX_COST));
+                    settled.push((adjust, r, false));
+                }
+                None => settled.push((Adjust::default(), r, true)),
+            }
+        }
+        apply(settled).await;
+    }
+}
+
+/// The largest true cost a response may claim: the most a rule may count (10^15), so that a
+/// hostile upstream's number stays exact in the stores.
+const MAX_COST: u64 = super::algorithm::MAX_COUNT;
+
+/// Applies `settled` (each with whether its cost was unread): memory stores in place, the
+/// shared store in one call; then counts them, so that a settled count in the metrics means
+/// the store has it.
+async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
+    let mut shared: Option<Arc<dyn SharedStore>> = None;
+    let mut ups = Vec::new();
+    let mut counted = Vec::with_capacity(settled.len());
+    for (adjust, r, unread) in settled {
+        let result = if adjust.extra > 0 {
+            "charged_extra"
+        } else if adjust.refund > 0 {
+            "refunded"
+        } else {
+            "charged"
+        };
+        counted.push((r.rule.name.clone(), result, unread));
+        if adjust.is_none() {
+            continue;
+        }
+        match r.held {
+            Held::Memory {
+                store,
+                charged_at_ns,
+            } => {
+                store.true_up(&r.check, charged_at_ns, adjust);
+            }
+            Held::Shared {
+                store,
+                window_end_us,
+                holder,
+            } => {
+                shared.get_or_insert(store);
+                ups.push(TrueUp {
+                    check: r.check,
+                    adjust,
+                    window_end_us,
+                    holder,
+                });
+            }
+        }
+    }
+    if let Some(store) = shared {
+        store.true_up(&ups).await;
+    }
+    let m = metrics();
+    for (rule, result, unread) in counted {
+        m.settled(&rule, result);
+        if unread {
+            m.unread.with_label_values(&[&rule]).inc();
+        }
+    }
+}
+
+impl std::fmt::Debug for Reservations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservations")
+            .field("held", &self.held.len())
+            .finish()
+    }
+}
+
+/// The metrics of response-aware rules.
+pub struct ReservationMetrics {
+    /// `floodgate_response_settled_total{rule,result}`: reservations settled on the response
+    /// (`charged`: kept; `refunded`: given back).
+    settled: IntCounterVec,
+    /// `floodgate_cost_unread_total{rule}`: `cost_from` responses whose cost could not be
+    /// read, settled at the reservation.
+    unread: IntCounterVec,
+}
+
+impl ReservationMetrics {
+    fn settled(&self, rule: &str, result: &str) {
+        self.settled.with_label_values(&[rule, result]).inc();
+    }
+}
+
+/// Exports the series of a response-aware `rule` at 0 (when its config is put in force), so
+/// that a panel shows 0 rather than no data.
+pub fn register_series(rule: &Policy) {
+    if !rule.respond.settles() {
+        return;
+    }
+    let m = metrics();
+    for result in ["charged", "refunded", "charged_extra"] {
+        m.settled.with_label_values(&[&rule.name, result]);
+    }
+    if rule.respond.cost_from.is_some() {
+        m.unread.with_label_values(&[&rule.name]);
+    }
+}
+
+/// The response-aware metrics, registered on first use.
+pub fn metrics() -> &'static ReservationMetrics {
+    static M: LazyLock<ReservationMetrics> = LazyLock::new(|| {
+        let settled = IntCounterVec::new(
+            Opts::new(
+                "floodgate_response_settled_total",
+                "Reservations of response-aware rules settled on the response, by rule and result (charged: kept as reserved; refunded: given back, all or part; charged_extra: a true cost above the reservation charged on top).",
+            ),
+            &["rule", "result"],
+        )
+        .expect("static metric definition");
+        let unread = IntCounterVec::new(
+            Opts::new(
+                "floodgate_cost_unread_total",
+                "Responses of cost_from rules whose cost could not be read (no such header or path, past the inspected bytes, client gone first), settled at the reservation, by rule.",
+            ),
+            &["rule"],
+        )
+        .expect("static metric definition");
+        crate::metrics::metrics().register(Box::new(settled.clone()));
+        crate::metrics::metrics().register(Box::new(unread.clone()));
+        ReservationMetrics { settled, unread }
+    });
+    &M
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_match_codes_and_classes() {
+        let set = StatusSet::new(vec![
+            StatusMatch::Code(401),
+            StatusMatch::parse_class("5xx").expect("class"),
+        ]);
+        assert!(set.matches(401) && set.matches(503));
+        assert!(!set.matches(403) && !set.matches(200));
+        assert_eq!(StatusMatch::parse_class("6xx"), None);
+        assert_eq!(StatusMatch::parse_class("40x"), None);
+    }
+}
