@@ -290,7 +290,10 @@ fn top_clients(cfg: &Config, query: &str) -> Response<Vec<u8>> {
         );
         problem(p)
     };
-    if !cfg.rules.iter().any(|r| *r.name == *rule) {
+    let rls_limits = cfg.rls.iter().flat_map(|s| &s.limits);
+    if !cfg.rules.iter().any(|r| *r.name == *rule)
+        && !rls_limits.map(|l| &l.policy.name).any(|n| **n == *rule)
+    {
         return not_found(format!("no rule named \"{rule}\" in the config in force"));
     }
     if !cfg.server.top_clients {
@@ -365,11 +368,14 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
     let now = t.now();
     let m = metrics();
     let st = gateway.reload_status();
+    // Envoy's rate-limit service's limits are listed as rules are (crate::rls::describe).
+    let rls_limits = cfg.rls.iter().flat_map(|s| &s.limits);
     let rules: Vec<serde_json::Value> = cfg
         .rules
         .iter()
-        .map(|r| {
-            let mut v = describe::rule_json(r);
+        .map(|r| (describe::rule_json(r), &r.policy))
+        .chain(rls_limits.map(|l| (crate::rls::describe::limit_json(l), &l.policy)))
+        .map(|(mut v, r)| {
             let c = &r.counters;
             v["counters"] = serde_json::json!({
                 "allowed": c.allowed.get(),

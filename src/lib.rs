@@ -26,6 +26,7 @@ pub mod proxy;
 pub mod query;
 pub mod response;
 pub mod response_cost;
+pub mod rls;
 pub mod rules;
 pub mod server;
 pub mod shutdown;

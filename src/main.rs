@@ -56,6 +56,9 @@ fn main() -> ExitCode {
         Some(Command::Check) => match Config::load(&cli.config) {
             Ok(cfg) => {
                 print!("{}", floodgate::describe::check_report(&cfg));
+                if let Some(rls) = &cfg.rls {
+                    print!("{}", floodgate::rls::describe::report(rls));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

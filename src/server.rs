@@ -114,14 +114,25 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         app = app.with_tls(acceptor, tls.listen.clone());
     }
     let mut proxy = Service::new("floodgate proxy".to_string(), app);
+    let mut proxy_listens = false;
     for addr in &listen {
         proxy.add_listener(ListenerConfig::tcp(addr.to_string()).l4_buffer(PLAIN_L4_BUFFER));
+        proxy_listens = true;
     }
     for addr in tls.iter().flat_map(|t| &t.listen) {
         // rustls reads records in small pieces: Pingora's read buffer saves read calls there.
         proxy.add_tcp(&addr.to_string());
+        proxy_listens = true;
     }
-    server.add_service(proxy);
+    // A rate-limit service only ([rls] without listeners or routes) runs no proxy.
+    if proxy_listens {
+        server.add_service(proxy);
+    }
+    // Envoy's rate-limit service: its connections are served on the one runtime thread that
+    // Pingora starts a background service on.
+    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone())? {
+        server.add_service(background_service("rate-limit service", rls));
+    }
 
     server.add_service(pingora::services::background::background_service(
         "memory store sweeper",

@@ -28,7 +28,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
-use crate::limiter::engine::{Outcome, Verdict};
+use crate::limiter::engine::{Applied, Outcome, Verdict};
 use crate::rules::{KeyPart, RequestView, Rule, MAX_KEY_VALUE};
 
 /// Counters per sketch (k of Space-Saving). 64 is plenty to name who is being limited, and it
@@ -549,9 +549,13 @@ impl Top {
     /// Drops the state of rules `config` no longer has (called when a config is put in force:
     /// a rule kept by name keeps its history).
     pub fn retain_rules(&self, config: &Config) {
-        self.rules
-            .write()
-            .retain(|name, _| config.rules.iter().any(|r| r.name == *name));
+        self.rules.write().retain(|name, _| {
+            config.rules.iter().any(|r| r.name == *name)
+                || config
+                    .rls
+                    .as_ref()
+                    .is_some_and(|rls| rls.limits.iter().any(|l| l.policy.name == *name))
+        });
     }
 }
 
@@ -658,6 +662,52 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
             let until = now_ms + a.decision.retry_after.as_millis() as u64;
             state.block(now_ms, a.counter, until, &mut make);
         }
+    }
+}
+
+/// [`record`] for a decision that is no gateway request (the Envoy rate-limit service):
+/// `label` names the client of each applied limit, asked only for a client a sketch is about
+/// to list.
+pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied) -> Client) {
+    if !cfg.server.top_clients || outcome.applied.is_empty() {
+        return;
+    }
+    let t = top();
+    let admitted = match outcome.verdict {
+        Verdict::Allow { .. } => true,
+        Verdict::Reject { .. } | Verdict::Slow { .. } => false,
+        Verdict::Unavailable { .. } => return,
+    };
+    t.decided.fetch_add(1, Ordering::Relaxed);
+    if outcome.asked_store {
+        t.store_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    let now = t.now();
+    for a in &outcome.applied {
+        if !admitted && a.decision.allowed {
+            continue;
+        }
+        let state = t.rule_or_new(&a.rule.name);
+        let mut shown: Option<Arc<Client>> = None;
+        let mut make = || shown.get_or_insert_with(|| Arc::new(label(a))).clone();
+        state.lock().record(now, a.counter, admitted, &mut make);
+    }
+}
+
+/// The client of an RLS descriptor: its entries as `(key, value)`, a value whose key says it
+/// carries credentials (as `query:` parts are judged) shown as a digest.
+pub fn descriptor_label<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> Client {
+    Client {
+        parts: entries
+            .map(|(k, v)| {
+                let shown_value = if secret_query(k) {
+                    digest(v.as_bytes())
+                } else {
+                    shown(v.as_bytes())
+                };
+                (k.to_string(), shown_value)
+            })
+            .collect(),
     }
 }
 

@@ -1015,7 +1015,11 @@ async fn quota_use_on(store: &str) {
     assert_eq!(v["thresholds"], serde_json::json!([0.8, 1.0]), "{v}");
     assert_eq!(share(&v, "daily", 0), (0, 2), "3 of 5 is under 80 %: {v}");
     assert!(
-        v["rules"].as_array().unwrap().iter().all(|r| r["rule"] != "per-ip"),
+        v["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["rule"] != "per-ip"),
         "an ip-keyed rule has no identities: {v}"
     );
     assert_eq!(spend(&gw, 1).await, 1);

@@ -169,6 +169,25 @@ const TABLES: &[Table] = &[
         ],
         always: true,
     },
+    Table {
+        header: "[rls]",
+        parent: None,
+        base: &[],
+        always: false,
+    },
+    Table {
+        header: "[[rls.limits]]",
+        parent: Some(("[rls]", "limits")),
+        base: &[
+            ("name", "\"walk-rls\""),
+            ("domain", "\"d\""),
+            ("descriptor", "[{ key = \"k\" }]"),
+            ("algorithm", "\"fixed_window\""),
+            ("limit", "1"),
+            ("window", "\"1s\""),
+        ],
+        always: false,
+    },
 ];
 
 /// A value no key of gateway.toml takes: an array holding an empty array. (A table such as

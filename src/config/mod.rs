@@ -50,6 +50,8 @@ pub struct Config {
     pub rules: Vec<Arc<Rule>>,
     /// `[[webhooks]]`: where quota events go (issue 23).
     pub webhooks: Arc<[crate::webhooks::Webhook]>,
+    /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
+    pub rls: Option<crate::rls::limits::Settings>,
     /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
     /// reloader compares files against it to tell a real change from a no-op event.
     pub fingerprint: [u8; 32],

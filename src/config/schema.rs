@@ -26,6 +26,8 @@ pub struct RawConfig {
     /// `[[webhooks]]` (issue 23): quota events sent to a customer's systems.
     #[serde(default)]
     pub webhooks: Vec<Spanned<RawWebhook>>,
+    /// `[rls]`: Envoy's rate-limit service (issue 22).
+    pub rls: Option<Spanned<RawRls>>,
 }
 
 /// One `[[webhooks]]`.
@@ -258,7 +260,7 @@ pub enum RawStatus {
 }
 
 /// A rule's `lease`: `"auto"` or a number of permits.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum RawLease {
     Permits(i64),
@@ -284,4 +286,44 @@ pub struct RawRuleMatch {
 pub struct RawHeaderMatch {
     pub name: Spanned<String>,
     pub value: Option<String>,
+}
+
+/// `[rls]`: the gRPC listener Envoy asks (`envoy.service.ratelimit.v3`) and its limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRls {
+    pub listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub limits: Vec<RawRlsLimit>,
+}
+
+/// One `[[rls.limits]]`: the descriptor it answers for, and the `[[rules]]` options that
+/// apply to a descriptor (how it counts, where, and what a store error does).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRlsLimit {
+    pub name: Spanned<String>,
+    pub domain: Spanned<String>,
+    pub descriptor: Spanned<Vec<Spanned<RawDescriptorEntry>>>,
+    pub algorithm: Spanned<String>,
+    pub limit: Spanned<i64>,
+    pub window: Option<Spanned<String>>,
+    pub burst: Option<Spanned<i64>>,
+    pub scope: Option<Spanned<String>>,
+    pub on_store_error: Option<Spanned<String>>,
+    pub mode: Option<Spanned<String>>,
+    pub cost: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub shadow: bool,
+    pub lease: Option<Spanned<RawLease>>,
+    pub lease_ttl: Option<Spanned<String>>,
+}
+
+/// One entry of a limit's `descriptor`: `{ key = "user" }` (each value its own counter) or
+/// `{ key = "route", value = "orders" }` (only that value matches).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDescriptorEntry {
+    pub key: Spanned<String>,
+    pub value: Option<Spanned<String>>,
 }

@@ -2,11 +2,14 @@
 //! upstream pools serving it, the limiter's counters, and what the last reload said.
 //!
 //! - [`reload`]: the reload triggers (watched files, SIGHUP) and the one reload they run.
+//! - [`rls`]: Envoy's rate-limit service (its gRPC handler and listener) on the config in
+//!   force, the limits' logic being `crate::rls`'s.
 //! - `pools`: the upstream pools each config generation runs on (the config itself is plain
 //!   data, also built by `check`).
 
 mod pools;
 pub mod reload;
+pub mod rls;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,9 +94,11 @@ impl crate::upstream::service::InForce for Gateway {
 /// registry alone (see [`crate::metrics::RuleCounters`]), so a file that is only checked, or a
 /// reload that fails, exports nothing.
 fn register_rule_series(config: &Config) {
-    for rule in &config.rules {
+    crate::rls::metrics::register(config.rls.as_ref());
+    let rls_limits = config.rls.iter().flat_map(|r| &r.limits).map(|l| &l.policy);
+    for rule in config.rules.iter().map(|r| &r.policy).chain(rls_limits) {
         rule.counters.register();
-        crate::limiter::reservation::register_series(&rule.policy);
+        crate::limiter::reservation::register_series(rule);
         if rule.lease.is_some() {
             let m = crate::limiter::lease::lease_metrics();
             m.taken.with_label_values(&[&rule.name]);

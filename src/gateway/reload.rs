@@ -115,6 +115,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         "server.log_format",
         old.server.log_format != new.server.log_format,
     );
+    check(
+        "rls.listen",
+        old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
+    );
     check("store.backend", old.store.backend != new.store.backend);
     check("store.url(s)", old.store.urls != new.store.urls);
     check("store.max_keys", old.store.max_keys != new.store.max_keys);

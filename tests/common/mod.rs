@@ -557,3 +557,4 @@ impl Gateway {
 }
 
 pub mod redis;
+pub mod rls;

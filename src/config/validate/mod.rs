@@ -6,6 +6,7 @@
 //! (`fixtures/<section>/*.toml`, each saying the error it must give) and a test that loads them.
 
 mod auth;
+mod rls;
 mod routes;
 mod rules;
 mod server;
@@ -31,14 +32,19 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
 
     let mut warnings = Vec::new();
-    let (server, token_text) = server::server(&src, &raw.server, &dir, &mut warnings)?;
+    let (mut server, token_text) = server::server(&src, &raw.server, &dir, &mut warnings)?;
     let store = store::store(&src, &raw.store)?;
     let (auth, keys_text) = auth::auth(&src, &raw.auth, &dir, &mut warnings)?;
     let upstreams = upstreams::upstreams(&src, &raw.upstreams, &dir, &mut warnings)?;
     let routes = routes::routes(&src, &raw.routes, &upstreams)?;
     let rules = rules::rules(&src, &raw.rules, &routes)?;
     let webhooks = webhooks::webhooks(&src, &raw.webhooks)?;
-    if routes.is_empty() {
+    let rls = rls::rls(&src, &raw.rls, &rules)?;
+    if rls.is_some() && routes.is_empty() && raw.server.listen.is_none() {
+        // A rate-limit service only: no proxy listener unless one is asked for.
+        server.listen.clear();
+    }
+    if routes.is_empty() && rls.is_none() {
         // Checked last, so that a file with other mistakes names those first. A zero-byte or truncated file parses as TOML; in force it would answer 404 to
         // everything while looking healthy.
         let what = if text.trim().is_empty() {
@@ -60,6 +66,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         routes,
         rules,
         webhooks,
+        rls,
         // The same files, in the same order, as the reloader fingerprints (`watch::files_of`): a
         // keys or token file only when one is named (an extra empty entry made every start
         // reload once).

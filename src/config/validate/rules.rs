@@ -99,22 +99,22 @@ pub(super) fn rules(
 }
 
 /// What a rule counts and how fast: its algorithm and the shape of its limit.
-struct Shape {
-    algorithm: Algorithm,
-    limit: u64,
-    window: Duration,
-    burst: u64,
-    mode: LeakyMode,
-    max_delay: Duration,
+pub(super) struct Shape {
+    pub(super) algorithm: Algorithm,
+    pub(super) limit: u64,
+    pub(super) window: Duration,
+    pub(super) burst: u64,
+    pub(super) mode: LeakyMode,
+    pub(super) max_delay: Duration,
     /// `calendar` and `timezone`: the rule counts per calendar period.
-    calendar: Option<Calendar>,
+    pub(super) calendar: Option<Calendar>,
     /// `mode = "slow"`: its `slow_rate` in bytes per second.
-    slow_rate: Option<u64>,
+    pub(super) slow_rate: Option<u64>,
 }
 
 /// `algorithm`, `limit`, `window`, `burst`, `mode`, `max_delay` and `slow_rate`, each checked
 /// against the algorithm it applies to.
-fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
+pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
     let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
     let limit = src.positive(&r.limit, "limit")?;
     if limit > MAX_COUNT {
@@ -340,18 +340,23 @@ fn key(src: &Src, r: &RawRule, name: &str) -> Result<Vec<KeyPart>, ConfigError> 
 
 /// How a rule charges and answers: where it counts, what a store error does, what a request
 /// costs, the status it refuses with, its quota lease and how many requests it may hold.
-struct Charge {
-    scope: Scope,
-    on_store_error: FailureMode,
-    cost: u64,
-    status: u16,
-    lease: Option<Lease>,
-    max_waiting: usize,
+pub(super) struct Charge {
+    pub(super) scope: Scope,
+    pub(super) on_store_error: FailureMode,
+    pub(super) cost: u64,
+    pub(super) status: u16,
+    pub(super) lease: Option<Lease>,
+    pub(super) max_waiting: usize,
 }
 
 /// `scope`, `on_store_error`, `cost` (never more than the rule can admit at once), `status`,
 /// `lease` / `lease_ttl` and `max_waiting`.
-fn charge(src: &Src, r: &RawRule, name: &str, shape: &Shape) -> Result<Charge, ConfigError> {
+pub(super) fn charge(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    shape: &Shape,
+) -> Result<Charge, ConfigError> {
     let scope = match &r.scope {
         Some(s) => src.one_of(s, "scope", Scope::NAMES)?,
         None => Scope::Global,

@@ -1,0 +1,240 @@
+//! `[rls]` and `[[rls.limits]]`: the listener Envoy asks and the limits it answers with.
+//!
+//! A limit's counting options are a rule's: they are read by the `[[rules]]` code
+//! ([`super::rules::shape`], [`super::rules::charge`]) so that a limit and a rule written alike
+//! count alike and fail alike, with the same messages. What is the limit's own: its name (unique
+//! among rules and limits: both count and report under it), its domain and descriptor, and the
+//! options that cannot apply to an answer Envoy waits for (a concurrency limit never hears that
+//! a request ended; a shaping bucket would hold the answer).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use toml::Spanned;
+
+use super::rules::{charge, shape};
+use super::source::Src;
+use crate::config::schema::*;
+use crate::config::ConfigError;
+use crate::limiter::{Algorithm, Limit};
+use crate::rls::limits::{Entry, RlsLimit, Settings, MAX_ENTRIES};
+use crate::rules::{Policy, Rule};
+
+/// Where the service listens when `[rls]` names no `listen`: loopback, as the admin listener,
+/// so that nothing is exposed by default.
+pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
+
+/// `[rls]`, or `None` when the file has none.
+pub(super) fn rls(
+    src: &Src,
+    raw: &Option<Spanned<RawRls>>,
+    rules: &[Arc<Rule>],
+) -> Result<Option<Settings>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let raw = raw.get_ref();
+    let listen = match &raw.listen {
+        Some(a) => src.socket_addr(a, "rls.listen")?,
+        None => SocketAddr::from(DEFAULT_LISTEN),
+    };
+    let mut names: HashSet<&str> = HashSet::new();
+    let mut limits: Vec<Arc<RlsLimit>> = Vec::new();
+    for l in &raw.limits {
+        let name = l.name.get_ref();
+        if rules.iter().any(|r| &*r.name == name.as_str()) {
+            return Err(src.err(
+                l.name.span(),
+                format!("rls limit \"{name}\" has the name of a [[rules]] entry; both count and report under their name, so each needs its own"),
+            ));
+        }
+        if !names.insert(name) {
+            return Err(src.err(
+                l.name.span(),
+                format!("rls limit \"{name}\" is defined twice"),
+            ));
+        }
+        let limit = one(src, l)?;
+        if let Some(same) = limits
+            .iter()
+            .find(|o| o.domain == limit.domain && o.entries == limit.entries)
+        {
+            return Err(src.err(
+                l.descriptor.span(),
+                format!(
+                    "rls limit \"{name}\" has the same domain and descriptor as \"{}\"; only one of them could ever apply",
+                    same.policy.name
+                ),
+            ));
+        }
+        limits.push(Arc::new(limit));
+    }
+    Ok(Some(Settings::new(listen, limits)))
+}
+
+/// One limit: its own keys here, its counting options by the rules' code.
+fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
+    let name = l.name.get_ref();
+    if name.is_empty()
+        || name.contains('"')
+        || name.contains('\\')
+        || name.chars().any(char::is_control)
+    {
+        return Err(src.err(l.name.span(), "rls limit name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"));
+    }
+    let domain = l.domain.get_ref();
+    if domain.is_empty() || domain.chars().any(char::is_control) {
+        return Err(src.err(
+            l.domain.span(),
+            format!("rls limit \"{name}\": domain must be non-empty without control characters"),
+        ));
+    }
+    let entries = descriptor(src, l, name)?;
+    // Only policing answers Envoy: a shaping bucket would hold the answer past Envoy's
+    // timeout, and a slowed request's bodies are Envoy's to serve, not floodgate's.
+    if let Some(m) = l.mode.as_ref().filter(|m| m.get_ref() != "police") {
+        if ["shape", "slow"].contains(&m.get_ref().as_str()) {
+            return Err(src.err(
+                m.span(),
+                format!("rls limit \"{name}\": mode = \"{}\" cannot apply to Envoy's question (shaping would hold the answer past Envoy's timeout; slowing serves bodies floodgate never sees); a rate-limit service only polices", m.get_ref()),
+            ));
+        }
+    }
+    let rule = as_rule(l);
+    let shape = shape(src, &rule, name).map_err(|e| as_limit(e, name))?;
+    if shape.algorithm == Algorithm::Concurrency {
+        return Err(src.err(
+            l.algorithm.span(),
+            format!("rls limit \"{name}\": concurrency counts requests in flight, and a rate-limit service never hears when Envoy's request ends; use a rule of the gateway for it"),
+        ));
+    }
+    let charge = charge(src, &rule, name, &shape).map_err(|e| as_limit(e, name))?;
+    let limit = Limit::new(
+        shape.algorithm,
+        shape.limit,
+        shape.window,
+        shape.burst,
+        shape.mode,
+        shape.max_delay,
+    )
+    .map_err(|e| src.err(l.name.span(), format!("rls limit \"{name}\": {e}")))?;
+    Ok(RlsLimit {
+        domain: domain.clone(),
+        entries,
+        policy: Arc::new(Policy {
+            name: name.as_str().into(),
+            limit,
+            scope: charge.scope,
+            on_store_error: charge.on_store_error,
+            cost: charge.cost,
+            shadow: l.shadow,
+            headers: true,
+            status: charge.status,
+            counters: crate::metrics::RuleCounters::for_rule(name),
+            lease: charge.lease,
+            max_waiting: charge.max_waiting,
+            respond: crate::limiter::reservation::Respond::default(),
+        }),
+    })
+}
+
+/// `descriptor`: one to [`MAX_ENTRIES`] entries, each a non-empty key and, optionally, the
+/// value it must have (at most [`crate::rules::MAX_KEY_VALUE`] bytes, as request values are
+/// compared).
+fn descriptor(src: &Src, l: &RawRlsLimit, name: &str) -> Result<Vec<Entry>, ConfigError> {
+    let list = l.descriptor.get_ref();
+    if list.is_empty() {
+        return Err(src.err(
+            l.descriptor.span(),
+            format!("rls limit \"{name}\": descriptor needs at least one entry, e.g. [{{ key = \"user\" }}]"),
+        ));
+    }
+    if list.len() > MAX_ENTRIES {
+        return Err(src.err(
+            l.descriptor.span(),
+            format!("rls limit \"{name}\": descriptor has at most {MAX_ENTRIES} entries"),
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for e in list {
+        let e = e.get_ref();
+        if e.key.get_ref().is_empty() {
+            return Err(src.err(
+                e.key.span(),
+                format!("rls limit \"{name}\": a descriptor key must not be empty"),
+            ));
+        }
+        if let Some(v) = &e.value {
+            if v.get_ref().is_empty() {
+                return Err(src.err(
+                    v.span(),
+                    format!("rls limit \"{name}\": a descriptor value must not be empty; leave value out to count each value on its own"),
+                ));
+            }
+            if v.get_ref().len() > crate::rules::MAX_KEY_VALUE {
+                return Err(src.err(
+                    v.span(),
+                    format!(
+                        "rls limit \"{name}\": a descriptor value is at most {} bytes",
+                        crate::rules::MAX_KEY_VALUE
+                    ),
+                ));
+            }
+        }
+        out.push(Entry {
+            key: e.key.get_ref().clone(),
+            value: e.value.as_ref().map(|v| v.get_ref().clone()),
+        });
+    }
+    Ok(out)
+}
+
+/// An error of the rules' code about this limit, naming it as what it is.
+fn as_limit(mut e: ConfigError, name: &str) -> ConfigError {
+    let rule = format!("rule \"{name}\"");
+    if e.message.starts_with(&rule) {
+        e.message = format!("rls limit \"{name}\"{}", &e.message[rule.len()..]);
+    }
+    e
+}
+
+/// The limit as the `[[rules]]` entry whose counting options it shares (its key and match
+/// are the descriptor's business, never read from this).
+fn as_rule(l: &RawRlsLimit) -> RawRule {
+    RawRule {
+        name: l.name.clone(),
+        matcher: RawRuleMatch::default(),
+        key: Spanned::new(l.descriptor.span(), Vec::new()),
+        algorithm: l.algorithm.clone(),
+        limit: l.limit.clone(),
+        window: l.window.clone(),
+        burst: l.burst.clone(),
+        scope: l.scope.clone(),
+        on_store_error: l.on_store_error.clone(),
+        mode: l.mode.clone(),
+        max_delay: None,
+        max_waiting: None,
+        cost: l.cost.clone(),
+        shadow: l.shadow,
+        headers: None,
+        status: None,
+        lease: l.lease.clone(),
+        lease_ttl: l.lease_ttl.clone(),
+        slow_rate: None,
+        count: None,
+        cost_from: None,
+        block_for: None,
+        calendar: None,
+        timezone: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every invalid `[rls]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_fixture_fails_as_it_says() {
+        super::super::fixtures::check_section("rls");
+    }
+}
