@@ -683,6 +683,17 @@ async fn a_grant_during_load_is_exact_on_memory_and_redis() {
     grant_under_load_on(&store(&redis.url(), "250ms", "")).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_during_load_is_exact_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let s = format!(
+        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
+        urls.join(", ")
+    );
+    grant_under_load_on(&s).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Webhooks: a real HTTP receiver on loopback.
 // ---------------------------------------------------------------------------------------------
