@@ -194,8 +194,10 @@ async fn shaping_caps_the_requests_waiting_per_rule() {
 }
 
 /// A file truncated and written again slowly is never applied half-written: while it is being
-/// written (and a `POST /reload` lands in the middle), every request to a route of the file is
-/// answered by it and `/readyz` always counts both routes.
+/// written (and a `POST /reload` lands in the middle, and the pause outlasts the quiet period
+/// of 100 ms), every request to a route of the file is answered by it and `/readyz` always
+/// counts both routes. A writer that closes between two parts is caught only by that quiet
+/// period, a matter of timing that this test does not rely on.
 #[tokio::test]
 async fn a_file_caught_mid_write_is_never_applied_half_written() {
     let api = OrdersApi::start("mid-write");
@@ -238,18 +240,20 @@ async fn a_file_caught_mid_write_is_never_applied_half_written() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     for round in 0..3 {
         // Truncate, write the first part, ask for a reload in the middle of the write, then
-        // finish it: the writer is slow, not done.
-        std::fs::write(&path, first).expect("first part");
+        // finish it: the writer is slow, not done, and holds the file open meanwhile (its
+        // close says when it is done, however long the pause: no timing is assumed here).
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .expect("truncate");
+        std::io::Write::write_all(&mut f, first.as_bytes()).expect("first part");
         let reload = {
             let c = c.clone();
             let url = gw.admin_url("/reload");
             tokio::spawn(async move { c.post(url).send().await.map(|r| r.status().as_u16()) })
         };
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .expect("append");
+        tokio::time::sleep(Duration::from_millis(300)).await;
         std::io::Write::write_all(&mut f, rest.as_bytes()).expect("rest");
         drop(f);
         let status = reload.await.expect("task").expect("POST /reload");
