@@ -500,6 +500,32 @@ impl Inner {
     }
 }
 
+/// Awaits best-effort batched calls (lease returns, reservation true-ups), at most
+/// [`RELEASE_TIMEOUT`] for all of them; returns the sum of what the store says it applied.
+/// What fails or times out stays charged, which `what` says in the debug log.
+async fn applied_within<F, E>(calls: impl Iterator<Item = F>, what: &'static str) -> u64
+where
+    F: std::future::Future<Output = Result<i64, E>>,
+    E: std::fmt::Display,
+{
+    match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
+        Ok(results) => results
+            .into_iter()
+            .map(|r| match r {
+                Ok(n) => u64::try_from(n).unwrap_or(0),
+                Err(e) => {
+                    tracing::debug!(error = %e, call = what, "store call failed");
+                    0
+                }
+            })
+            .sum(),
+        Err(_) => {
+            tracing::debug!(call = what, "store call timed out");
+            0
+        }
+    }
+}
+
 /// The engine's face of the store.
 #[async_trait]
 impl SharedStore for RedisStore {
@@ -790,22 +816,11 @@ impl Inner {
             let conn = conn.clone();
             async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
         });
-        match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
-            Ok(results) => results
-                .into_iter()
-                .map(|r| match r {
-                    Ok(n) => u64::try_from(n).unwrap_or(0),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "lease return failed; the permits stay charged until their window ends");
-                        0
-                    }
-                })
-                .sum(),
-            Err(_) => {
-                tracing::debug!("lease return timed out; the permits stay charged until their window ends");
-                0
-            }
-        }
+        applied_within(
+            calls,
+            "lease return; the permits stay charged until their window ends",
+        )
+        .await
     }
 
     async fn renew(&self, checks: &[Check], lease: u64) {

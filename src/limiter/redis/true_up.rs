@@ -3,7 +3,7 @@
 //! in the window its reservation was charged in.
 
 use super::script::{hex16, Params, TRUE_UP};
-use super::{Inner, RELEASE_TIMEOUT};
+use super::{applied_within, Inner};
 use crate::limiter::store::TrueUp;
 
 impl Inner {
@@ -33,21 +33,6 @@ impl Inner {
             let conn = conn.clone();
             async move { conn.eval::<i64>(&TRUE_UP, &cmd).await }
         });
-        match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
-            Ok(results) => results
-                .into_iter()
-                .map(|r| match r {
-                    Ok(n) => u64::try_from(n).unwrap_or(0),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "reservation true-up failed; the reservation stays charged");
-                        0
-                    }
-                })
-                .sum(),
-            Err(_) => {
-                tracing::debug!("reservation true-up timed out; the reservation stays charged");
-                0
-            }
-        }
+        applied_within(calls, "reservation true-up; the reservation stays charged").await
     }
 }
