@@ -620,6 +620,16 @@ fn digest(raw: &[u8]) -> String {
 /// admission. Called by admission once the limiter has decided; does nothing when
 /// `[server] top_clients = false`.
 pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
+    record_labelled(cfg, outcome, &|a: &Applied| {
+        // The rule's key parts are on the rule, which the outcome names by its policy.
+        let rule = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule));
+        rule.map_or_else(Client::default, |r| client_label(cfg, r, view))
+    });
+}
+
+/// [`record`] with the client of each applied rule named by `label` (the Envoy rate-limit
+/// service names descriptors), asked only for a client a sketch is about to list.
+pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied) -> Client) {
     if !cfg.server.top_clients || outcome.applied.is_empty() {
         return;
     }
@@ -643,17 +653,8 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
         }
         // The client is the counter the request charged: the digest of the rule's key values.
         let state = t.rule_or_new(&a.rule.name);
-        let mut label: Option<Arc<Client>> = None;
-        let mut make = || {
-            label
-                .get_or_insert_with(|| {
-                    // Only for a client the sketch is about to list: the rule's key parts are
-                    // on the rule, which the outcome names by its policy.
-                    let rule = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule));
-                    Arc::new(rule.map_or_else(Client::default, |r| client_label(cfg, r, view)))
-                })
-                .clone()
-        };
+        let mut shown: Option<Arc<Client>> = None;
+        let mut make = || shown.get_or_insert_with(|| Arc::new(label(a))).clone();
         let mut state = state.lock();
         state.record(now, a.counter, admitted, &mut make);
         if !a.decision.allowed && !a.rule.limit.block_for().is_zero() {
@@ -662,35 +663,6 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
             let until = now_ms + a.decision.retry_after.as_millis() as u64;
             state.block(now_ms, a.counter, until, &mut make);
         }
-    }
-}
-
-/// [`record`] for a decision that is no gateway request (the Envoy rate-limit service):
-/// `label` names the client of each applied limit, asked only for a client a sketch is about
-/// to list.
-pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied) -> Client) {
-    if !cfg.server.top_clients || outcome.applied.is_empty() {
-        return;
-    }
-    let t = top();
-    let admitted = match outcome.verdict {
-        Verdict::Allow { .. } => true,
-        Verdict::Reject { .. } | Verdict::Slow { .. } => false,
-        Verdict::Unavailable { .. } => return,
-    };
-    t.decided.fetch_add(1, Ordering::Relaxed);
-    if outcome.asked_store {
-        t.store_requests.fetch_add(1, Ordering::Relaxed);
-    }
-    let now = t.now();
-    for a in &outcome.applied {
-        if !admitted && a.decision.allowed {
-            continue;
-        }
-        let state = t.rule_or_new(&a.rule.name);
-        let mut shown: Option<Arc<Client>> = None;
-        let mut make = || shown.get_or_insert_with(|| Arc::new(label(a))).clone();
-        state.lock().record(now, a.counter, admitted, &mut make);
     }
 }
 
