@@ -16,8 +16,11 @@
 #     puts the server's `disk` storage behind a `disk_storage` feature, default on as upstream,
 #     and the build turns it off (--no-default-features): the `limitador` crate's default
 #     disk_storage feature pulls in RocksDB, a long C++ build, for a storage the benchmark does
-#     not measure. memory, redis and redis_cached are untouched. LIMITADOR_DISK=1 skips the
-#     patch and builds upstream's default features (needs clang and much longer).
+#     not measure. The patch also compiles the `limitador` crate's binary counter-key encoding
+#     (keys.rs `bin`, Counter::variables_for_key) without that feature: upstream gates it on
+#     disk_storage, yet its Redis storages call it, so `redis_storage` alone does not build.
+#     memory, redis and redis_cached run unchanged. LIMITADOR_DISK=1 skips the patch and builds
+#     upstream's default features (needs clang and much longer).
 #   * OPENSSL_NO_VENDOR=1: openssl-sys links the system's libssl (libssl-dev) instead of
 #     building the `vendored` OpenSSL from source. Limitador's RLS path does not use TLS.
 #   * Limitador's own release profile (lto = true, codegen-units = 1) is kept: the peer is

@@ -46,6 +46,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -452,8 +453,11 @@ class Bench:
             if self.pin:
                 os.sched_setaffinity(0, cpus)
 
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run(argv, capture_output=True, text=True, preexec_fn=pre,
                            timeout=max(120, n / 1000))
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client_cpu = ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime
         out = r.stdout
         m = re.search(r"finished in ([\d.]+)(\w+), ([\d.]+) req/s", out)
         codes = re.search(r"status codes: (\d+) 2xx", out)
@@ -463,7 +467,8 @@ class Bench:
             raise RuntimeError(f"h2load failed ({r.returncode}): {out[-800:]} {r.stderr[-400:]}")
         secs = float(m.group(1)) / {"s": 1, "ms": 1e3, "us": 1e6}.get(m.group(2), 1)
         t = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
-        return {"rps": float(m.group(3)), "seconds": secs, "2xx": int(codes.group(1)),
+        return {"rps": float(m.group(3)), "seconds": secs, "client_cpu_s": round(client_cpu, 3),
+                "2xx": int(codes.group(1)),
                 "succeeded": int(done.group(2)), "failed": int(done.group(3)) + int(done.group(4)),
                 "mean": t.group(3) if t else "?", "max": t.group(2) if t else "?"}
 
@@ -502,6 +507,9 @@ class Bench:
             r.update({"requests": n, "answered_ok": int(ok), "counted_under_limit": matched,
                       "over_limit": int(over), "server_cpu_s": round(cpu, 3),
                       "server_cpu_us_per_call": round(cpu / n * 1e6, 2),
+                      # Shares of one CPU over the run: the one near 1.0 is what bounds it.
+                      "server_cpu_share": round(cpu / r["seconds"], 3),
+                      "client_cpu_share": round(r["client_cpu_s"] / r["seconds"], 3),
                       "machine_busy_s": round(busy, 3), "wall_s": round(r["seconds"], 3)})
             problems = []
             if r["2xx"] != n or r["succeeded"] != n:
@@ -586,6 +594,8 @@ class Bench:
             e = {"measured": True, "rps": statistics.median(r["rps"] for r in runs),
                  "rps_runs": [round(r["rps"]) for r in runs],
                  "cpu_us_per_call": statistics.median(r["server_cpu_us_per_call"] for r in runs),
+                 "server_cpu_share": statistics.median(r["server_cpu_share"] for r in runs),
+                 "client_cpu_share": statistics.median(r["client_cpu_share"] for r in runs),
                  "exact": EXACT[s]}
             if s in REDIS_SYSTEMS:
                 e["redis_calls_per_call"] = statistics.median(r["redis_calls_per_call"] for r in runs)
@@ -613,19 +623,20 @@ class Bench:
             f"(`h2load --rps`, same connections and streams, {a.half_seconds:g} s, medians of "
             f"{a.half_rounds}). Servers {'on CPU ' + a.server_cpus + ', h2load on CPU ' + a.client_cpus + ', redis-server on CPU ' + (a.redis_cpus or a.client_cpus) if self.pin else 'not pinned'}.",
             "",
-            "| system | ShouldRateLimit/s | runs | server CPU µs/call | Redis calls per decision "
-            "| Redis commands per decision | p99 at half load | exact? |",
-            "|---|---:|---|---:|---:|---|---:|---|",
+            "| system | ShouldRateLimit/s | runs | server CPU µs/call | CPU share server / h2load "
+            "| Redis calls per decision | Redis commands per decision | p99 at half load | exact? |",
+            "|---|---:|---|---:|---:|---:|---|---:|---|",
         ]
         for s, e in summ.items():
             if not e["measured"]:
-                lines.append(f"| {s} | not measured: {e['reason'][:200]} | | | | | | |")
+                lines.append(f"| {s} | not measured: {e['reason'][:200]} | | | | | | | |")
                 continue
             rc = f"{e['redis_calls_per_call']:.5f}" if "redis_calls_per_call" in e else "—"
             cmds = ", ".join(f"{k} {v:.5g}" for k, v in e.get("redis_commands_per_call", {}).items()) or "—"
             p99 = f"{e['p99_ms']:.2f} ms" if "p99_ms" in e else "—"
             lines.append(f"| {s} | {e['rps']:,.0f} | {' / '.join(f'{x:,}' for x in e['rps_runs'])} "
-                         f"| {e['cpu_us_per_call']:.1f} | {rc} | {cmds} | {p99} | {e['exact']} |")
+                         f"| {e['cpu_us_per_call']:.1f} | {e['server_cpu_share']:.2f} / "
+                         f"{e['client_cpu_share']:.2f} | {rc} | {cmds} | {p99} | {e['exact']} |")
         lines += ["", "| target | floodgate | Limitador | ratio | needed | met? |",
                   "|---|---:|---:|---:|---:|---|"]
         targets = []
@@ -639,7 +650,8 @@ class Bench:
                 targets.append({"floodgate": fg, "limitador": lim, "ratio": round(ratio, 3),
                                 "needed": need, "met": met})
             else:
-                why = "; ".join(x.get("reason", "") for x in (f, lm) if not x.get("measured"))
+                why = "; ".join(x.get("reason", "") for x in (f, lm) if x and not x.get("measured"))
+                why = why or "not run (--only)"
                 lines.append(f"| {fg} vs {lim} | | | | ≥ {need:g}x | not measured ({why[:160]}) |")
                 targets.append({"floodgate": fg, "limitador": lim, "met": None, "reason": why})
         for s, e in summ.items():
