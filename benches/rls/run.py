@@ -500,6 +500,8 @@ class Bench:
             busy = busy_seconds() - busy_before
             if system == "limitador-cached":
                 time.sleep(1.5)  # its counters reach Redis on a 1 s flush: count those calls too
+            # Before the checks: Limitador's GET /counters reads Redis, which is not the run's.
+            stats = commandstats(self.redis_port) if uses_redis else {}
             after = self.counts(system, srv)
             ok = after["ok"] - before["ok"]
             matched = after["matched"] - before["matched"]
@@ -526,7 +528,6 @@ class Bench:
             if problems:
                 raise RuntimeError(f"{system}: " + "; ".join(problems) + f": {r}")
             if uses_redis:
-                stats = commandstats(self.redis_port)
                 delta = {k: v - stats_before.get(k, 0) for k, v in stats.items()
                          if v - stats_before.get(k, 0) > 0 and k not in HARNESS}
                 r["redis_commands_per_call"] = {k: round(v / n, 5) for k, v in sorted(delta.items())}
