@@ -51,8 +51,9 @@ check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
 
 ## Load benchmark (docs/benchmarks.md): wrk, nginx, Envoy and redis-server on loopback, about 25
-## minutes, then the memory per connection (bench-idle). Writes target/bench/results.md,
-## results.json, idle.md and idle.json. BENCH_ARGS passes options
+## minutes, then the memory per connection (bench-idle), then the rate-limit service against
+## Limitador (bench-rls). Writes target/bench/results.md, results.json, idle.md, idle.json, rls.md
+## and rls.json. BENCH_ARGS passes options
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
 bench: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
