@@ -70,6 +70,14 @@ impl CostFrom {
         }
         Err("cost_from is \"header:NAME\" or \"json:dotted.path\"".into())
     }
+
+    /// As gateway.toml writes it (`floodgate check` lists it so).
+    pub fn to_config_string(&self) -> String {
+        match self {
+            CostFrom::Header(name) => format!("header:{name}"),
+            CostFrom::Json(path) => format!("json:{}", path.join(".")),
+        }
+    }
 }
 
 /// The statuses a `count` rule charges: codes (`401`) and classes (`"4xx"`).
@@ -103,6 +111,20 @@ impl StatusSet {
     /// A set of these entries.
     pub fn new(entries: Vec<StatusMatch>) -> Self {
         StatusSet { entries }
+    }
+
+    /// The entries as gateway.toml writes them, e.g. `401, 403, 5xx` (`floodgate check`
+    /// lists them so).
+    pub fn to_config_string(&self) -> String {
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|e| match *e {
+                StatusMatch::Code(c) => c.to_string(),
+                StatusMatch::Class(k) => format!("{k}xx"),
+            })
+            .collect();
+        entries.join(", ")
     }
 
     /// Whether `status` is charged.
@@ -385,5 +407,6 @@ mod tests {
         assert!(!set.matches(403) && !set.matches(200));
         assert_eq!(StatusMatch::parse_class("6xx"), None);
         assert_eq!(StatusMatch::parse_class("40x"), None);
+        assert_eq!(set.to_config_string(), "401, 5xx");
     }
 }

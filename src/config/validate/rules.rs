@@ -596,12 +596,6 @@ fn respond(
                 format!("rule \"{name}\": cost_from and count cannot be combined: count charges a response 1 or 0, cost_from its true cost"),
             ));
         }
-        if shape.algorithm.capabilities().limit_cap.is_some() {
-            return Err(src.err(
-                c.span(),
-                format!("rule \"{name}\": cost_from is not allowed here: {} keeps one entry per unit, at most limit, so a true cost above the reservation cannot be kept; use sliding_window_counter", shape.algorithm.as_str()),
-            ));
-        }
         let from = CostFrom::parse(c.get_ref())
             .map_err(|e| src.err(c.span(), format!("rule \"{name}\": {e}")))?;
         out.cost_from = Some(from);
