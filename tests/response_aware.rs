@@ -164,8 +164,8 @@ fn check_refuses_count_where_it_cannot_work() {
             "block_for is not allowed here: a shaping leaky bucket",
         ),
         (
-            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\nlease = 5\ncount = { status = [401] }",
-            "count is not allowed here: lease",
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\nlease = 5\nblock_for = \"1m\"",
+            "block_for is not allowed here: lease",
         ),
         (
             "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\ncount = { status = [\"6xx\"] }",
@@ -799,4 +799,52 @@ async fn concurrent_refunds_share_their_redis_calls() {
     }
     assert_eq!(login(&c, &gw, "guess").await.status(), 429);
     assert_eq!(upstream_failures(&c, &api).await, 40);
+}
+
+/// Two instances on one Redis with a leased failures-only rule (`lease = 3`, 500 ms leases):
+/// successful logins are refunded into the lease they were spent from, so they are never
+/// limited and cost Redis less than a call each; failures stay exact over both instances:
+/// L reach the upstream, and no more once the leases in hand have been given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_count_rule_refunds_into_its_lease_and_stays_exact() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let backend = store(&redis.url(), "2s", "instances = 2");
+    let rules = login_rule("token_bucket", 6, "1h", "lease = 3\nlease_ttl = \"500ms\"");
+    let gws = [
+        gateway(&api, &backend, &rules),
+        gateway(&api, &backend, &rules),
+    ];
+    let c = client();
+    assert_eq!(login(&c, &gws[0], "open-sesame").await.status(), 200);
+    let before = redis.command_calls("evalsha");
+    for i in 0..20 {
+        let r = login(&c, &gws[0], "open-sesame").await;
+        assert_eq!(r.status(), 200, "successful login {i}");
+    }
+    let calls = redis.command_calls("evalsha") - before;
+    eprintln!("{calls} EVALSHA for 20 refunded logins");
+    assert!(calls < 20, "{calls} EVALSHA for 20 refunded logins");
+    // Permits one instance holds are briefly unavailable to the other: keep trying both.
+    let failed = std::sync::atomic::AtomicU64::new(0);
+    eventually(
+        Duration::from_secs(10),
+        "6 failures reached the upstream",
+        || async {
+            for gw in &gws {
+                if login(&c, gw, "guess").await.status() == 401 {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            (failed.load(std::sync::atomic::Ordering::Relaxed) >= 6).then_some(())
+        },
+    )
+    .await;
+    // Long enough for every lease in hand to end and be given back.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for gw in &gws {
+        assert_eq!(login(&c, gw, "guess").await.status(), 429);
+        assert_eq!(login(&c, gw, "open-sesame").await.status(), 429);
+    }
+    assert_eq!(upstream_failures(&c, &api).await, 6);
 }

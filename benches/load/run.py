@@ -20,6 +20,8 @@ wrk (one thread). The systems compared:
   fg-count        fg-global1's rule with count = { status = [500] }: every 200 is refunded (the
                   settle's cost on the request path: one more Redis call per request)
   fg-count-kept   fg-global1's rule with count = { status = [200] }: every reservation kept
+  fg-count-lease  fg-count's rule with lease = "auto": every 200 is refunded into the lease it
+                  was spent from (no Redis call for the refund)
   nginx-429       nginx limit_req, every request over its limit (429)
   envoy-429       Envoy local_ratelimit, every request over its limit (429)
   pingora-429     the bare Pingora proxy answering every request 429 in request_filter (the floor
@@ -738,6 +740,8 @@ auth = "none"
                           rule("g1", ["ip"], "global", extra=closed + "count = { status = [500] }\n"), store, 200, "fg-global1"))
             fg.insert(6, ("fg-count-kept", "floodgate, 1 global token-bucket rule, count = { status = [200] }, every reservation kept (Redis)",
                           rule("g1", ["ip"], "global", extra=closed + "count = { status = [200] }\n"), store, 200, "fg-global1"))
+            fg.insert(7, ("fg-count-lease", "floodgate, 1 global token-bucket rule, count = { status = [500] }, lease = \"auto\", every response refunded into its lease (Redis)",
+                          rule("g1", ["ip"], "global", extra=closed + "count = { status = [500] }\nlease = \"auto\"\n"), store, 200, "fg-lease"))
         for name, title, rules, store, expect, base in fg:
             if a.only and name not in a.only:
                 continue
@@ -745,7 +749,7 @@ auth = "none"
             self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
                             baseline=base, admin=admin))
 
-        order = ["upstream", "nginx-limit", "envoy-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3", "fg-count", "fg-count-kept",
+        order = ["upstream", "nginx-limit", "envoy-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3", "fg-count", "fg-count-kept", "fg-count-lease",
                  "nginx-429", "envoy-429", "pingora-429", "fg-429", "fg-concurrency"]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts};
 
+use super::lease::{LeaseTable, Stamp};
 use super::memory::MemoryStore;
 use super::policy::Policy;
 use super::store::{SharedStore, TrueUp};
@@ -150,6 +151,13 @@ enum Held {
         window_end_us: u64,
         holder: u64,
     },
+    /// A quota lease of this instance (`lease`): the permits were charged to the shared store
+    /// with the lease named by `stamp`, and spent in process.
+    Leased {
+        table: Arc<LeaseTable>,
+        store: Arc<dyn SharedStore>,
+        stamp: Stamp,
+    },
 }
 
 /// One admitted rule's reservation, waiting for the response.
@@ -188,6 +196,28 @@ impl Reservation {
                 store: store.clone(),
                 window_end_us,
                 holder,
+            },
+        }
+    }
+}
+
+impl Reservation {
+    /// A reservation spent from this instance's quota lease `stamp` (of `table`), whose
+    /// permits `store` charged.
+    pub fn leased(
+        rule: Arc<Policy>,
+        check: Check,
+        table: &Arc<LeaseTable>,
+        store: &Arc<dyn SharedStore>,
+        stamp: Stamp,
+    ) -> Self {
+        Reservation {
+            rule,
+            check,
+            held: Held::Leased {
+                table: table.clone(),
+                store: store.clone(),
+                stamp,
             },
         }
     }
@@ -312,6 +342,25 @@ async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
                     adjust,
                     window_end_us,
                     holder,
+                });
+            }
+            // A refund goes back into the lease the permits came from while it is the key's
+            // (exact: they were this instance's, unspent after all); once the key has
+            // another lease, to the store's window, as an unleased reservation's would.
+            Held::Leased {
+                table,
+                store,
+                stamp,
+            } => {
+                if adjust.extra == 0 && table.refund(&r.check, adjust.refund, stamp) {
+                    continue;
+                }
+                shared.get_or_insert(store);
+                ups.push(TrueUp {
+                    check: r.check,
+                    adjust,
+                    window_end_us: stamp.window_end_us,
+                    holder: 0,
                 });
             }
         }

@@ -550,8 +550,8 @@ fn respond(
             Some("a shaping leaky bucket holds requests in a queue whose departure slots a response cannot give back; use mode = \"police\"".into())
         } else if shape.mode == LeakyMode::Slow {
             Some("mode = \"slow\" admits, slowed, what it would reject, and response-aware limits are not combined with it; use mode = \"police\"".into())
-        } else if charge.lease.is_some() {
-            Some("lease spends permits in process, where a refund or a block would not reach the shared store; remove lease".into())
+        } else if charge.lease.is_some() && key == "block_for" {
+            Some("lease spends permits in process, where a block kept in the shared store is not seen (a permit leased before the block would still be spent); remove lease".into())
         } else {
             None
         };
