@@ -157,3 +157,29 @@ local function zset_charge(key, usable, tag, now, expires, newest, p)
   zadd_members(key, expires, tag .. p.lease .. ':', p.cost)
   redis.call('PEXPIRE', key, ttl_ms(math.max(expires, newest) - now, 0))
 end
+
+-- A sliding log's debt: extra charges of true-ups, `units` that count until `until` (us),
+-- kept beside the log in <key>:d (same hash tag, so the same cluster slot) as packed '<dd'
+-- with a TTL, rather than as one member per unit (a hostile upstream's cost would make a huge
+-- set). Mirrors algorithm::Log. 0, 0 when there is none that still counts.
+local MAX_LOG_DEBT = 1000001
+local function log_debt(key, now)
+  local value = redis.pcall('GET', key .. ':d')
+  if type(value) ~= 'string' or #value ~= 16 then
+    return 0, 0
+  end
+  local units, until_us = struct.unpack('<dd', value)
+  if until_us <= now then
+    return 0, 0
+  end
+  return units, until_us
+end
+
+-- Owes `extra` more units until `until_us`, merged into the debt: the sum (at most
+-- MAX_LOG_DEBT, which already refuses everything) until the later end (see algorithm::Log).
+local function log_owe(key, now, extra, until_us)
+  local units, stored = log_debt(key, now)
+  units = math.min(units + extra, MAX_LOG_DEBT)
+  until_us = math.max(stored, until_us)
+  redis.call('SET', key .. ':d', struct.pack('<dd', units, until_us), 'PX', ttl_ms(until_us - now, 0))
+end

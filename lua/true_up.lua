@@ -1,4 +1,4 @@
--- floodgate: trues up the reservations of response-aware rules (count, later cost_from), one
+-- floodgate: trues up the reservations of response-aware rules (count, cost_from), one
 -- batched call per gateway and cluster slot (composed after common.lua, wide.lua and
 -- gcra.lua; see src/limiter/true_up.rs, the reference, and src/limiter/redis/script.rs).
 --
@@ -34,7 +34,17 @@ for i, key in ipairs(KEYS) do
         applied = applied + 1
       end
     elseif code == 2 then
-      -- Entries "l<holder>:1".."l<holder>:<cost>" (see sliding_window_log.lua): refunds only.
+      -- Entries "l<holder>:1".."l<holder>:<cost>" (see sliding_window_log.lua). An extra
+      -- charge is owed as the log's debt until the reservation's entries stop counting (their
+      -- score), and is dropped when they already have.
+      if holder ~= nil and extra > 0 then
+        -- pcall: after a reload that changed the algorithm the key may hold another type.
+        local score = redis.pcall('ZSCORE', key, 'l' .. holder .. ':1')
+        if type(score) == 'string' and tonumber(score) > now then
+          log_owe(key, now, extra, tonumber(score))
+          applied = applied + 1
+        end
+      end
       if holder ~= nil and refund > 0 then
         -- In batches: unpack() of a very long list would overflow the Lua C stack.
         local removed = 0

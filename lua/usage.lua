@@ -63,7 +63,8 @@ end
 
 local r1, u1, n1 = look()
 if op == 'reset' then
-  redis.call('DEL', key)
+  -- A sliding log's debt (common.lua) is part of the counter.
+  redis.call('DEL', key, key .. ':d')
 elseif op == 'grant' then
   if code ~= 1 then
     return redis.error_reply('floodgate: grants apply to fixed windows only')

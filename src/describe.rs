@@ -116,7 +116,7 @@ pub fn check_report(cfg: &Config) -> String {
         let keys: Vec<String> = r.key_parts.iter().map(|k| k.to_config_string()).collect();
         let _ = writeln!(
             out,
-            "  {}. {}: {} | key [{}] | {} | cost {} | scope {} | on_store_error {}{}{}",
+            "  {}. {}: {} | key [{}] | {} | cost {} | scope {} | on_store_error {}{}{}{}",
             i + 1,
             r.name,
             rule_match(r),
@@ -128,8 +128,26 @@ pub fn check_report(cfg: &Config) -> String {
             r.lease
                 .map(|l| format!(" | {}", lease_text(&l)))
                 .unwrap_or_default(),
+            respond_text(&r.respond),
             if r.shadow { " | shadow" } else { "" }
         );
+    }
+    out
+}
+
+/// What a rule learns from the response, as `check` lists it after the rule's other
+/// settings: ` | count [401, 5xx] | cost_from json:usage.total_tokens | block_for 15m`, or
+/// nothing.
+pub fn respond_text(r: &crate::limiter::reservation::Respond) -> String {
+    let mut out = String::new();
+    if let Some(count) = &r.count {
+        let _ = write!(out, " | count [{}]", count.to_config_string());
+    }
+    if let Some(from) = &r.cost_from {
+        let _ = write!(out, " | cost_from {}", from.to_config_string());
+    }
+    if let Some(block) = r.block_for {
+        let _ = write!(out, " | block_for {}", humantime(block));
     }
     out
 }

@@ -164,8 +164,8 @@ fn check_refuses_count_where_it_cannot_work() {
             "block_for is not allowed here: a shaping leaky bucket",
         ),
         (
-            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\nlease = 5\ncount = { status = [401] }",
-            "count is not allowed here: lease",
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\nlease = 5\nblock_for = \"1m\"",
+            "block_for is not allowed here: lease",
         ),
         (
             "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1s\"\ncount = { status = [\"6xx\"] }",
@@ -186,6 +186,45 @@ fn check_refuses_count_where_it_cannot_work() {
             "{rule}: no location: {stderr}"
         );
     }
+}
+
+/// `floodgate check` lists what each rule learns from the response: `count`'s statuses,
+/// `cost_from`'s source and `block_for`'s duration, and nothing for a rule without them.
+#[test]
+fn check_lists_count_cost_from_and_block_for() {
+    let config = format!(
+        "{}{LOGIN_ROUTE}{LLM_ROUTE}{}{}\n[[rules]]\nname = \"plain\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1s\"\n",
+        orders_upstream(&["127.0.0.1:9".parse().unwrap()]),
+        login_rule("sliding_window_log", 5, "1m", "block_for = \"15m\""),
+        token_rule("header:x-usage-total-tokens"),
+    )
+    .replace("[401, 403]", "[401, \"5xx\"]");
+    let (ok, stdout, stderr) = check(&config, &[]);
+    assert!(ok, "{stderr}");
+    let rules = stdout
+        .split("rules (checked")
+        .nth(1)
+        .expect("the rules listed");
+    let line = |name: &str| {
+        rules
+            .lines()
+            .find(|l| l.contains(&format!(". {name}: ")))
+            .unwrap_or_else(|| panic!("{name} listed: {stdout}"))
+            .to_owned()
+    };
+    assert!(
+        line("login").ends_with(" | count [401, 5xx] | block_for 15m"),
+        "{stdout}"
+    );
+    assert!(
+        line("tokens").ends_with(" | cost_from header:x-usage-total-tokens"),
+        "{stdout}"
+    );
+    let plain = line("plain");
+    assert!(
+        !plain.contains("count") && !plain.contains("cost_from") && !plain.contains("block_for"),
+        "{plain}"
+    );
 }
 
 /// In process and in Redis: a client that used up its failures is blocked for `block_for`,
@@ -285,12 +324,24 @@ fn llm_gateway(api: &OrdersApi, store: &str, rules: &str) -> Gateway {
 /// One chat completion of 30 tokens (5 prompt words, 25 completion tokens); the status, the
 /// `r` of its RateLimit field and the body, read to its end.
 async fn complete(c: &reqwest::Client, gw: &Gateway, usage: &str, stream: bool) -> (u16, String) {
+    complete_with(c, gw, usage, stream, 25).await
+}
+
+/// One chat completion of 5 prompt words and `max_tokens` completion tokens (at most 10,000:
+/// the demo API's cap); the status and the RateLimit field.
+async fn complete_with(
+    c: &reqwest::Client,
+    gw: &Gateway,
+    usage: &str,
+    stream: bool,
+    max_tokens: u64,
+) -> (u16, String) {
     let r = c
         .post(gw.url(&format!("/v1/chat/completions?usage={usage}")))
         .json(&serde_json::json!({
             "model": "demo",
             "messages": [{ "role": "user", "content": "one two three four five" }],
-            "max_tokens": 25,
+            "max_tokens": max_tokens,
             "stream": stream,
             "stream_options": { "include_usage": true },
         }))
@@ -644,4 +695,156 @@ async fn count_block_and_cost_on_a_redis_cluster() {
         ratelimit.contains("r=60"),
         "30 charged, 10 reserved: {ratelimit}"
     );
+}
+
+/// In process and in Redis, a `sliding_window_log` token budget (100 a 3 s window, 10
+/// reserved): an extra charge is owed on top of the log until the reservation's window ends,
+/// a hostile answer of 10,005 tokens is one debt rather than an entry per token (in Redis: the
+/// sorted set keeps the reserved units only, the debt is a key `<counter key>:d`), and the
+/// budget is whole again once the debt's window has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_owes_extra_charges_until_their_window_ends() {
+    let redis = RedisServer::start();
+    let c = client();
+    let rule = token_rule("json:usage.total_tokens")
+        .replace("fixed_window", "sliding_window_log")
+        .replace("\"1m\"", "\"3s\"");
+    for b in 0..2 {
+        let backend = match b {
+            0 => String::new(),
+            _ => store(&redis.url(), "500ms", "key_prefix = \"log:\""),
+        };
+        let api = OrdersApi::start("orders");
+        let gw = llm_gateway(&api, &backend, &rule);
+        let what = format!("backend {b}");
+        let (status, first) = complete(&c, &gw, "body", false).await;
+        assert_eq!(status, 200, "{what}");
+        assert!(first.contains("r=90"), "{what}: reserved 10: {first}");
+        settled(&c, &gw, 1).await;
+        let (_, second) = complete(&c, &gw, "body", true).await;
+        assert!(
+            second.contains("r=60"),
+            "{what}: 10 reserved + 20 owed, then 10 reserved: {second}"
+        );
+        settled(&c, &gw, 2).await;
+        let (status, _) = complete_with(&c, &gw, "body", false, 10_000).await;
+        assert_eq!(status, 200, "{what}: 60 left, 10 reserved");
+        settled(&c, &gw, 3).await;
+        let (status, _) = complete(&c, &gw, "body", false).await;
+        assert_eq!(status, 429, "{what}: 10,005 tokens spent of 100");
+        if b == 1 {
+            let keys: Vec<String> = redis.query(&["KEYS", "log:*"]);
+            let log = keys.iter().find(|k| k.ends_with('}')).expect("the log");
+            let entries: u64 = redis.query(&["ZCARD", log]);
+            assert!(
+                entries <= 30,
+                "{what}: one entry per reserved unit: {entries}"
+            );
+            let debt: i64 = redis.query(&["PTTL", &format!("{log}:d")]);
+            assert!(debt > 0, "{what}: the debt beside the log: {keys:?}");
+        }
+        eventually(Duration::from_secs(10), "the debt ended", || async {
+            (complete(&c, &gw, "none", false).await.0 == 200).then_some(())
+        })
+        .await;
+    }
+}
+
+/// 32 clients logging in successfully at once through a global `count` rule on one Redis:
+/// none is limited, every refund lands (the failures that follow are counted from 0: exactly
+/// L reach the upstream), and the refunds of concurrent requests share their `EVALSHA`
+/// calls: with one decide call per request, fewer than 2 calls per request (one true-up call
+/// per refund before they were coalesced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_refunds_share_their_redis_calls() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let backend = store(&redis.url(), "2s", "");
+    let gw = gateway(&api, &backend, &login_rule("fixed_window", 40, "1m", ""));
+    let c = client();
+    assert_eq!(login(&c, &gw, "open-sesame").await.status(), 200);
+    let before = redis.command_calls("evalsha");
+    let (clients, each) = (32u64, 10u64);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url("/login"));
+            tokio::spawn(async move {
+                let mut ok = 0u64;
+                for _ in 0..each {
+                    let r = c
+                        .post(&url)
+                        .json(&serde_json::json!({ "user": "ann", "password": "open-sesame" }))
+                        .send()
+                        .await;
+                    ok += u64::from(r.is_ok_and(|r| r.status() == 200));
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += t.await.expect("client task");
+    }
+    let requests = clients * each;
+    assert_eq!(ok, requests, "successful logins are never limited");
+    let calls = redis.command_calls("evalsha") - before;
+    eprintln!("{calls} EVALSHA for {requests} requests");
+    assert!(
+        calls < 2 * requests,
+        "{calls} EVALSHA for {requests} requests: the refunds were not coalesced"
+    );
+    for i in 0..40 {
+        assert_eq!(login(&c, &gw, "guess").await.status(), 401, "failure {i}");
+    }
+    assert_eq!(login(&c, &gw, "guess").await.status(), 429);
+    assert_eq!(upstream_failures(&c, &api).await, 40);
+}
+
+/// Two instances on one Redis with a leased failures-only rule (`lease = 3`, 500 ms leases):
+/// successful logins are refunded into the lease they were spent from, so they are never
+/// limited and cost Redis less than a call each; failures stay exact over both instances:
+/// L reach the upstream, and no more once the leases in hand have been given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_count_rule_refunds_into_its_lease_and_stays_exact() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let backend = store(&redis.url(), "2s", "instances = 2");
+    let rules = login_rule("token_bucket", 6, "1h", "lease = 3\nlease_ttl = \"500ms\"");
+    let gws = [
+        gateway(&api, &backend, &rules),
+        gateway(&api, &backend, &rules),
+    ];
+    let c = client();
+    assert_eq!(login(&c, &gws[0], "open-sesame").await.status(), 200);
+    let before = redis.command_calls("evalsha");
+    for i in 0..20 {
+        let r = login(&c, &gws[0], "open-sesame").await;
+        assert_eq!(r.status(), 200, "successful login {i}");
+    }
+    let calls = redis.command_calls("evalsha") - before;
+    eprintln!("{calls} EVALSHA for 20 refunded logins");
+    assert!(calls < 20, "{calls} EVALSHA for 20 refunded logins");
+    // Permits one instance holds are briefly unavailable to the other: keep trying both.
+    let failed = std::sync::atomic::AtomicU64::new(0);
+    eventually(
+        Duration::from_secs(10),
+        "6 failures reached the upstream",
+        || async {
+            for gw in &gws {
+                if login(&c, gw, "guess").await.status() == 401 {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            (failed.load(std::sync::atomic::Ordering::Relaxed) >= 6).then_some(())
+        },
+    )
+    .await;
+    // Long enough for every lease in hand to end and be given back.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for gw in &gws {
+        assert_eq!(login(&c, gw, "guess").await.status(), 429);
+        assert_eq!(login(&c, gw, "open-sesame").await.status(), 429);
+    }
+    assert_eq!(upstream_failures(&c, &api).await, 6);
 }

@@ -43,11 +43,10 @@ pub enum State {
         count: i64,
     },
     /// Sliding window log: for every admitted unit, the instant it stops counting
-    /// (`admitted_at + window`), oldest first.
+    /// (`admitted_at + window`), oldest first, and the debt of extra charges (see [`Log`]).
     ///
-    /// Expiry instants rather than admission instants are stored so that the state alone knows
-    /// when it is empty. Boxed so that this variant does not make every state bigger.
-    SlidingWindowLog(Box<VecDeque<u64>>),
+    /// Boxed so that this variant does not make every state bigger.
+    SlidingWindowLog(Box<Log>),
     /// Sliding window counter: counts of the current aligned window and the one before it.
     SlidingWindowCounter {
         /// `current window start + 2 * window`: when both counts stop mattering. The window
@@ -79,6 +78,61 @@ pub enum State {
         in_flight: u64,
     },
 }
+
+/// A sliding window log's state: one entry per admitted unit, and one debt for the extra
+/// charges of `cost_from` true-ups.
+///
+/// Expiry instants rather than admission instants are stored so that the state alone knows
+/// when it is empty. An extra charge is not one entry per unit: a hostile upstream's cost of
+/// 10^15 would make 8 PB of log. It is a debt instead, `debt` units that count until
+/// `debt_until` (the window end of the reservation it trues up), so a key holds at most
+/// `limit` entries and 16 bytes of debt. Two extra charges of one key merge into one debt
+/// that lasts until the later one's end (the earlier one is kept a little too long, never too
+/// short), capped at [`MAX_SLIDING_LOG_DEBT`]: a debt above `limit` refuses everything until
+/// it ends, whatever its size.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Log {
+    /// Per admitted unit, the instant it stops counting, oldest first.
+    pub entries: VecDeque<u64>,
+    /// Units charged on top of the entries by true-ups, counting until `debt_until`.
+    pub debt: u64,
+    /// When the debt stops counting (0: no debt).
+    pub debt_until: u64,
+}
+
+impl Log {
+    /// A log of these entries and no debt.
+    pub fn of(entries: impl Into<VecDeque<u64>>) -> Log {
+        Log {
+            entries: entries.into(),
+            ..Log::default()
+        }
+    }
+
+    /// The debt that still counts at `now_ns`.
+    pub fn debt_at(&self, now_ns: u64) -> u64 {
+        if self.debt_until > now_ns {
+            self.debt
+        } else {
+            0
+        }
+    }
+
+    /// Charges `extra` units on top that count until `until`, merged into the debt (see the
+    /// type's doc comment).
+    pub fn owe(&mut self, now_ns: u64, extra: u64, until: u64) {
+        self.debt = self
+            .debt_at(now_ns)
+            .saturating_add(extra)
+            .min(MAX_SLIDING_LOG_DEBT);
+        self.debt_until = self.debt_until.max(until);
+    }
+}
+
+/// The largest debt a sliding log keeps (one more than its largest limit): a debt above the
+/// limit refuses every request until it ends, so more would change no decision. It also keeps
+/// the Redis scripts' numbers small.
+pub const MAX_SLIDING_LOG_DEBT: u64 = MAX_SLIDING_LOG_LIMIT + 1;
 
 // The memory store's bytes-per-key budget depends on this; see the type's doc comment.
 const _: () = assert!(std::mem::size_of::<State>() <= 32);
@@ -133,8 +187,9 @@ impl Update {
                 expires,
             } => match state {
                 State::SlidingWindowLog(log) => {
-                    log.drain(..expired.min(log.len()));
-                    push_log(log, count, expires);
+                    let entries = &mut log.entries;
+                    entries.drain(..expired.min(entries.len()));
+                    push_log(entries, count, expires);
                 }
                 // `decide` saw no log here and answered as for an empty one.
                 other => *other = new_log(count, expires),
@@ -171,7 +226,7 @@ pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
 fn new_log(count: u64, expires: u64) -> State {
     let mut log = VecDeque::new();
     push_log(&mut log, count, expires);
-    State::SlidingWindowLog(Box::new(log))
+    State::SlidingWindowLog(Box::new(Log::of(log)))
 }
 
 fn push_log(log: &mut VecDeque<u64>, count: u64, expires: u64) {
@@ -253,13 +308,16 @@ pub fn fixed_window(
 
 /// Sliding window log: exact. Keeps, per admitted unit, the instant it stops counting
 /// (admission + `window`); admitted if `live + cost <= limit`, where `live` counts the units
-/// admitted during the last `window` (`(now - window, now]`). Hence never more than `limit`
-/// in any interval of length `window`, and the log never holds more than `limit` live entries.
+/// admitted during the last `window` (`(now - window, now]`), plus the debt of extra charges
+/// while it lasts ([`Log`]). Hence never more than `limit` in any interval of length
+/// `window` (but for the extra charges of true-ups), and the log never holds more than
+/// `limit` live entries.
 ///
 /// - `limit` = `limit`; `remaining` = `limit - live - cost` after the charge.
-/// - `reset` = time until the newest entry stops counting (the quota is whole again).
-/// - rejected: `retry_after` = time until enough of the oldest entries stop counting for
-///   `cost` to fit. A `cost > limit` is never admitted; its `retry_after` is the window.
+/// - `reset` = time until the newest entry (or the debt) stops counting.
+/// - rejected: `retry_after` = time until enough of the oldest entries (and the debt) stop
+///   counting for `cost` to fit. A `cost > limit` is never admitted; its `retry_after` is
+///   the window.
 ///
 /// Memory: 8 bytes per live unit, so this algorithm suits small limits (a login rule); a
 /// `limit` above [`MAX_SLIDING_LOG_LIMIT`] acts as that. Reload: entries keep the window they were admitted under; a lower `limit` applies at once.
@@ -271,15 +329,21 @@ pub fn sliding_window_log(
 ) -> (Decision, Update) {
     let window = window_ns(limit);
     let quota = limit.limit.min(MAX_SLIDING_LOG_LIMIT);
-    let empty = VecDeque::new();
-    let log = match state {
+    let empty = Log::default();
+    let state = match state {
         Some(State::SlidingWindowLog(log)) => log.as_ref(),
         _ => &empty,
     };
+    let log = &state.entries;
     // Entries are in admission order, hence sorted by expiry (the clock never goes back).
     let expired = log.partition_point(|&expires| expires <= now_ns);
-    let live = (log.len() - expired) as u64;
-    let last_expiry = log.back().copied().unwrap_or(now_ns).max(now_ns);
+    let units = (log.len() - expired) as u64;
+    let debt = state.debt_at(now_ns);
+    let live = units.saturating_add(debt);
+    let mut last_expiry = log.back().copied().unwrap_or(now_ns).max(now_ns);
+    if debt > 0 {
+        last_expiry = last_expiry.max(state.debt_until);
+    }
     let charged = live.saturating_add(cost);
     if charged <= quota {
         let expires = now_ns.saturating_add(window);
@@ -296,15 +360,34 @@ pub fn sliding_window_log(
     if cost > quota {
         return (rejected(quota, reset, u128::from(window)), Update::Nothing);
     }
-    // `cost` fits once the `charged - quota` oldest live entries have stopped counting
-    // (at most `live` of them since `cost <= quota`).
-    let must_expire = usize::try_from(charged - quota).unwrap_or(usize::MAX);
-    let retry_after = expired
-        .checked_add(must_expire - 1)
-        .and_then(|index| log.get(index))
-        .map_or(u128::from(window), |&expires| {
-            u128::from(expires.saturating_sub(now_ns))
-        });
+    // The instant the `n`th oldest live entry stops counting (`None`: there is no such
+    // entry; 0 entries need to stop: now).
+    let after = |n: u64| match n.checked_sub(1) {
+        None => Some(now_ns),
+        Some(i) => usize::try_from(i)
+            .ok()
+            .and_then(|i| expired.checked_add(i))
+            .and_then(|i| log.get(i))
+            .copied(),
+    };
+    // `cost` fits once enough of the oldest live entries have stopped counting: while the
+    // debt still counts, `units + debt + cost - quota` of them; once it has ended, `units +
+    // cost - quota` (and not before the debt's end). The earlier of the two that exists.
+    let room = quota - cost;
+    let during = room
+        .checked_sub(debt)
+        .and_then(|room| after(units.saturating_sub(room)));
+    let past = (debt > 0)
+        .then(|| after(units.saturating_sub(room)))
+        .flatten()
+        .map(|at| at.max(state.debt_until));
+    let retry_after = match (during, past) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+    .map_or(u128::from(window), |at| {
+        u128::from(at.saturating_sub(now_ns))
+    });
     (rejected(quota, reset, retry_after), Update::Nothing)
 }
 
@@ -594,7 +677,9 @@ pub fn release(state: &mut State, cost: u64) -> bool {
 pub fn expires_at(state: &State) -> u64 {
     match state {
         State::FixedWindow { window_end, .. } => *window_end,
-        State::SlidingWindowLog(log) => log.back().copied().unwrap_or(0),
+        State::SlidingWindowLog(log) => {
+            log.entries.back().copied().unwrap_or(0).max(log.debt_until)
+        }
         State::SlidingWindowCounter { expires, .. } => *expires,
         State::TokenBucket { full_at, .. } => *full_at,
         State::LeakyBucket { tat, .. } => *tat,

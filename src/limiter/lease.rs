@@ -155,10 +155,21 @@ struct Entry {
     last_used: Instant,
 }
 
+/// Which lease a request's permits came from: the window they were charged to and when the
+/// lease ends. A permit given back into the lease it came from is spent under the same
+/// bounds (same window, same lease time) as if it had never left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The window the lease's permits were charged to (0 for the buckets).
+    pub window_end_us: u64,
+    /// When the lease's permits stop being spendable.
+    pub until: Instant,
+}
+
 /// What [`LeaseTable::take`] found for one check.
 pub enum Take {
-    /// Spent from the permits in hand.
-    Spent(Decision),
+    /// Spent from the permits in hand, of the lease `Stamp` names.
+    Spent(Decision, Stamp),
     /// Refused in process: the store refused this key moments ago (refusing more is always
     /// exact).
     Denied(Decision),
@@ -251,7 +262,11 @@ impl LeaseTable {
             e.unreported += check.cost;
             let mut d = e.last.clone();
             d.remaining = d.remaining.saturating_add(e.held);
-            return Take::Spent(d);
+            let stamp = Stamp {
+                window_end_us: e.window_end_us,
+                until: e.until,
+            };
+            return Take::Spent(d, stamp);
         }
         if let Some((until, d)) = &e.denied {
             if *until > now {
@@ -284,7 +299,8 @@ impl LeaseTable {
     /// (0: none); `admitted`: the request itself was admitted and spends its cost. Otherwise
     /// (another rule rejected it) the whole grant goes to the lease in hand. `sent`: when the
     /// call was sent (the lease's time runs from then, so it ends no later than in the store's
-    /// time). The lease settings are those the guard was taken under.
+    /// time). The lease settings are those the guard was taken under. Returns the lease the
+    /// request's own permits belong to, when it was admitted with a grant.
     pub fn fill(
         &self,
         guard: RefillGuard,
@@ -293,9 +309,10 @@ impl LeaseTable {
         grant: Grant,
         admitted: bool,
         sent: Instant,
-    ) {
+    ) -> Option<Stamp> {
         let lease = guard.lease;
         let mut spare = None;
+        let mut stamp = None;
         {
             let mut shard = self.shard(&guard.key).lock();
             if let Some(e) = shard.get_mut(&guard.key) {
@@ -331,6 +348,12 @@ impl LeaseTable {
                     e.held += extra;
                     e.until = sent + valid;
                     e.window_end_us = grant.window_end_us;
+                    if admitted {
+                        stamp = Some(Stamp {
+                            window_end_us: e.window_end_us,
+                            until: e.until,
+                        });
+                    }
                     e.check = check.clone();
                     let mut last = decision.clone();
                     if admitted {
@@ -345,6 +368,28 @@ impl LeaseTable {
             self.returns.lock().push(r);
         }
         drop(guard);
+        stamp
+    }
+
+    /// Gives `permits` a request spent back into the lease `stamp` names (a `count` rule's
+    /// refund): true when that lease is still the key's, so the permits are in hand again
+    /// (and returned to the store with the rest of it when it ends). False: the key has
+    /// another lease now (or none), and the refund must go to the store instead.
+    pub fn refund(&self, check: &Check, permits: u64, stamp: Stamp) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let key: Key = (check.rule.clone(), check.counter);
+        let mut shard = self.shard(&key).lock();
+        match shard.get_mut(&key) {
+            Some(e) if e.window_end_us == stamp.window_end_us && e.until == stamp.until => {
+                e.held = e.held.saturating_add(permits);
+                e.spent = e.spent.saturating_sub(permits);
+                e.unreported = e.unreported.saturating_sub(permits);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Puts back the permits a request spent from its lease when another rule rejected it:
@@ -488,7 +533,7 @@ mod tests {
         t.fill(guard, &c, &d, granted(5), true, now);
         assert!(rx.changed().await.is_err(), "waiters are woken");
         assert_eq!(t.held(&c), 4);
-        let Take::Spent(d) = t.take(&c, &AUTO, now) else {
+        let Take::Spent(d, _) = t.take(&c, &AUTO, now) else {
             panic!("expected to spend")
         };
         assert!(d.allowed);

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts};
 
+use super::lease::{LeaseTable, Stamp};
 use super::memory::MemoryStore;
 use super::policy::Policy;
 use super::store::{SharedStore, TrueUp};
@@ -70,6 +71,14 @@ impl CostFrom {
         }
         Err("cost_from is \"header:NAME\" or \"json:dotted.path\"".into())
     }
+
+    /// As gateway.toml writes it (`floodgate check` lists it so).
+    pub fn to_config_string(&self) -> String {
+        match self {
+            CostFrom::Header(name) => format!("header:{name}"),
+            CostFrom::Json(path) => format!("json:{}", path.join(".")),
+        }
+    }
 }
 
 /// The statuses a `count` rule charges: codes (`401`) and classes (`"4xx"`).
@@ -105,6 +114,20 @@ impl StatusSet {
         StatusSet { entries }
     }
 
+    /// The entries as gateway.toml writes them, e.g. `401, 403, 5xx` (`floodgate check`
+    /// lists them so).
+    pub fn to_config_string(&self) -> String {
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|e| match *e {
+                StatusMatch::Code(c) => c.to_string(),
+                StatusMatch::Class(k) => format!("{k}xx"),
+            })
+            .collect();
+        entries.join(", ")
+    }
+
     /// Whether `status` is charged.
     pub fn matches(&self, status: u16) -> bool {
         self.entries.iter().any(|e| match *e {
@@ -127,6 +150,13 @@ enum Held {
         store: Arc<dyn SharedStore>,
         window_end_us: u64,
         holder: u64,
+    },
+    /// A quota lease of this instance (`lease`): the permits were charged to the shared store
+    /// with the lease named by `stamp`, and spent in process.
+    Leased {
+        table: Arc<LeaseTable>,
+        store: Arc<dyn SharedStore>,
+        stamp: Stamp,
     },
 }
 
@@ -166,6 +196,28 @@ impl Reservation {
                 store: store.clone(),
                 window_end_us,
                 holder,
+            },
+        }
+    }
+}
+
+impl Reservation {
+    /// A reservation spent from this instance's quota lease `stamp` (of `table`), whose
+    /// permits `store` charged.
+    pub fn leased(
+        rule: Arc<Policy>,
+        check: Check,
+        table: &Arc<LeaseTable>,
+        store: &Arc<dyn SharedStore>,
+        stamp: Stamp,
+    ) -> Self {
+        Reservation {
+            rule,
+            check,
+            held: Held::Leased {
+                table: table.clone(),
+                store: store.clone(),
+                stamp,
             },
         }
     }
@@ -292,6 +344,25 @@ async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
                     holder,
                 });
             }
+            // A refund goes back into the lease the permits came from while it is the key's
+            // (exact: they were this instance's, unspent after all); once the key has
+            // another lease, to the store's window, as an unleased reservation's would.
+            Held::Leased {
+                table,
+                store,
+                stamp,
+            } => {
+                if adjust.extra == 0 && table.refund(&r.check, adjust.refund, stamp) {
+                    continue;
+                }
+                shared.get_or_insert(store);
+                ups.push(TrueUp {
+                    check: r.check,
+                    adjust,
+                    window_end_us: stamp.window_end_us,
+                    holder: 0,
+                });
+            }
         }
     }
     if let Some(store) = shared {
@@ -385,5 +456,6 @@ mod tests {
         assert!(!set.matches(403) && !set.matches(200));
         assert_eq!(StatusMatch::parse_class("6xx"), None);
         assert_eq!(StatusMatch::parse_class("40x"), None);
+        assert_eq!(set.to_config_string(), "401, 5xx");
     }
 }

@@ -84,22 +84,26 @@ pub fn true_up(
             true
         }
         State::SlidingWindowLog(log) => {
-            // Only refunds: a log holds at most `limit` entries. The reservation's entries
-            // expire at `charged_at + window` at the latest (the instant is read just after
-            // the charge): the newest live entries up to then are given back, while they
-            // still count. An entry of a request charged in that instant instead of this one
-            // is worth the same unit.
+            // The reservation's entries expire at `charged_at + window` at the latest (the
+            // instant is read just after the charge): a refund gives back the newest live
+            // entries up to then, while they still count (an entry of a request charged in
+            // that instant instead of this one is worth the same unit). An extra charge is
+            // owed until then, as a debt rather than entries (see `Log`).
             let expires = charged_at_ns.saturating_add(window);
             if now_ns >= expires {
                 return false;
             }
-            let live = log.partition_point(|&e| e <= now_ns);
-            let to = log.partition_point(|&e| e <= expires);
+            let entries = &mut log.entries;
+            let live = entries.partition_point(|&e| e <= now_ns);
+            let to = entries.partition_point(|&e| e <= expires);
             let n = usize::try_from(adjust.refund)
                 .unwrap_or(usize::MAX)
                 .min(to.saturating_sub(live));
-            log.drain(to - n..to);
-            n > 0
+            entries.drain(to - n..to);
+            if adjust.extra > 0 {
+                log.owe(now_ns, adjust.extra, expires);
+            }
+            n > 0 || adjust.extra > 0
         }
         State::TokenBucket { full_at, interval }
         | State::LeakyBucket {
@@ -121,11 +125,10 @@ pub fn true_up(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
     use std::time::Duration;
 
     use super::*;
-    use crate::limiter::algorithm::decide;
+    use crate::limiter::algorithm::{decide, Log, MAX_SLIDING_LOG_DEBT};
     use crate::limiter::Algorithm;
 
     const S: u64 = 1_000_000_000;
@@ -200,7 +203,7 @@ mod tests {
     #[test]
     fn a_log_refund_removes_only_the_reservations_entries() {
         let limit = Limit::police(Algorithm::SlidingWindowLog, 5, Duration::from_secs(10), 5);
-        let mut s = State::SlidingWindowLog(Box::new(VecDeque::from([105 * S, 110 * S])));
+        let mut s = State::SlidingWindowLog(Box::new(Log::of([105 * S, 110 * S])));
         assert!(!true_up(
             &mut s,
             &limit,
@@ -215,9 +218,62 @@ mod tests {
             100 * S,
             Adjust::between(1, 0)
         ));
+        assert_eq!(s, State::SlidingWindowLog(Box::new(Log::of([105 * S]))));
+    }
+
+    #[test]
+    fn a_log_owes_an_extra_charge_until_the_reservation_stops_counting() {
+        let limit = Limit::police(Algorithm::SlidingWindowLog, 10, Duration::from_secs(10), 10);
+        let at = 100 * S;
+        let mut s = charge(&limit, None, at, 2).expect("charged");
+        // True cost 7 of a reservation of 2: 5 more, owed until 110 s.
+        assert!(true_up(&mut s, &limit, at + S, at, Adjust::between(2, 7)));
+        let mut state = Some(s);
+        for _ in 0..3 {
+            state = charge(&limit, state, at + S, 1);
+        }
+        let s = state.expect("charged");
+        let d = decide(Some(&s), &limit, at + S, 1).0;
+        assert!(!d.allowed, "2 + 5 + 3 of 10");
+        assert_eq!(d.retry_after, Duration::from_secs(9));
+        assert!(!decide(Some(&s), &limit, 110 * S - 1, 1).0.allowed);
+        // The reservation's entries and its debt end together: 3 of 10 left counting.
+        let d = decide(Some(&s), &limit, 110 * S, 7).0;
+        assert!(d.allowed && d.remaining == 0, "{d:?}");
+        // An extra charge of a reservation whose window has ended is owed to nobody.
+        let mut s = charge(&limit, None, at, 1).expect("charged");
+        assert!(!true_up(
+            &mut s,
+            &limit,
+            at + 10 * S,
+            at,
+            Adjust::between(1, 9)
+        ));
+        assert_eq!(s, State::SlidingWindowLog(Box::new(Log::of([at + 10 * S]))));
+    }
+
+    #[test]
+    fn a_hostile_cost_on_a_log_is_a_bounded_debt() {
+        let limit = Limit::police(Algorithm::SlidingWindowLog, 5, Duration::from_secs(10), 5);
+        let at = 100 * S;
+        let mut s = charge(&limit, None, at, 1).expect("charged");
+        let huge = Adjust::between(1, u64::MAX);
+        assert!(true_up(&mut s, &limit, at, at, huge));
+        assert!(true_up(&mut s, &limit, at, at, huge), "merged, not added");
+        let State::SlidingWindowLog(log) = &s else {
+            panic!("{s:?}")
+        };
+        assert_eq!((log.entries.len(), log.debt), (1, MAX_SLIDING_LOG_DEBT));
+        // Refused until the window of the reservation ends, then whole again.
+        let d = decide(Some(&s), &limit, at + 9 * S, 0).0;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_secs(1));
         assert_eq!(
-            s,
-            State::SlidingWindowLog(Box::new(VecDeque::from([105 * S])))
+            crate::limiter::algorithm::expires_at(&s),
+            at + 10 * S,
+            "the key is dropped when the debt ends"
         );
+        let d = decide(Some(&s), &limit, at + 10 * S, 5).0;
+        assert!(d.allowed, "{d:?}");
     }
 }

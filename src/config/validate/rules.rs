@@ -550,8 +550,8 @@ pub(super) fn respond(
             Some("a shaping leaky bucket holds requests in a queue whose departure slots a response cannot give back; use mode = \"police\"".into())
         } else if shape.mode == LeakyMode::Slow {
             Some("mode = \"slow\" admits, slowed, what it would reject, and response-aware limits are not combined with it; use mode = \"police\"".into())
-        } else if charge.lease.is_some() {
-            Some("lease spends permits in process, where a refund or a block would not reach the shared store; remove lease".into())
+        } else if charge.lease.is_some() && key == "block_for" {
+            Some("lease spends permits in process, where a block kept in the shared store is not seen (a permit leased before the block would still be spent); remove lease".into())
         } else {
             None
         };
@@ -594,12 +594,6 @@ pub(super) fn respond(
             return Err(src.err(
                 c.span(),
                 format!("rule \"{name}\": cost_from and count cannot be combined: count charges a response 1 or 0, cost_from its true cost"),
-            ));
-        }
-        if shape.algorithm.capabilities().limit_cap.is_some() {
-            return Err(src.err(
-                c.span(),
-                format!("rule \"{name}\": cost_from is not allowed here: {} keeps one entry per unit, at most limit, so a true cost above the reservation cannot be kept; use sliding_window_counter", shape.algorithm.as_str()),
             ));
         }
         let from = CostFrom::parse(c.get_ref())

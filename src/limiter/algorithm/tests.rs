@@ -121,7 +121,9 @@ fn sliding_log_drops_expired_entries_and_stays_bounded() {
         key.hit(&l, i * 100 * MS, 1);
     }
     match &key.0 {
-        Some(State::SlidingWindowLog(log)) => assert!(log.len() <= 5, "{}", log.len()),
+        Some(State::SlidingWindowLog(log)) => {
+            assert!(log.entries.len() <= 5, "{}", log.entries.len())
+        }
         other => panic!("{other:?}"),
     }
 }

@@ -31,9 +31,10 @@ pub(super) async fn take(
             continue;
         };
         match take_one(table, clock, step.check, &lease, store).await {
-            Take::Spent(d) => {
+            Take::Spent(d, stamp) => {
                 step.decision = Some(d);
                 step.from_lease = true;
+                step.lease_stamp = Some(stamp);
                 step.charged = true;
             }
             Take::Denied(d) => {

@@ -61,6 +61,8 @@ pub(super) struct Step<'a> {
     /// in hand, or charged by the store call along with a lease): they go back into the lease
     /// if the request is rejected after all.
     pub(super) from_lease: bool,
+    /// Which lease those permits came from (a refund goes back into it).
+    pub(super) lease_stamp: Option<crate::limiter::lease::Stamp>,
     /// The store failed and this rule's `on_store_error` decided it.
     pub(super) fell_back: Option<FailureMode>,
     /// The shared store's call that decided it: its holder id and the end of the window it
@@ -106,6 +108,7 @@ impl<'a> Plan<'a> {
                 ask: None,
                 decision: None,
                 from_lease: false,
+                lease_stamp: None,
                 fell_back: None,
                 charged_in: (0, 0),
                 charged: false,

@@ -83,12 +83,18 @@ pub(super) fn settle(
 }
 
 /// Keeps the reservation an admitted step of a response-aware rule charged, where it was
-/// charged: in process, in the shared store's window, or in the `local` fallback (`open`
-/// charged nothing).
+/// charged: in process, in the shared store's window, in a quota lease, or in the `local`
+/// fallback (`open` charged nothing).
 fn reserve(limiter: &Limiter, step: &Step<'_>, slots: &mut Slots) {
     let (rule, check) = (step.rule.clone(), step.check.clone());
     let reservation = match (step.place, step.fell_back) {
         (Place::Local, _) => Reservation::memory(rule, check, &limiter.local),
+        (Place::Shared, None) if step.from_lease => match step.lease_stamp {
+            Some(stamp) => {
+                Reservation::leased(rule, check, &limiter.leases, &limiter.global, stamp)
+            }
+            None => return,
+        },
         (Place::Shared, None) => {
             let (holder, window_end_us) = step.charged_in;
             Reservation::shared(rule, check, &limiter.global, window_end_us, holder)

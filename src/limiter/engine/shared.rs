@@ -64,7 +64,7 @@ pub(super) async fn call(
     for (step, (decision, grant)) in asking.zip(answers) {
         // Asked and answered: the step leaves the call.
         if let Some(Ask::Lease { guard, .. }) = step.ask.take() {
-            table.fill(*guard, step.check, &decision, grant, admitted, sent);
+            step.lease_stamp = table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
         step.charged_in = (holder, grant.window_end_us);

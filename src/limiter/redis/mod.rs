@@ -162,6 +162,8 @@ struct Inner {
     refreshing: AtomicBool,
     /// The last `maxmemory-policy` read (the most dangerous one, in a cluster).
     policy: Mutex<Option<String>>,
+    /// Reservation true-ups of concurrent requests, coalesced into shared calls.
+    true_ups: true_up::Batcher,
 }
 
 impl RedisStore {
@@ -227,6 +229,7 @@ impl RedisStore {
                 refresh: Arc::new(Notify::new()),
                 refreshing: AtomicBool::new(false),
                 policy: Mutex::new(None),
+                true_ups: true_up::Batcher::default(),
             }),
         });
         store.start();
@@ -572,9 +575,10 @@ impl SharedStore for RedisStore {
     }
 
     /// Trues up reservations: one `EVALSHA` of `lua/true_up.lua` (per cluster slot) for all
-    /// of them, bounded by [`RELEASE_TIMEOUT`].
+    /// of them and those of the requests settling at the same time (coalesced, see
+    /// `true_up.rs`), each call bounded by [`RELEASE_TIMEOUT`].
     async fn true_up(&self, ups: &[crate::limiter::store::TrueUp]) -> u64 {
-        self.inner.true_up(ups).await
+        self.inner.true_up_batched(ups).await
     }
 
     /// Renews the concurrency slots `lease` holds: `lua/renew.lua`, bounded by
