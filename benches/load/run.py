@@ -542,7 +542,9 @@ auth = "none"
         """One wrk run; its done() numbers plus req/s. `until`, if given, is polled twice a second
         and ends the run early (SIGINT: wrk then reports as usual) once it returns true: wrk
         itself always waits out its whole duration even when its thread has stopped."""
-        argv = [self.wrk, "-t1", f"-c{conns}", f"-d{duration:g}s", "--latency", "--timeout", "5s",
+        # The memory run's distinct keys are counted per wrk thread: it keeps one.
+        wrk_threads = 1 if (env or {}).get("BENCH_VARY_HEADER") else getattr(self.args, "wrk_threads", 1)
+        argv = [self.wrk, f"-t{wrk_threads}", f"-c{conns}", f"-d{duration:g}s", "--latency", "--timeout", "5s",
                 "-s", str(WRK_LUA), f"http://127.0.0.1:{port}/"]
         if self.pin:
             argv = ["taskset", "-c", self.client_cpus] + argv
@@ -1020,7 +1022,7 @@ auth = "none"
         if a.floodgate_env:
             w(f"Gateways ran with {', '.join('`' + e + '`' for e in a.floodgate_env)}.")
             w("")
-        w(f"`wrk -t1 -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
+        w(f"`wrk -t{a.wrk_threads} -c<N> -d{a.duration:g}s --latency` with N in {', '.join(map(str, self.conns))}, "
           f"{a.rounds} rounds alternating between the systems, medians over rounds; each system's row is its best "
           f"connection count (column -c). Servers {'pinned to CPU ' + self.server_cpus + ' (redis-server to CPU ' + self.redis_cpus + '), wrk to CPU ' + self.client_cpus if self.pin else 'not pinned'}; "
           f"floodgate `threads = {a.threads}`, bare proxy `--threads {a.threads}`, nginx `worker_processes {a.threads}`, "
@@ -1321,6 +1323,9 @@ def main() -> int:
                    help="threads of every system under test: floodgate `threads`, bare proxy --threads, "
                         "nginx worker_processes, Envoy --concurrency (1); with 2 or more give the servers "
                         "as many CPUs (--server-cpus 0,1 --client-cpus 0,1, or --no-pin)")
+    p.add_argument("--wrk-threads", type=int, default=1,
+                   help="wrk's threads (-t, 1): on a machine with more cores, enough to saturate "
+                        "--threads server threads (give them --client-cpus of their own)")
     p.add_argument("--no-pin", action="store_true", help="do not pin servers and client to CPUs")
     p.add_argument("--server-cpus", default="0", help="CPU list of nginx and floodgate (0)")
     p.add_argument("--client-cpus", default="1", help="CPU list of wrk (1)")
