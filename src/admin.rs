@@ -35,61 +35,82 @@ pub struct Admin {
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let cfg = self.gateway.config.load();
+        if let Some(answer) = gate(session.req_header(), &cfg) {
+            return answer;
+        }
+        self.route(session, &cfg).await
+    }
+}
+
+/// What the admin listener answers before any endpoint: liveness to anyone; then the Host
+/// and cross-site guards, the dashboard page (which holds no data) and the token. `None`:
+/// the request may go on to its endpoint.
+fn gate(req: &pingora::http::RequestHeader, cfg: &Config) -> Option<Response<Vec<u8>>> {
+    let path = req.uri.path();
+    let method = &req.method;
+    if path == "/healthz" {
+        // Says only "ok", to anyone: liveness probes and `docker HEALTHCHECK` send whatever
+        // Host they like.
+        return Some(text(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            b"ok\n".to_vec(),
+        ));
+    }
+    // A Host that is not text is no host name: refused like a foreign one.
+    let host = match req.headers.get(http::header::HOST) {
+        Some(h) => Some(h.to_str().unwrap_or("")),
+        None => req.uri.authority().map(|a| a.as_str()),
+    };
+    if !guard::host_allowed(host, &cfg.server.admin_hosts) {
+        return Some(misdirected(host.unwrap_or("")));
+    }
+    if let Some(why) = guard::cross_site(method, &req.headers, host) {
+        return Some(cross_site(&why));
+    }
+    if path == "/" && method == http::Method::GET {
+        // The page holds no data: it asks for the token itself and sends it with every
+        // call it makes, so a browser (which cannot add a Bearer header to a navigation)
+        // can load it.
+        return Some(dashboard());
+    }
+    let token = cfg.server.admin_token.as_ref()?;
+    let authorization = req.headers.get(http::header::AUTHORIZATION);
+    if authorization.is_none() && method == http::Method::GET && path == "/readyz" {
+        // A readiness probe (the kubelet's, a load balancer's) cannot send a token: it gets
+        // the status alone, the details need the token.
+        return Some(json(
+            StatusCode::OK,
+            &serde_json::json!({ "status": "ready" }),
+        ));
+    }
+    let presented = authorization
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    if bool::from(presented.ct_eq(token.as_bytes())) {
+        return None;
+    }
+    let p = Problem::new(
+        "urn:floodgate:problem:unauthorized",
+        "Unauthorized",
+        401,
+        "the admin API needs Authorization: Bearer <admin_token>",
+    );
+    let mut resp = problem(p);
+    resp.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Bearer realm=\"floodgate-admin\""),
+    );
+    Some(resp)
+}
+
+impl Admin {
+    /// The endpoint a request that passed [`gate`] names.
+    async fn route(&self, session: &mut ServerSession, cfg: &Config) -> Response<Vec<u8>> {
         let req = session.req_header();
         let path = req.uri.path().to_string();
         let method = req.method.clone();
-        if path == "/healthz" {
-            // Says only "ok", to anyone: liveness probes and `docker HEALTHCHECK` send whatever
-            // Host they like.
-            return text(
-                StatusCode::OK,
-                "text/plain; charset=utf-8",
-                b"ok\n".to_vec(),
-            );
-        }
-        let cfg = self.gateway.config.load();
-        // A Host that is not text is no host name: refused like a foreign one.
-        let host = match req.headers.get(http::header::HOST) {
-            Some(h) => Some(h.to_str().unwrap_or("")),
-            None => req.uri.authority().map(|a| a.as_str()),
-        };
-        if !guard::host_allowed(host, &cfg.server.admin_hosts) {
-            return misdirected(host.unwrap_or(""));
-        }
-        if let Some(why) = guard::cross_site(&method, &req.headers, host) {
-            return cross_site(&why);
-        }
-        if path == "/" && method == http::Method::GET {
-            // The page holds no data: it asks for the token itself and sends it with every
-            // call it makes, so a browser (which cannot add a Bearer header to a navigation)
-            // can load it.
-            return dashboard();
-        }
-        if let Some(token) = &cfg.server.admin_token {
-            let authorization = req.headers.get(http::header::AUTHORIZATION);
-            if authorization.is_none() && method == http::Method::GET && path == "/readyz" {
-                // A readiness probe (the kubelet's, a load balancer's) cannot send a token:
-                // it gets the status alone, the details need the token.
-                return json(StatusCode::OK, &serde_json::json!({ "status": "ready" }));
-            }
-            let presented = authorization
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                .unwrap_or_default();
-            if !bool::from(presented.ct_eq(token.as_bytes())) {
-                let p = Problem::new(
-                    "urn:floodgate:problem:unauthorized",
-                    "Unauthorized",
-                    401,
-                    "the admin API needs Authorization: Bearer <admin_token>",
-                );
-                let mut resp = problem(p);
-                resp.headers_mut().insert(
-                    http::header::WWW_AUTHENTICATE,
-                    http::HeaderValue::from_static("Bearer realm=\"floodgate-admin\""),
-                );
-                return resp;
-            }
-        }
         let query = req.uri.query().unwrap_or("").to_string();
         match (method.as_str(), path.as_str()) {
             ("GET", "/readyz") => {
@@ -97,7 +118,7 @@ impl ServeHttp for Admin {
                 let body = serde_json::json!({
                     "status": "ready",
                     "config": cfg.path.display().to_string(),
-                    "store": store_in_force(&self.gateway, &cfg),
+                    "store": store_in_force(&self.gateway, cfg),
                     "routes": cfg.routes.len(),
                     "rules": cfg.rules.len(),
                     "reload": reload_json(&st),
@@ -115,24 +136,24 @@ impl ServeHttp for Admin {
             ("GET", "/rules") if query.split('&').any(|p| p == "format=markdown") => text(
                 StatusCode::OK,
                 "text/markdown; charset=utf-8",
-                describe::rules_markdown(&cfg).into_bytes(),
+                describe::rules_markdown(cfg).into_bytes(),
             ),
             ("GET", "/rules") => {
                 let rules: Vec<serde_json::Value> =
                     cfg.rules.iter().map(|r| describe::rule_json(r)).collect();
                 json(StatusCode::OK, &serde_json::json!({ "rules": rules }))
             }
-            ("GET", "/top") => top_clients(&cfg, &query),
-            ("GET", "/usage") => usage::read(&self.gateway, &cfg, &query).await,
-            ("GET", "/usage/thresholds") => usage::thresholds(&self.gateway, &cfg).await,
+            ("GET", "/top") => top_clients(cfg, &query),
+            ("GET", "/usage") => usage::read(&self.gateway, cfg, &query).await,
+            ("GET", "/usage/thresholds") => usage::thresholds(&self.gateway, cfg).await,
             ("POST", "/usage/reset") | ("POST", "/usage/grant") => {
                 let grant = path == "/usage/grant";
                 match read_body(session, usage::MAX_BODY).await {
-                    Ok(body) => usage::change(&self.gateway, &cfg, &body, grant).await,
+                    Ok(body) => usage::change(&self.gateway, cfg, &body, grant).await,
                     Err(why) => bad_request(why),
                 }
             }
-            ("GET", "/stats") => json(StatusCode::OK, &stats(&self.gateway, &cfg)),
+            ("GET", "/stats") => json(StatusCode::OK, &stats(&self.gateway, cfg)),
             ("GET", "/upstreams") => json(
                 StatusCode::OK,
                 &crate::upstream::status_json(cfg.upstreams.iter().map(|u| u.pool())),
@@ -140,7 +161,7 @@ impl ServeHttp for Admin {
             ("GET", "/diagram") => text(
                 StatusCode::OK,
                 "text/vnd.mermaid; charset=utf-8",
-                describe::diagram(&cfg).into_bytes(),
+                describe::diagram(cfg).into_bytes(),
             ),
             ("POST", "/reload") => match self.gateway.reload("POST /reload").await {
                 Ok(st) => json(

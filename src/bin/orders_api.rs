@@ -188,25 +188,10 @@ impl ServeHttp for OrdersApi {
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_string();
-        let delay = req
-            .uri
-            .query()
-            .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("delay_ms=")))
+        let delay = query_param(req, "delay_ms")
             .and_then(|v| v.parse::<u64>().ok())
             .map(|ms| ms.min(60_000));
-        // A header sent more than once is echoed once, its values joined with ", " (so that
-        // a test can see a duplicate).
-        let mut headers: BTreeMap<String, String> = BTreeMap::new();
-        for (k, v) in req.headers.iter() {
-            let v = String::from_utf8_lossy(v.as_bytes());
-            headers
-                .entry(k.as_str().to_string())
-                .and_modify(|e| {
-                    e.push_str(", ");
-                    e.push_str(&v);
-                })
-                .or_insert_with(|| v.into_owned());
-        }
+        let headers = echoed(req);
         if let Some(ms) = delay {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
@@ -252,72 +237,14 @@ impl ServeHttp for OrdersApi {
                     None => self.reply(StatusCode::NOT_FOUND, &json!({"error": "no such order"})),
                 }
             }
-            ("POST", ["login"]) => {
-                self.logins.fetch_add(1, Ordering::Relaxed);
-                let body = read_body(session).await.unwrap_or_default();
-                let password = serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v.get("password").and_then(Value::as_str).map(str::to_owned));
-                if password.as_deref() == Some(PASSWORD) {
-                    self.reply(StatusCode::OK, &json!({"token": "demo-session"}))
-                } else {
-                    self.failed_logins.fetch_add(1, Ordering::Relaxed);
-                    self.reply(
-                        StatusCode::UNAUTHORIZED,
-                        &json!({"error": "wrong user or password"}),
-                    )
-                }
-            }
+            ("POST", ["login"]) => self.login(session).await,
             ("POST", ["v1", "chat", "completions"]) => {
-                let usage = req
-                    .uri
-                    .query()
-                    .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("usage=")))
-                    .unwrap_or("body")
-                    .to_owned();
+                let usage = query_param(req, "usage").unwrap_or("body").to_owned();
                 let body = read_body(session).await.unwrap_or_default();
                 self.chat_completion(&body, &usage)
             }
-            ("POST", ["orders"]) => {
-                let Some(body) = read_body(session).await else {
-                    return self.reply(
-                        StatusCode::BAD_REQUEST,
-                        &json!({"error": "body unreadable or over 1 MiB"}),
-                    );
-                };
-                match serde_json::from_slice::<Value>(&body) {
-                    Ok(Value::Object(mut order)) => {
-                        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                        order.insert("id".into(), json!(id));
-                        order.entry("status").or_insert(json!("pending"));
-                        let order = Value::Object(order);
-                        self.orders.lock().insert(id, order.clone());
-                        self.reply(StatusCode::CREATED, &order)
-                    }
-                    _ => self.reply(
-                        StatusCode::BAD_REQUEST,
-                        &json!({"error": "expected a JSON object"}),
-                    ),
-                }
-            }
-            // N bytes of `x` (at most 16 MiB): a download for tests of slowed responses.
-            ("GET", ["download"]) => {
-                let n = req
-                    .uri
-                    .query()
-                    .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("bytes=")))
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .unwrap_or(0)
-                    .min(MAX_TRANSFER);
-                let mut resp = Response::new(vec![b'x'; n]);
-                let h = resp.headers_mut();
-                h.insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/octet-stream"),
-                );
-                h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
-                resp
-            }
+            ("POST", ["orders"]) => self.create_order(session).await,
+            ("GET", ["download"]) => download(query_param(req, "bytes")),
             // Reads a body of any size up to 16 MiB and says how many bytes came: an upload
             // sink for tests of slowed request bodies.
             ("POST", ["upload"]) => match count_body(session).await {
@@ -333,6 +260,92 @@ impl ServeHttp for OrdersApi {
             ),
         }
     }
+}
+
+impl OrdersApi {
+    /// `POST /login`: 200 and a token for the demo password, 401 for anything else; both
+    /// counted (`GET /debug/logins`), so that tests see what reached the upstream.
+    async fn login(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        self.logins.fetch_add(1, Ordering::Relaxed);
+        let body = read_body(session).await.unwrap_or_default();
+        let password = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("password").and_then(Value::as_str).map(str::to_owned));
+        if password.as_deref() == Some(PASSWORD) {
+            self.reply(StatusCode::OK, &json!({"token": "demo-session"}))
+        } else {
+            self.failed_logins.fetch_add(1, Ordering::Relaxed);
+            self.reply(
+                StatusCode::UNAUTHORIZED,
+                &json!({"error": "wrong user or password"}),
+            )
+        }
+    }
+
+    /// `POST /orders`: stores the JSON object with a new id and `status` pending unless given.
+    async fn create_order(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let Some(body) = read_body(session).await else {
+            return self.reply(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "body unreadable or over 1 MiB"}),
+            );
+        };
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(mut order)) => {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                order.insert("id".into(), json!(id));
+                order.entry("status").or_insert(json!("pending"));
+                let order = Value::Object(order);
+                self.orders.lock().insert(id, order.clone());
+                self.reply(StatusCode::CREATED, &order)
+            }
+            _ => self.reply(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "expected a JSON object"}),
+            ),
+        }
+    }
+}
+
+/// `GET /download?bytes=N`: N bytes of `x` (at most 16 MiB), for tests of slowed responses.
+fn download(bytes: Option<&str>) -> Response<Vec<u8>> {
+    let n = bytes
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(MAX_TRANSFER);
+    let mut resp = Response::new(vec![b'x'; n]);
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
+    resp
+}
+
+/// The value of query parameter `name`, as sent.
+fn query_param<'a>(req: &'a pingora::http::RequestHeader, name: &str) -> Option<&'a str> {
+    req.uri
+        .query()?
+        .split('&')
+        .find_map(|p| p.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')))
+}
+
+/// The request's headers as the debug endpoints echo them: a header sent more than once is
+/// echoed once, its values joined with ", " (so that a test can see a duplicate).
+fn echoed(req: &pingora::http::RequestHeader) -> BTreeMap<String, String> {
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in req.headers.iter() {
+        let v = String::from_utf8_lossy(v.as_bytes());
+        headers
+            .entry(k.as_str().to_string())
+            .and_modify(|e| {
+                e.push_str(", ");
+                e.push_str(&v);
+            })
+            .or_insert_with(|| v.into_owned());
+    }
+    headers
 }
 
 /// The largest `/download` and `/upload`.
