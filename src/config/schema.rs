@@ -293,6 +293,10 @@ pub struct RawHeaderMatch {
 #[serde(deny_unknown_fields)]
 pub struct RawRls {
     pub listen: Option<Spanned<String>>,
+    /// Runtime threads answering the service (default: `[server] threads`).
+    pub threads: Option<Spanned<i64>>,
+    /// `tls = { cert, key }`: the listener speaks TLS (HTTP/2 by ALPN).
+    pub tls: Option<Spanned<RawRlsTls>>,
     #[serde(default)]
     pub limits: Vec<RawRlsLimit>,
 }
@@ -317,6 +321,22 @@ pub struct RawRlsLimit {
     pub shadow: bool,
     pub lease: Option<Spanned<RawLease>>,
     pub lease_ttl: Option<Spanned<String>>,
+    /// Once the limit rejects a descriptor value, that value is refused this long.
+    pub block_for: Option<Spanned<String>>,
+    /// Calendar quotas, as for `[[rules]]`: `calendar` instead of `window`, and its zone.
+    pub calendar: Option<Spanned<String>>,
+    pub timezone: Option<Spanned<String>>,
+    /// Read only to refuse them with the reason: an RLS never sees the response.
+    pub count: Option<Spanned<toml::Value>>,
+    pub cost_from: Option<Spanned<toml::Value>>,
+}
+
+/// `[rls] tls`: the certificate chain and private key (PEM), as in `[server.tls]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRlsTls {
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
 }
 
 /// One entry of a limit's `descriptor`: `{ key = "user" }` (each value its own counter) or

@@ -119,6 +119,14 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
         "rls.listen",
         old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
     );
+    check(
+        "rls.threads",
+        old.rls.as_ref().map(|r| r.threads) != new.rls.as_ref().map(|r| r.threads),
+    );
+    check(
+        "rls.tls",
+        old.rls.as_ref().map(|r| &r.tls) != new.rls.as_ref().map(|r| &r.tls),
+    );
     check("store.backend", old.store.backend != new.store.backend);
     check("store.url(s)", old.store.urls != new.store.urls);
     check("store.max_keys", old.store.max_keys != new.store.max_keys);

@@ -14,6 +14,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::Status;
 
 use super::plan::Planned;
+use crate::limiter::calendar::Period;
 use crate::limiter::engine::{Outcome, Verdict};
 use crate::limiter::policy::Policy;
 use crate::limiter::{Decision, Limit};
@@ -124,8 +125,16 @@ pub fn current_limit(policy: &Policy) -> RateLimit {
     }
 }
 
-/// The unit a window is exactly, if any.
+/// The unit a window is exactly, if any; a calendar limit's is its period (a day, week or
+/// month of its zone).
 fn unit_of(limit: &Limit) -> Unit {
+    if let Some(c) = limit.calendar() {
+        return match c.period() {
+            Period::Day => Unit::Day,
+            Period::Week => Unit::Week,
+            Period::Month => Unit::Month,
+        };
+    }
     match limit.window().as_millis() {
         1_000 => Unit::Second,
         60_000 => Unit::Minute,
@@ -173,5 +182,20 @@ mod tests {
         assert_eq!(unit(7 * 86_400), Unit::Week);
         assert_eq!(unit(90), Unit::Unknown);
         assert_eq!(unit(120), Unit::Unknown);
+    }
+
+    #[test]
+    fn a_calendar_limit_is_its_period_in_any_zone() {
+        use crate::limiter::calendar::Calendar;
+        for (period, unit) in [
+            (Period::Day, Unit::Day),
+            (Period::Week, Unit::Week),
+            (Period::Month, Unit::Month),
+        ] {
+            let limit = Limit::police(Algorithm::FixedWindow, 5, period.longest(), 5)
+                .with_calendar(Calendar::new(period, "Asia/Tokyo").unwrap())
+                .unwrap();
+            assert_eq!(unit_of(&limit), unit, "{period:?}");
+        }
     }
 }

@@ -31,7 +31,7 @@ pub fn report(rls: &Settings) -> String {
         let p = &l.policy;
         let _ = writeln!(
             out,
-            "  {}. {}: domain {} | descriptor [{}] | {} | cost {} | scope {} | on_store_error {}{}{}",
+            "  {}. {}: domain {} | descriptor [{}] | {} | cost {} | scope {} | on_store_error {}{}{}{}",
             i + 1,
             p.name,
             l.domain,
@@ -41,6 +41,7 @@ pub fn report(rls: &Settings) -> String {
             p.scope.as_str(),
             p.on_store_error.as_str(),
             p.lease.map(|lease| format!(" | {}", lease_text(&lease))).unwrap_or_default(),
+            block_text(l),
             if p.shadow { " | shadow" } else { "" }
         );
     }
@@ -56,12 +57,24 @@ fn lease_text(l: &Lease) -> String {
     format!("lease {size} for {}", humantime(l.ttl))
 }
 
-/// `token_bucket 100/1m burst 100`.
+/// ` | block_for 15m`, or nothing.
+fn block_text(l: &RlsLimit) -> String {
+    let b = l.policy.limit.block_for();
+    if b.is_zero() {
+        String::new()
+    } else {
+        format!(" | block_for {}", humantime(b))
+    }
+}
+
+/// `token_bucket 100/1m burst 100`, `fixed_window 1000/day Asia/Tokyo`.
 fn numbers(l: &RlsLimit) -> String {
     let lim = &l.policy.limit;
     let caps = lim.algorithm().capabilities();
     let mut out = format!("{} {}", lim.algorithm().as_str(), lim.limit());
-    if caps.window == Window::Required {
+    if let Some(c) = lim.calendar() {
+        let _ = write!(out, "/{} {}", c.period().as_str(), c.zone_name());
+    } else if caps.window == Window::Required {
         let _ = write!(out, "/{}", humantime(lim.window()));
     }
     if caps.burst {
@@ -90,11 +103,17 @@ pub fn limit_json(l: &RlsLimit) -> serde_json::Value {
         "status": p.status,
         "rls": { "domain": l.domain },
     });
-    if caps.window == Window::Required {
+    if let Some(c) = lim.calendar() {
+        v["calendar"] = c.period().as_str().into();
+        v["timezone"] = c.zone_name().into();
+    } else if caps.window == Window::Required {
         v["window"] = humantime(lim.window()).into();
     }
     if caps.burst {
         v["burst"] = lim.burst().into();
+    }
+    if !lim.block_for().is_zero() {
+        v["block_for"] = humantime(lim.block_for()).into();
     }
     v
 }

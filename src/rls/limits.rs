@@ -9,6 +9,7 @@
 //! too).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::limiter::policy::Policy;
@@ -20,12 +21,26 @@ pub const MAX_ENTRIES: usize = 16;
 /// `[rls]`, validated.
 #[derive(Debug)]
 pub struct Settings {
-    /// The gRPC (HTTP/2 cleartext) listener.
+    /// The gRPC listener (HTTP/2, cleartext unless `tls`).
     pub listen: SocketAddr,
+    /// `[rls] threads`: the runtime threads the service answers on (default: `[server]
+    /// threads`).
+    pub threads: usize,
+    /// `[rls] tls`: the certificate and key the listener serves TLS with.
+    pub tls: Option<Tls>,
     /// `[[rls.limits]]` in file order.
     pub limits: Vec<Arc<RlsLimit>>,
     /// Indexes into `limits`, most specific first (more fixed values, then file order).
     order: Vec<usize>,
+}
+
+/// `[rls] tls = { cert, key }`: PEM files, as for `[server.tls]` (they exist: validation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// The PEM certificate chain.
+    pub cert: PathBuf,
+    /// The PEM private key.
+    pub key: PathBuf,
 }
 
 /// One `[[rls.limits]]`.
@@ -69,13 +84,16 @@ impl RlsLimit {
 }
 
 impl Settings {
-    /// The settings for `limits` (validated: names unique, no two with the same descriptor).
+    /// The settings for `limits` (validated: names unique, no two with the same descriptor),
+    /// served on one thread without TLS until its `threads` and `tls` say otherwise.
     pub fn new(listen: SocketAddr, limits: Vec<Arc<RlsLimit>>) -> Settings {
         let mut order: Vec<usize> = (0..limits.len()).collect();
         // Stable: equally specific limits keep their file order.
         order.sort_by_key(|&i| std::cmp::Reverse(limits[i].fixed()));
         Settings {
             listen,
+            threads: 1,
+            tls: None,
             limits,
             order,
         }

@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{IntCounterVec, Opts};
+use prometheus::{IntCounter, IntCounterVec, Opts};
 
 use crate::metrics::metrics;
 
@@ -14,9 +14,24 @@ pub struct RlsMetrics {
     /// `result`: `ok`, `over_limit`, `unavailable` (a closed limit and a failing store) or
     /// `invalid` (refused before matching).
     pub requests: IntCounterVec,
+    /// `requests` of each result, looked up once: every call counts one, and a label lookup
+    /// (hashing the label, a read lock) per call is a cost all the service's threads share.
+    pub answered: Answered,
     /// Descriptors no limit matched, by domain: a configured domain, or `other` for any
     /// domain no limit names (the label never takes a client's text).
     pub unmatched: IntCounterVec,
+}
+
+/// The handles of `floodgate_rls_requests_total`, one per result.
+pub struct Answered {
+    /// `result="ok"`.
+    pub ok: IntCounter,
+    /// `result="over_limit"`.
+    pub over_limit: IntCounter,
+    /// `result="unavailable"`.
+    pub unavailable: IntCounter,
+    /// `result="invalid"`.
+    pub invalid: IntCounter,
 }
 
 /// The label of descriptors of a domain no limit names.
@@ -41,13 +56,17 @@ pub fn rls_metrics() -> &'static RlsMetrics {
             &["domain"],
         )
         .expect("valid metric");
-        for result in ["ok", "over_limit", "unavailable", "invalid"] {
-            requests.with_label_values(&[result]);
-        }
+        let answered = Answered {
+            ok: requests.with_label_values(&["ok"]),
+            over_limit: requests.with_label_values(&["over_limit"]),
+            unavailable: requests.with_label_values(&["unavailable"]),
+            invalid: requests.with_label_values(&["invalid"]),
+        };
         metrics().register(Box::new(requests.clone()));
         metrics().register(Box::new(unmatched.clone()));
         RlsMetrics {
             requests,
+            answered,
             unmatched,
         }
     });

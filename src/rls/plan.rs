@@ -160,8 +160,9 @@ pub fn unit_length(unit: i32) -> Option<Duration> {
 }
 
 /// The limit's policy with the descriptor's `limit` override: `requests_per_unit` per unit
-/// (and as the bucket size), the limit's algorithm and every other option kept; no lease (a
-/// lease is sized for the limit's own numbers).
+/// (and as the bucket size), the limit's algorithm and every other option kept (`block_for`
+/// too); no lease (a lease is sized for the limit's own numbers) and no calendar (the unit is
+/// the window).
 fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<Policy>, Status> {
     let window = unit_length(o.unit).ok_or_else(|| {
         Status::invalid_argument(format!(
@@ -194,7 +195,9 @@ fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<P
         LeakyMode::Police,
         Duration::ZERO,
     )
-    .map_err(|e| Status::invalid_argument(format!("descriptor {i}: the limit override: {e}")))?;
+    .map_err(|e| Status::invalid_argument(format!("descriptor {i}: the limit override: {e}")))?
+    // A value the limit's own numbers would block is blocked under an override's too.
+    .blocking(p.limit.block_for());
     Ok(Arc::new(Policy {
         name: p.name.clone(),
         limit: numbers,
@@ -207,7 +210,7 @@ fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<P
         counters: p.counters.clone(),
         lease: None,
         max_waiting: p.max_waiting,
-        respond: crate::limiter::reservation::Respond::default(),
+        respond: p.respond.clone(),
     }))
 }
 

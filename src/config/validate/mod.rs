@@ -39,7 +39,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let routes = routes::routes(&src, &raw.routes, &upstreams)?;
     let rules = rules::rules(&src, &raw.rules, &routes)?;
     let webhooks = webhooks::webhooks(&src, &raw.webhooks)?;
-    let rls = rls::rls(&src, &raw.rls, &rules)?;
+    let rls = rls::rls(&src, &raw.rls, &rules, server.threads, &dir)?;
     if rls.is_some() && routes.is_empty() && raw.server.listen.is_none() {
         // A rate-limit service only: no proxy listener unless one is asked for.
         server.listen.clear();

@@ -1,35 +1,46 @@
 //! `[rls]` and `[[rls.limits]]`: the listener Envoy asks and the limits it answers with.
 //!
 //! A limit's counting options are a rule's: they are read by the `[[rules]]` code
-//! ([`super::rules::shape`], [`super::rules::charge`]) so that a limit and a rule written alike
-//! count alike and fail alike, with the same messages. What is the limit's own: its name (unique
-//! among rules and limits: both count and report under it), its domain and descriptor, and the
-//! options that cannot apply to an answer Envoy waits for (a concurrency limit never hears that
-//! a request ended; a shaping bucket would hold the answer).
+//! ([`super::rules::shape`], [`super::rules::charge`], [`super::rules::respond`] for
+//! `block_for`) so that a limit and a rule written alike count alike and fail alike, with the
+//! same messages. What is the limit's own: its name (unique among rules and limits: both count
+//! and report under it), its domain and descriptor, and the options that cannot apply to an
+//! answer Envoy waits for (a concurrency limit never hears that a request ended; a shaping
+//! bucket would hold the answer; `count` and `cost_from` would read a response Envoy never
+//! shows). `[rls]` itself: `listen`, `threads` and `tls` (its files checked as
+//! `[server.tls]`'s).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use toml::Spanned;
 
-use super::rules::{charge, shape};
+use super::rules::{charge, respond, shape};
 use super::source::Src;
 use crate::config::schema::*;
 use crate::config::ConfigError;
 use crate::limiter::{Algorithm, Limit};
-use crate::rls::limits::{Entry, RlsLimit, Settings, MAX_ENTRIES};
+use crate::rls::limits::{Entry, RlsLimit, Settings, Tls, MAX_ENTRIES};
 use crate::rules::{Policy, Rule};
 
 /// Where the service listens when `[rls]` names no `listen`: loopback, as the admin listener,
 /// so that nothing is exposed by default.
 pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
 
-/// `[rls]`, or `None` when the file has none.
+/// Most `[rls] threads`: past the cores of any machine floodgate runs on, more threads only
+/// cost memory (each has its own stack).
+pub const MAX_THREADS: u64 = 256;
+
+/// `[rls]`, or `None` when the file has none. `threads` is `[server] threads`, the default of
+/// the service's own; `dir` is where relative TLS paths are found.
 pub(super) fn rls(
     src: &Src,
     raw: &Option<Spanned<RawRls>>,
     rules: &[Arc<Rule>],
+    threads: usize,
+    dir: &Path,
 ) -> Result<Option<Settings>, ConfigError> {
     let Some(raw) = raw else {
         return Ok(None);
@@ -70,7 +81,27 @@ pub(super) fn rls(
         }
         limits.push(Arc::new(limit));
     }
-    Ok(Some(Settings::new(listen, limits)))
+    let mut settings = Settings::new(listen, limits);
+    settings.threads = match &raw.threads {
+        Some(t) => match src.positive(t, "rls.threads")? {
+            n if n > MAX_THREADS => {
+                return Err(src.err(t.span(), format!("rls.threads is at most {MAX_THREADS}")))
+            }
+            n => n as usize,
+        },
+        None => threads,
+    };
+    settings.tls = match &raw.tls {
+        Some(t) => {
+            let t = t.get_ref();
+            Some(Tls {
+                cert: super::server::existing_file(src, &t.cert, dir, "TLS certificate")?,
+                key: super::server::existing_file(src, &t.key, dir, "TLS private key")?,
+            })
+        }
+        None => None,
+    };
+    Ok(Some(settings))
 }
 
 /// One limit: its own keys here, its counting options by the rules' code.
@@ -110,6 +141,9 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
         ));
     }
     let charge = charge(src, &rule, name, &shape).map_err(|e| as_limit(e, name))?;
+    refuse_response_keys(src, l, name)?;
+    // block_for, by the rules' code and bounds (refused with a lease or a shaping bucket).
+    let respond = respond(src, &rule, name, &shape, &charge).map_err(|e| as_limit(e, name))?;
     let limit = Limit::new(
         shape.algorithm,
         shape.limit,
@@ -118,7 +152,12 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
         shape.mode,
         shape.max_delay,
     )
-    .map_err(|e| src.err(l.name.span(), format!("rls limit \"{name}\": {e}")))?;
+    .and_then(|lim| match shape.calendar.clone() {
+        Some(c) => lim.with_calendar(c),
+        None => Ok(lim),
+    })
+    .map_err(|e| src.err(l.name.span(), format!("rls limit \"{name}\": {e}")))?
+    .blocking(respond.block_for.unwrap_or_default());
     Ok(RlsLimit {
         domain: domain.clone(),
         entries,
@@ -134,9 +173,27 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
             counters: crate::metrics::RuleCounters::for_rule(name),
             lease: charge.lease,
             max_waiting: charge.max_waiting,
-            respond: crate::limiter::reservation::Respond::default(),
+            respond,
         }),
     })
+}
+
+/// `count` and `cost_from` learn from the upstream's response, which Envoy never shows its
+/// rate-limit service: refused with the reason (serde would only say "unknown field").
+fn refuse_response_keys(src: &Src, l: &RawRlsLimit, name: &str) -> Result<(), ConfigError> {
+    if let Some(c) = &l.count {
+        return Err(src.err(
+            c.span(),
+            format!("rls limit \"{name}\": count is not an rls option: Envoy asks before the upstream answers and never sends the response's status, so there is nothing to count by; use a [[rules]] entry of the gateway"),
+        ));
+    }
+    if let Some(c) = &l.cost_from {
+        return Err(src.err(
+            c.span(),
+            format!("rls limit \"{name}\": cost_from is not an rls option: Envoy never sends the upstream's response, so there is no cost to read; send the cost as hits_addend, or use a [[rules]] entry of the gateway"),
+        ));
+    }
+    Ok(())
 }
 
 /// `descriptor`: one to [`MAX_ENTRIES`] entries, each a non-empty key and, optionally, the
@@ -224,9 +281,9 @@ fn as_rule(l: &RawRlsLimit) -> RawRule {
         slow_rate: None,
         count: None,
         cost_from: None,
-        block_for: None,
-        calendar: None,
-        timezone: None,
+        block_for: l.block_for.clone(),
+        calendar: l.calendar.clone(),
+        timezone: l.timezone.clone(),
     }
 }
 

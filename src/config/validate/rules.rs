@@ -530,7 +530,7 @@ fn rule_lease(
 /// for the algorithms whose charge can be trued up (see
 /// `crate::limiter::Capabilities::settle_refused`), never shaping or leased (a leased permit
 /// is spent in process, where neither a refund nor a block reaches the store).
-fn respond(
+pub(super) fn respond(
     src: &Src,
     r: &RawRule,
     name: &str,

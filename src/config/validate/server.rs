@@ -258,7 +258,7 @@ fn connections(src: &Src, raw: &RawServer) -> Result<Connections, ConfigError> {
 }
 
 /// A file named by the config (relative to its folder) that must exist.
-fn existing_file(
+pub(super) fn existing_file(
     src: &Src,
     v: &Spanned<String>,
     dir: &Path,

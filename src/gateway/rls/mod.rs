@@ -1,6 +1,6 @@
 //! The gRPC service Envoy calls (`envoy.service.ratelimit.v3.RateLimitService`) and the
-//! listener it is served on, a Pingora background service that stops with the rest of the
-//! process.
+//! listener it is served on (`listener`: a Pingora service with a runtime of its own, stopped
+//! with the rest of the process and handed over on `--upgrade`).
 //!
 //! Each call reads the config in force (so a reload swaps the limits as it swaps rules),
 //! checks the request's bounds, plans its descriptors as checks, and asks the engine once for
@@ -11,19 +11,17 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use parking_lot::Mutex;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tonic::{Request, Response, Status};
 
 use super::Gateway;
 use crate::metrics::metrics;
 use crate::rls::metrics::rls_metrics;
 use crate::rls::{answer, bounds, plan};
+
+mod listener;
+pub use listener::{RlsServer, TLS_HANDSHAKE_TIMEOUT};
 
 /// Streams one HTTP/2 connection may have open at once: Envoy multiplexes its calls over a
 /// few connections, and this bounds what one client can make the service hold.
@@ -42,15 +40,19 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // A graceful stop (SIGTERM, an upgrade's end) waits for the calls in flight as it
+        // does for proxied requests.
+        let _in_flight = crate::shutdown::requests().enter();
         let req = request.into_inner();
         let answered = self.answer(&req).await;
+        let counted = &rls_metrics().answered;
         let result = match &answered {
-            Ok(r) if r.overall_code == Code::OverLimit as i32 => "over_limit",
-            Ok(_) => "ok",
-            Err(s) if s.code() == tonic::Code::Unavailable => "unavailable",
-            Err(_) => "invalid",
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => &counted.over_limit,
+            Ok(_) => &counted.ok,
+            Err(s) if s.code() == tonic::Code::Unavailable => &counted.unavailable,
+            Err(_) => &counted.invalid,
         };
-        rls_metrics().requests.with_label_values(&[result]).inc();
+        result.inc();
         answered.map(Response::new)
     }
 }
@@ -106,62 +108,5 @@ fn all_ok(req: &RateLimitRequest) -> RateLimitResponse {
             })
             .collect(),
         ..Default::default()
-    }
-}
-
-/// The listener: bound when the server is built (so a taken port fails the start with its
-/// error, as the proxy's listeners do), served once Pingora starts its services.
-pub struct RlsServer {
-    gateway: Arc<Gateway>,
-    listener: Mutex<Option<std::net::TcpListener>>,
-}
-
-impl RlsServer {
-    /// Binds `[rls] listen` of `gateway`'s config.
-    pub fn bind(gateway: Arc<Gateway>) -> Result<Option<RlsServer>, String> {
-        let Some(addr) = gateway.config.load().rls.as_ref().map(|r| r.listen) else {
-            return Ok(None);
-        };
-        let listener = std::net::TcpListener::bind(addr)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| format!("cannot listen on rls.listen {addr}: {e}"))?;
-        Ok(Some(RlsServer {
-            gateway,
-            listener: Mutex::new(Some(listener)),
-        }))
-    }
-}
-
-#[async_trait]
-impl BackgroundService for RlsServer {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let Some(listener) = self.listener.lock().take() else {
-            return;
-        };
-        let addr = listener.local_addr().ok();
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot serve the rate-limit service");
-                return;
-            }
-        };
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let service = RateLimitServiceServer::new(Rls {
-            gateway: self.gateway.clone(),
-        })
-        .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
-        tracing::info!(listen = ?addr, "rate-limit service (envoy.service.ratelimit.v3) listening");
-        let served = tonic::transport::Server::builder()
-            .max_concurrent_streams(MAX_STREAMS)
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = shutdown.changed().await;
-            })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the rate-limit service stopped");
-        }
     }
 }
