@@ -195,6 +195,23 @@ impl<A> GuardedApp<A> {
     }
 }
 
+impl<A> GuardedApp<A> {
+    /// Takes a slot for a connection from `ip`, or counts the refusal (the caller then drops
+    /// the stream, closing it: nothing is read from or written to a client over a cap).
+    fn admit(&self, ip: IpAddr, limits: &Connections) -> Option<Slot> {
+        match self.table.admit(ip, limits) {
+            Ok(slot) => Some(slot),
+            Err(why) => {
+                metrics()
+                    .connections_refused
+                    .with_label_values(&[why.as_str()])
+                    .inc();
+                None
+            }
+        }
+    }
+}
+
 /// What `process_new` returns (the signature `#[async_trait]` gives the trait method).
 type ProcessNew<'a> = Pin<Box<dyn Future<Output = Option<Stream>> + Send + 'a>>;
 
@@ -219,44 +236,44 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
             .as_ref()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
-        let slot = match self.table.admit(ip, &limits) {
-            Ok(slot) => slot,
-            Err(why) => {
-                metrics()
-                    .connections_refused
-                    .with_label_values(&[why.as_str()])
-                    .inc();
-                // Dropping the stream closes it: nothing is read from or written to a client
-                // over a cap.
-                drop(stream);
-                return Box::pin(std::future::ready(None));
-            }
-        };
         let tls = self.tls.as_ref().filter(|(_, listeners)| {
             let local = digest
                 .as_ref()
                 .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
             local.is_some_and(|l| tls::is_listener(listeners, l))
         });
+        let Some((acceptor, _)) = tls else {
+            // A plain connection is served in a task of its own and Pingora's accept task ends
+            // here: that task's future is sized for Pingora's own TLS handshake (rustls state
+            // inline, ~9 KiB) and would stay allocated for the connection's life, idle or not.
+            // The slot is taken in the new task, so that a connection the client has already
+            // closed gives it back in the same poll that took it.
+            let app = self.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let Some(slot) = app.admit(ip, &limits) else {
+                    return;
+                };
+                let guarded = Box::new(GuardedStream::new(stream, &limits, slot, accepted));
+                let (inner, closing) = (app.inner.clone(), app.closing.clone());
+                drop(app);
+                serve::serve(inner, guarded, shutdown, closing).await;
+            });
+            return Box::pin(std::future::ready(None));
+        };
+        let Some(slot) = self.admit(ip, &limits) else {
+            return Box::pin(std::future::ready(None));
+        };
         let inner = self.inner.clone();
         let closing = self.closing.clone();
-        if let Some((acceptor, _)) = tls {
-            let acceptor = acceptor.clone();
-            let shutdown = shutdown.clone();
-            return Box::pin(async move {
-                let stream =
-                    tls::handshake(&acceptor, stream, accepted, limits.header_timeout).await?;
-                let guarded = GuardedStream::new(stream, &limits, slot, accepted);
-                serve::serve(inner, Box::new(guarded), shutdown, closing).await;
-                None
-            });
-        }
-        // A plain connection is served in a task of its own and Pingora's accept task ends
-        // here: that task's future is sized for Pingora's own TLS handshake (rustls state
-        // inline, ~9 KiB) and would stay allocated for the connection's life, idle or not.
-        let guarded = Box::new(GuardedStream::new(stream, &limits, slot, accepted));
-        tokio::spawn(serve::serve(inner, guarded, shutdown.clone(), closing));
-        Box::pin(std::future::ready(None))
+        let acceptor = acceptor.clone();
+        let shutdown = shutdown.clone();
+        Box::pin(async move {
+            let stream = tls::handshake(&acceptor, stream, accepted, limits.header_timeout).await?;
+            let guarded = GuardedStream::new(stream, &limits, slot, accepted);
+            serve::serve(inner, Box::new(guarded), shutdown, closing).await;
+            None
+        })
     }
 
     fn cleanup<'life0, 'async_trait>(
