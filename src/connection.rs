@@ -42,6 +42,7 @@ use tokio::time::{Instant, Sleep};
 
 pub mod serve;
 pub mod tls;
+pub mod write_buffer;
 
 use crate::config::Connections;
 use crate::gateway::Gateway;
@@ -194,6 +195,23 @@ impl<A> GuardedApp<A> {
     }
 }
 
+impl<A> GuardedApp<A> {
+    /// Takes a slot for a connection from `ip`, or counts the refusal (the caller then drops
+    /// the stream, closing it: nothing is read from or written to a client over a cap).
+    fn admit(&self, ip: IpAddr, limits: &Connections) -> Option<Slot> {
+        match self.table.admit(ip, limits) {
+            Ok(slot) => Some(slot),
+            Err(why) => {
+                metrics()
+                    .connections_refused
+                    .with_label_values(&[why.as_str()])
+                    .inc();
+                None
+            }
+        }
+    }
+}
+
 /// What `process_new` returns (the signature `#[async_trait]` gives the trait method).
 type ProcessNew<'a> = Pin<Box<dyn Future<Output = Option<Stream>> + Send + 'a>>;
 
@@ -218,38 +236,44 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
             .as_ref()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
-        let slot = match self.table.admit(ip, &limits) {
-            Ok(slot) => slot,
-            Err(why) => {
-                metrics()
-                    .connections_refused
-                    .with_label_values(&[why.as_str()])
-                    .inc();
-                // Dropping the stream closes it: nothing is read from or written to a client
-                // over a cap.
-                drop(stream);
-                return Box::pin(std::future::ready(None));
-            }
-        };
         let tls = self.tls.as_ref().filter(|(_, listeners)| {
             let local = digest
                 .as_ref()
                 .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
             local.is_some_and(|l| tls::is_listener(listeners, l))
         });
+        let Some((acceptor, _)) = tls else {
+            // A plain connection is served in a task of its own and Pingora's accept task ends
+            // here: that task's future is sized for Pingora's own TLS handshake (rustls state
+            // inline, ~9 KiB) and would stay allocated for the connection's life, idle or not.
+            // The slot is taken in the new task, so that a connection the client has already
+            // closed gives it back in the same poll that took it.
+            let app = self.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let Some(slot) = app.admit(ip, &limits) else {
+                    return;
+                };
+                let guarded = Box::new(GuardedStream::new(stream, &limits, slot, accepted));
+                let (inner, closing) = (app.inner.clone(), app.closing.clone());
+                drop(app);
+                serve::serve(inner, guarded, shutdown, closing).await;
+            });
+            return Box::pin(std::future::ready(None));
+        };
+        let Some(slot) = self.admit(ip, &limits) else {
+            return Box::pin(std::future::ready(None));
+        };
         let inner = self.inner.clone();
         let closing = self.closing.clone();
-        if let Some((acceptor, _)) = tls {
-            let acceptor = acceptor.clone();
-            return Box::pin(async move {
-                let stream =
-                    tls::handshake(&acceptor, stream, accepted, limits.header_timeout).await?;
-                let guarded = GuardedStream::new(stream, &limits, slot, accepted);
-                serve::serve(inner, guarded, shutdown, closing).await
-            });
-        }
-        let guarded = GuardedStream::new(stream, &limits, slot, accepted);
-        Box::pin(serve::serve(inner, guarded, shutdown, closing))
+        let acceptor = acceptor.clone();
+        let shutdown = shutdown.clone();
+        Box::pin(async move {
+            let stream = tls::handshake(&acceptor, stream, accepted, limits.header_timeout).await?;
+            let guarded = GuardedStream::new(stream, &limits, slot, accepted);
+            serve::serve(inner, Box::new(guarded), shutdown, closing).await;
+            None
+        })
     }
 
     fn cleanup<'life0, 'async_trait>(
@@ -293,6 +317,9 @@ pub struct GuardedStream {
     /// floodgate's answer in place of a bare one of Pingora's, and how much of it is written
     /// (see [`GuardedStream::replace_bare_answer`]).
     replaced: Option<(Vec<u8>, usize)>,
+    /// Plain connections: the response write buffer, allocated only while an exchange writes
+    /// (see [`write_buffer`]). TLS connections keep Pingora's.
+    writes: Option<write_buffer::WriteBuffer>,
     _slot: Slot,
 }
 
@@ -312,6 +339,7 @@ impl GuardedStream {
         // An h2 connection by ALPN carries many requests at once: only Pingora's h2 idle
         // timeout applies to it.
         let h2 = matches!(inner.selected_alpn_proto(), Some(ALPN::H2));
+        let plain = inner.get_ssl_digest().is_none();
         GuardedStream {
             inner,
             phase: AtomicU32::new(if h2 { 0 } else { AWAITING_HEAD }),
@@ -323,23 +351,44 @@ impl GuardedStream {
             timer: None,
             peeked: Vec::new(),
             replaced: None,
+            writes: plain.then(write_buffer::WriteBuffer::default),
             _slot: slot,
         }
     }
 
+    /// The connection waits for its next request: its write buffer (empty: Pingora flushes
+    /// every response) is given back. `false`: buffered bytes could not be written.
+    async fn idle(&mut self) -> bool {
+        use tokio::io::AsyncWriteExt;
+        if self.writes.as_ref().is_some_and(|w| !w.is_empty()) && self.flush().await.is_err() {
+            return false;
+        }
+        if let Some(w) = &mut self.writes {
+            w.release();
+        }
+        true
+    }
+
     /// Waits for the next request's first bytes (under the head deadlines, as any read while a
     /// head is awaited) and keeps them for the reads that follow. `Ok(false)`: the client
-    /// closed. The bytes are read into this future, not a buffer of the connection's: an idle
-    /// connection holds no read buffer.
+    /// closed. Each poll reads into a buffer of its own, dropped when nothing came: an idle
+    /// connection holds no read buffer, and the bytes still come in the one read call that
+    /// also finds them ready.
     async fn await_next_request(&mut self) -> io::Result<bool> {
         use tokio::io::AsyncReadExt;
-        let mut first = [0u8; PEEK_READ];
-        let n = self.read(&mut first).await?;
-        if n == 0 {
-            return Ok(false);
-        }
-        self.peeked.extend_from_slice(&first[..n]);
-        Ok(true)
+        std::future::poll_fn(|cx| {
+            let mut first = Vec::with_capacity(PEEK_READ);
+            let n = {
+                let read = std::pin::pin!(self.read_buf(&mut first));
+                std::task::ready!(read.poll(cx))?
+            };
+            if n == 0 {
+                return Poll::Ready(Ok(false));
+            }
+            self.peeked = first;
+            Poll::Ready(Ok(true))
+        })
+        .await
     }
 
     /// The whole head was read: the rest of the exchange is not on the head deadline.
@@ -506,7 +555,10 @@ impl AsyncWrite for GuardedStream {
         if let Some(done) = this.replace_bare_answer(cx, buf, buf.len()) {
             return done;
         }
-        Pin::new(&mut this.inner).poll_write(cx, buf)
+        match &mut this.writes {
+            Some(w) => w.poll_write(&mut this.inner, cx, buf),
+            None => Pin::new(&mut this.inner).poll_write(cx, buf),
+        }
     }
 
     fn poll_write_vectored(
@@ -523,25 +575,53 @@ impl AsyncWrite for GuardedStream {
         if let Some(done) = this.replace_bare_answer(cx, first, total) {
             return done;
         }
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        match &mut this.writes {
+            Some(w) => w.poll_write_vectored(&mut this.inner, cx, bufs),
+            None => Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        // A buffer takes vectored writes whatever the socket does (as tokio's BufWriter).
+        self.writes.is_some() || self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        if let Some(w) = &mut this.writes {
+            std::task::ready!(w.flush_into(&mut this.inner, cx))?;
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        if let Some(w) = &mut this.writes {
+            std::task::ready!(w.flush_into(&mut this.inner, cx))?;
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+impl Drop for GuardedStream {
+    fn drop(&mut self) {
+        // As Pingora's own buffer does when its stream drops: one try, without waiting.
+        if let Some(w) = self.writes.as_mut().filter(|w| !w.is_empty()) {
+            let _ = w.flush_into(
+                &mut self.inner,
+                &mut Context::from_waker(std::task::Waker::noop()),
+            );
+        }
     }
 }
 
 #[async_trait]
 impl Shutdown for GuardedStream {
     async fn shutdown(&mut self) {
+        if self.writes.as_ref().is_some_and(|w| !w.is_empty()) {
+            // Pingora's stream flushes its buffer before it shuts down: so does this one.
+            let _ = tokio::io::AsyncWriteExt::flush(self).await;
+        }
         self.inner.shutdown().await;
     }
 }

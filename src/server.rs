@@ -17,17 +17,18 @@ use crate::gateway::{Gateway, Reloader};
 use crate::proxy::Proxy;
 use crate::shutdown::{requests, Drain};
 
-/// The socket buffers of a plain (HTTP/1.1 and h2c) client connection. Pingora's default read
-/// buffer is 64 KiB per connection, held (and, once reused from the allocator, resident) for
-/// as long as the connection is open, idle or not (about 7 KiB of the 47 KiB an idle
+/// The socket buffers of a plain (HTTP/1.1 and h2c) client connection: none. Pingora's default
+/// read buffer is 64 KiB per connection, held (and, once reused from the allocator, resident)
+/// for as long as the connection is open, idle or not (about 7 KiB of the 47 KiB an idle
 /// keep-alive connection measured with it). Without it a request head is read straight into
 /// the head buffer Pingora parses it from and a body into the body's own buffer, with the
-/// same one read per head (docs/benchmarks.md, "Memory per connection"). The write
-/// buffer stays Pingora's: one MSS, so that a response's head and a small body leave in one
-/// write.
+/// same one read per head (docs/benchmarks.md, "Memory per connection"). Its write buffer (one
+/// MSS, so that a response's head and a small body leave in one write) is replaced by the
+/// connection guard's own, which is held only while an exchange writes
+/// (`crate::connection::write_buffer`).
 const PLAIN_L4_BUFFER: L4BufferSettings = L4BufferSettings {
     read: Some(0),
-    write: None,
+    write: Some(0),
 };
 
 /// Pingora's own process flags that floodgate passes through.

@@ -146,6 +146,21 @@ async fn stalled_handshakes_take_slots_and_end_at_header_timeout() {
     let c = client();
     let metrics_url = gw.admin_url("/metrics");
 
+    // The start-up probe's connection (from the same IP) must be gone before the four stalls
+    // take the per-IP cap: the gateway notices its close in the connection's own task.
+    eventually(
+        Duration::from_secs(10),
+        "the probe connection closed",
+        || {
+            let c = c.clone();
+            let url = metrics_url.clone();
+            async move {
+                let m = get_text(&c, &url).await;
+                (metric_value(&m, "floodgate_connections_open") == Some(0.0)).then_some(())
+            }
+        },
+    )
+    .await;
     let started = Instant::now();
     let mut stalls = Vec::new();
     for sent in [&[][..], &hello[..hello.len() / 2], &hello[..], &hello[..]] {

@@ -3,16 +3,16 @@
 //!
 //! Pingora's own loop (its `ServerApp` for every `HttpServerApp`) waits for the next request
 //! inside `process_new_http`, whose future is the whole proxy state machine (request, upstream
-//! exchange, body pumps: tens of KiB) and stays allocated for as long as the connection is idle.
+//! exchange, body pumps: 16 KiB) and stays allocated for as long as the connection is idle.
 //! Here each exchange's `process_new_http` ends when its response is done, and the wait for the
-//! next request's first bytes happens in a future of about a KiB ([`GuardedStream`]'s
-//! deadlines apply to it as to any head read). h2 (prior knowledge or ALPN) goes to Pingora's
-//! loop unchanged.
+//! next request's first bytes happens in the connection's own task (640 bytes in all, no read
+//! or write buffer held: [`GuardedStream`]'s deadlines apply to the wait as to any head read).
+//! h2 (prior knowledge or ALPN) goes to Pingora's loop unchanged.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Peek, Ssl, Stream, ALPN};
 use pingora::server::ShutdownWatch;
@@ -47,38 +47,70 @@ impl Closing {
     }
 }
 
-/// Serves one admitted connection to its end.
+/// Serves one admitted connection to its end (the task of its own that the connection runs
+/// in: owned arguments).
 pub async fn serve<A>(
     app: Arc<A>,
-    mut stream: GuardedStream,
-    shutdown: &ShutdownWatch,
+    mut stream: Box<GuardedStream>,
+    shutdown: ShutdownWatch,
     closing: Arc<Closing>,
-) -> Option<Stream>
+) where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    let shutdown = &shutdown;
+    let Some(h2) = is_h2(&*app, &mut stream).await else {
+        return;
+    };
+    if h2 {
+        // Pingora's loop peeks again and finds the same bytes (GuardedStream keeps them). It
+        // returns nothing to reuse for h2.
+        ServerApp::process_new(&app, stream, shutdown).await;
+        return;
+    }
+    let mut result = exchange(&app, stream, Exchange::First, shutdown).await;
+    while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
+        if !settings.as_ref().is_some_and(carries_pipelined_bytes) {
+            let Some(next) = next_request(stream, &closing).await else {
+                return;
+            };
+            stream = next;
+        }
+        result = exchange(&app, stream, Exchange::Next(settings), shutdown).await;
+    }
+}
+
+/// Which exchange of the connection a session is for.
+enum Exchange {
+    /// The first: Pingora's loop's settings for a new connection.
+    First,
+    /// A later one, with what the previous exchange handed over.
+    Next(Option<HttpPersistentSettings>),
+}
+
+/// One exchange's future: the session is built here, outside `serve`'s own state, so that the
+/// connection's task (alive for as long as the connection) does not keep room for one.
+fn exchange<'a, A>(
+    app: &'a Arc<A>,
+    stream: Stream,
+    which: Exchange,
+    shutdown: &'a ShutdownWatch,
+) -> impl std::future::Future<Output = Option<ReusedHttpStream>> + Send + 'a
 where
     A: HttpServerApp + Send + Sync + 'static,
 {
-    if is_h2(&*app, &mut stream).await? {
-        // Pingora's loop peeks again and finds the same bytes (GuardedStream keeps them).
-        return ServerApp::process_new(&app, Box::new(stream), shutdown).await;
-    }
-    let mut session = ServerSession::new_http1(Box::new(stream));
-    // As Pingora's loop: no keep-alive once the service is shutting down.
-    session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
-    session.set_keepalive_reuses_remaining(
-        app.server_options().and_then(|o| o.keepalive_request_limit),
-    );
-    let mut result = app.process_new_http(session, shutdown).await;
-    while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
-        if !settings.as_ref().is_some_and(carries_pipelined_bytes) {
-            stream = next_request(stream, &closing).await?;
+    let mut session = ServerSession::new_http1(stream);
+    match which {
+        Exchange::First => {
+            // As Pingora's loop: no keep-alive once the service is shutting down.
+            session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+            session.set_keepalive_reuses_remaining(
+                app.server_options().and_then(|o| o.keepalive_request_limit),
+            );
         }
-        let mut session = ServerSession::new_http1(stream);
-        if let Some(settings) = settings {
-            settings.apply_to_session(&mut session);
-        }
-        result = app.process_new_http(session, shutdown).await;
+        Exchange::Next(Some(settings)) => settings.apply_to_session(&mut session),
+        Exchange::Next(None) => {}
     }
-    None
+    app.process_new_http(session, shutdown)
 }
 
 /// Whether Pingora hands the next request's first bytes over in `settings` (the client
@@ -137,6 +169,9 @@ async fn is_h2<A: HttpServerApp>(app: &A, stream: &mut GuardedStream) -> Option<
 /// deadline, the service stopping: `None`).
 async fn next_request(stream: Stream, closing: &Closing) -> Option<Stream> {
     let mut guarded: Box<GuardedStream> = stream.into_any().downcast().ok()?;
+    if !guarded.idle().await {
+        return None;
+    }
     let arrived = tokio::select! {
         biased;
         r = guarded.await_next_request() => r,
