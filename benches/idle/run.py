@@ -172,7 +172,7 @@ class IdleBench(load.Bench):
         largs = argparse.Namespace(
             floodgate=args.floodgate, bare_proxy=args.bare_proxy, connections="1", no_pin=args.no_pin,
             server_cpus=args.server_cpus, client_cpus=args.client_cpus, redis_cpus=None,
-            floodgate_env=args.floodgate_env, only=None, envoy=args.envoy)
+            floodgate_env=args.floodgate_env, only=None, envoy=args.envoy, threads=args.threads)
         super().__init__(largs)
         self.iargs = args
         self.loop = asyncio.new_event_loop()
@@ -250,7 +250,7 @@ auth = "none"
                 "    limit_req_log_level info;\n"
                 f"    upstream up {{ server 127.0.0.1:{self.up_port}; keepalive 256; }}",
                 worker_connections=3 * self.iargs.connections + 1000)
-            conf.write_text(conf.read_text().replace("worker_processes 1;", f"worker_processes {t};"))
+            # nginx_conf writes worker_processes from --threads (the load bench's option, passed on).
             p = self.start_nginx(d, conf, port)
             return p, port, "nginx"
         if name == "envoy":

@@ -152,6 +152,38 @@ impl pingora::services::Service for RlsServer {
         };
         // Built here, not at bind: Pingora starts services after a `-d` fork, which threads
         // started before it would not survive.
+        if self.threads == 1 {
+            // One thread: a current-thread runtime of its own, as Pingora's own services run
+            // here (`work_stealing = false`). A work-stealing runtime of one worker costs a
+            // call about twice the CPU (measured: 19.3 against 9.3 µs per local call), since
+            // hyper spawns a task per HTTP/2 stream and every spawn and wake goes through the
+            // runtime's shared queues.
+            let (done, finished) = tokio::sync::oneshot::channel::<()>();
+            let (gateway, tls) = (self.gateway.clone(), self.tls.clone());
+            let spawned = std::thread::Builder::new()
+                .name("floodgate-rls".into())
+                .spawn(move || {
+                    match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(serve(gateway, listener, tls, 1, shutdown)),
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot start the rate-limit service's thread")
+                        }
+                    }
+                    let _ = done.send(());
+                });
+            match spawned {
+                Ok(_) => {
+                    let _ = finished.await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the rate-limit service's thread")
+                }
+            }
+            return;
+        }
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.threads)
             .thread_name("floodgate-rls")
