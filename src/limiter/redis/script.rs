@@ -13,78 +13,52 @@ use super::super::store::Grant;
 use super::super::{Algorithm, Check, Decision, LeakyMode};
 use crate::text::push_hex16;
 
+/// The shared helpers (`common.lua`, `wide.lua`, `gcra.lua`) followed by the named files of
+/// `lua/`, each on lines of its own: one script, one SHA.
+macro_rules! lua_with_helpers {
+    ($($file:literal),+) => {
+        concat!(
+            include_str!("../../../lua/common.lua"),
+            "\n",
+            include_str!("../../../lua/wide.lua"),
+            "\n",
+            include_str!("../../../lua/gcra.lua"),
+            $("\n", include_str!(concat!("../../../lua/", $file))),+
+        )
+    };
+}
+
+/// The helpers, every algorithm, then the named file: the scripts that decide.
+macro_rules! lua_with_algorithms {
+    ($file:literal) => {
+        lua_with_helpers!(
+            "fixed_window.lua",
+            "sliding_window_log.lua",
+            "sliding_window_counter.lua",
+            "token_bucket.lua",
+            "leaky_bucket.lua",
+            "concurrency.lua",
+            $file
+        )
+    };
+}
+
 /// The multi-rule decision script: helpers, every algorithm, then `decide.lua`, as one script
 /// (one SHA). See `lua/decide.lua` for its arguments and reply.
-pub const DECIDE_LUA: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    "\n",
-    include_str!("../../../lua/wide.lua"),
-    "\n",
-    include_str!("../../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_window_log.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_window_counter.lua"),
-    "\n",
-    include_str!("../../../lua/token_bucket.lua"),
-    "\n",
-    include_str!("../../../lua/leaky_bucket.lua"),
-    "\n",
-    include_str!("../../../lua/concurrency.lua"),
-    "\n",
-    include_str!("../../../lua/decide.lua"),
-);
+pub const DECIDE_LUA: &str = lua_with_algorithms!("decide.lua");
 
 /// The usage API's script: the helpers and algorithms of [`DECIDE_LUA`], then
 /// `lua/usage.lua` (see there).
-pub const USAGE_LUA: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    "\n",
-    include_str!("../../../lua/wide.lua"),
-    "\n",
-    include_str!("../../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_window_log.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_window_counter.lua"),
-    "\n",
-    include_str!("../../../lua/token_bucket.lua"),
-    "\n",
-    include_str!("../../../lua/leaky_bucket.lua"),
-    "\n",
-    include_str!("../../../lua/concurrency.lua"),
-    "\n",
-    include_str!("../../../lua/usage.lua"),
-);
+pub const USAGE_LUA: &str = lua_with_algorithms!("usage.lua");
 
 /// The concurrency release script (`lua/release.lua`).
 pub const RELEASE_LUA: &str = include_str!("../../../lua/release.lua");
 
 /// The quota lease return script: helpers, then `lua/lease_return.lua` (see there).
-pub const LEASE_RETURN_LUA: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    "\n",
-    include_str!("../../../lua/wide.lua"),
-    "\n",
-    include_str!("../../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../../lua/lease_return.lua"),
-);
+pub const LEASE_RETURN_LUA: &str = lua_with_helpers!("lease_return.lua");
 
 /// The reservation true-up script: helpers, then `lua/true_up.lua` (see there).
-pub const TRUE_UP_LUA: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    "\n",
-    include_str!("../../../lua/wide.lua"),
-    "\n",
-    include_str!("../../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../../lua/true_up.lua"),
-);
+pub const TRUE_UP_LUA: &str = lua_with_helpers!("true_up.lua");
 
 /// The concurrency slot renewal script (`lua/renew.lua`).
 pub const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
