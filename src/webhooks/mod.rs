@@ -40,7 +40,7 @@ impl EventKind {
 
     /// The name used in gateway.toml and in the events' JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 
