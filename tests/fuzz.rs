@@ -1,4 +1,4 @@
-//! Property tests for every parser that faces the network or a file (issue 11, section 5):
+//! Property tests for every parser that faces the network or a file:
 //! path and host normalization, X-Forwarded-For, durations, the config loader on mutated
 //! shipped configs, the RESP reply parser, and the RateLimit header fields. Each runs
 //! thousands of generated cases; none may panic, and each checks the property a user relies

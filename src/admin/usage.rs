@@ -1,4 +1,4 @@
-//! The usage API (issue 23): what an identity has used of each rule keyed on it, and the two
+//! The usage API: what an identity has used of each rule keyed on it, and the two
 //! changes support staff make: start a counter over, or grant more for the current window.
 //!
 //! - `GET /usage?api_key=ID` (or `user=` / `plan=`): every rule whose key is built from that

@@ -48,7 +48,7 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
-    /// `[[webhooks]]`: where quota events go (issue 23).
+    /// `[[webhooks]]`: where quota events go.
     pub webhooks: Arc<[crate::webhooks::Webhook]>,
     /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
     pub rls: Option<crate::rls::limits::Settings>,

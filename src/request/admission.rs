@@ -200,7 +200,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     // Who is being limited, for `GET /top` and the dashboard (bounded memory, no allocation
     // for a client already tracked).
     crate::top::record(cfg, &view, &outcome);
-    // Quota webhooks (issue 23): candidate events queued without waiting.
+    // Quota webhooks: candidate events queued without waiting.
     crate::webhooks::observe(
         &cfg.webhooks,
         limiter.store(),

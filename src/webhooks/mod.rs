@@ -1,4 +1,4 @@
-//! Quota webhooks (`[[webhooks]]`, issue 23): a customer's systems hear before the quota runs
+//! Quota webhooks (`[[webhooks]]`): a customer's systems hear before the quota runs
 //! out ("threshold": a counter crossed a fraction of its limit) and when it has ("rejected").
 //!
 //! The request path only notices a candidate event (a decision whose count crossed a

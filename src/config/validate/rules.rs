@@ -257,7 +257,7 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
     })
 }
 
-/// `calendar` and `timezone` (issue 23): a period of an IANA zone, for the algorithms whose
+/// `calendar` and `timezone`: a period of an IANA zone, for the algorithms whose
 /// capabilities allow it; a `timezone` alone is refused, as it would be silently ignored.
 fn calendar(
     src: &Src,
