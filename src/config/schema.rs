@@ -17,12 +17,12 @@ use toml::Spanned;
 
 use super::json_schema::{names, refused, DurationText};
 use super::{AuthMode, LogFormat};
-use crate::header_policy::Underscores;
 use crate::limiter::calendar::Period;
 use crate::limiter::policy::{FailureMode, Scope};
 use crate::limiter::settings::Backend;
 use crate::limiter::{Algorithm, LeakyMode};
-use crate::normalize::EscapedSlashes;
+use crate::request::header_policy::Underscores;
+use crate::request::normalize::EscapedSlashes;
 use crate::upstream::settings::{Balance, CheckKind};
 use crate::webhooks::EventKind;
 
