@@ -34,7 +34,12 @@ pub struct RawConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWebhook {
+    /// The webhook's name in metrics and logs (default: the URL's host, and port if not the
+    /// scheme's): never the URL's path or query, which may hold a token.
+    pub name: Option<Spanned<String>>,
     pub url: Spanned<String>,
+    /// One delivery attempt's budget (connect, TLS, send, status line).
+    pub timeout: Option<Spanned<String>>,
     pub events: Spanned<Vec<Spanned<String>>>,
     pub thresholds: Option<Spanned<Vec<Spanned<f64>>>>,
     pub secret: Option<Spanned<String>>,
