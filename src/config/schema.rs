@@ -202,6 +202,8 @@ pub struct RawRoute {
     pub matcher: RawRouteMatch,
     pub upstream: Spanned<String>,
     pub auth: Option<Spanned<String>>,
+    /// This route's own `escaped_slashes` (default: `[server] escaped_slashes`).
+    pub escaped_slashes: Option<Spanned<String>>,
 }
 
 /// A route's `match`.
