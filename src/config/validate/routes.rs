@@ -44,7 +44,7 @@ pub(super) fn routes(
                 src.one_of(
                     e,
                     "escaped_slashes",
-                    crate::normalize::EscapedSlashes::NAMES,
+                    crate::request::normalize::EscapedSlashes::NAMES,
                 )
             })
             .transpose()?;
