@@ -63,9 +63,18 @@ pub struct RawConfig {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawWebhook {
-    /// `http://` or `https://` with a host; credentials in the URL are refused.
+    /// The webhook's name in metrics and logs (default: the URL's host, and port if not the
+    /// scheme's): never the URL's path or query, which may hold a token. Letters, digits, `-`,
+    /// `_` and `.`; unique among webhooks.
+    #[schemars(with = "Option<String>")]
+    pub name: Option<Spanned<String>>,
+    /// `http://` or `https://` with a host; credentials in the URL are refused, and so is a URL
+    /// that reaches one of floodgate's own listeners.
     #[schemars(with = "String")]
     pub url: Spanned<String>,
+    /// One delivery attempt's budget (connect, TLS, send, status line): 1ms to 60s.
+    #[schemars(with = "Option<DurationText>", extend("default" = "5s"))]
+    pub timeout: Option<Spanned<String>>,
     /// Which events to send: `"threshold"` (a counter crossed one of `thresholds`) and/or
     /// `"rejected"` (a rule rejected a request); at least one.
     #[schemars(with = "Vec<String>", extend("items" = { "enum": names(EventKind::NAMES) }))]
@@ -77,8 +86,8 @@ pub struct RawWebhook {
         extend("items" = { "type": "number", "exclusiveMinimum": 0, "maximum": 1 })
     )]
     pub thresholds: Option<Spanned<Vec<Spanned<f64>>>>,
-    /// Signs each POST: `X-Floodgate-Signature: sha256=<hex HMAC-SHA256 of the body>`; never
-    /// sent or logged. Default: none (unsigned).
+    /// Signs each POST: `X-Floodgate-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of
+    /// "{t}.{body}">`; never sent or logged. Default: none (unsigned).
     #[schemars(with = "Option<String>")]
     pub secret: Option<Spanned<String>>,
 }
@@ -426,6 +435,14 @@ pub struct RawRoute {
         extend("enum" = names(AuthMode::NAMES), "default" = "required")
     )]
     pub auth: Option<Spanned<String>>,
+    /// This route's own `escaped_slashes` (default: `[server] escaped_slashes`): a path the
+    /// server's mode refuses is served when, read under the route's mode, it matches this route
+    /// first; `"reject"` refuses escapes the server keeps.
+    #[schemars(
+        with = "Option<String>",
+        extend("enum" = names(EscapedSlashes::NAMES))
+    )]
+    pub escaped_slashes: Option<Spanned<String>>,
 }
 
 /// A route's `match`.
