@@ -85,6 +85,7 @@ impl Who {
         let headers = HeaderMap::new();
         let view = RequestView {
             route: "",
+            case_sensitive: true,
             method: &Method::GET,
             path: "/",
             query: None,

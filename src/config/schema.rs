@@ -443,6 +443,11 @@ pub struct RawRoute {
         extend("enum" = names(EscapedSlashes::NAMES))
     )]
     pub escaped_slashes: Option<Spanned<String>>,
+    /// `false`: the route's paths, and the `path` / `path_prefix` of the rules that apply to its
+    /// requests, match ignoring ASCII case (for backends that serve `/Orders` as `/orders`);
+    /// the path is forwarded as the client sent it.
+    #[schemars(extend("default" = true))]
+    pub case_sensitive: Option<bool>,
 }
 
 /// A route's `match`.

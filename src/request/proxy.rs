@@ -669,6 +669,7 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
     let uri = ctx.forward_target.as_ref().unwrap_or(&req.uri);
     let view = crate::rules::RequestView {
         route: ctx.route().map_or("", |r| &r.name),
+        case_sensitive: ctx.route().is_none_or(|r| r.case_sensitive),
         method: &req.method,
         path: uri.path(),
         query: uri.query(),
