@@ -13,9 +13,7 @@ use common::redis::{hammer, store, RedisCluster, RedisServer};
 use common::*;
 use floodgate::config::{Backend, Store};
 use floodgate::limiter::redis::RedisStore;
-use floodgate::limiter::store::{
-    Return, SharedStore, TrueUp, UsageCall, UsageChange,
-};
+use floodgate::limiter::store::{Return, SharedStore, TrueUp, UsageCall, UsageChange};
 use floodgate::limiter::true_up::Adjust;
 use floodgate::limiter::{Algorithm, Check, Limit};
 
@@ -55,7 +53,11 @@ async fn old_refunds_and_returns_never_land_after_a_reset(store: &dyn SharedStor
     let one = std::slice::from_ref(&c);
     // Connected (the store connects in the background).
     eventually(GENEROUS, "the store connects", || async {
-        store.usage(&c, UsageChange::Read, call()).await.is_ok().then_some(())
+        store
+            .usage(&c, UsageChange::Read, call())
+            .await
+            .is_ok()
+            .then_some(())
     })
     .await;
     let mut old = Vec::new();
@@ -99,15 +101,29 @@ async fn old_refunds_and_returns_never_land_after_a_reset(store: &dyn SharedStor
         window_end_us: lease.window_end_us,
         charged_at_us: lease.charged_at_us,
     };
-    assert_eq!(store.give_back(&[back]).await, 0, "old lease permits are dropped");
+    assert_eq!(
+        store.give_back(&[back]).await,
+        0,
+        "old lease permits are dropped"
+    );
     let d = store.decide(one, 200, GENEROUS).await.expect("decide");
-    assert!(!d[0].allowed, "still 10 counted after the reset: {:?}", d[0]);
-    let now = store.usage(&c, UsageChange::Read, call()).await.expect("read");
+    assert!(
+        !d[0].allowed,
+        "still 10 counted after the reset: {:?}",
+        d[0]
+    );
+    let now = store
+        .usage(&c, UsageChange::Read, call())
+        .await
+        .expect("read");
     assert_eq!(now.before.used, 10);
 
     // A refund of a charge made after the reset still lands.
     let (_, g) = {
-        let d = store.usage(&c, UsageChange::Reset, call()).await.expect("reset");
+        let d = store
+            .usage(&c, UsageChange::Reset, call())
+            .await
+            .expect("reset");
         assert_eq!(d.after.used, 0);
         store
             .decide_leased(one, &[0], 1, 300, GENEROUS)
@@ -126,7 +142,10 @@ async fn old_refunds_and_returns_never_land_after_a_reset(store: &dyn SharedStor
         holder: 300,
     };
     assert_eq!(store.true_up(&[fresh]).await, 1);
-    let now = store.usage(&c, UsageChange::Read, call()).await.expect("read");
+    let now = store
+        .usage(&c, UsageChange::Read, call())
+        .await
+        .expect("read");
     assert_eq!(now.before.used, 0);
 }
 
@@ -160,7 +179,10 @@ fn admin(
     conn.set_read_timeout(Some(Duration::from_secs(15)))
         .unwrap();
     let method = if body.is_empty() { "GET" } else { "POST" };
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
@@ -252,7 +274,11 @@ on_store_error = "closed"
     })
     .await;
     let more = hammer(&[&gw], 10, 4, "/orders", &[KEY]).await;
-    assert_eq!(more.get(&200), None, "over the limit after the reset: {more:?}");
+    assert_eq!(
+        more.get(&200),
+        None,
+        "over the limit after the reset: {more:?}"
+    );
     assert_eq!(used(&gw, "ok-only"), 10);
 }
 
@@ -409,7 +435,13 @@ async fn a_concurrency_reset_is_refused_on(store: &str) {
         r#"{"rule":"two-at-once","api_key":"acme-prod"}"#,
     );
     assert_eq!(status, 409, "{v}");
-    assert!(v["detail"].as_str().unwrap_or_default().contains("concurrency"), "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("concurrency"),
+        "{v}"
+    );
     assert_eq!(used(&gw, "two-at-once"), 2);
     let r = c
         .get(gw.url("/orders"))

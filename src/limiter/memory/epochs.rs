@@ -36,8 +36,7 @@ impl Epochs {
         if marks.len() >= max.max(1) && !marks.contains_key(&key) {
             marks.retain(|_, m| m.until > now);
             if marks.len() >= max.max(1) {
-                if let Some(soonest) = marks.iter().min_by_key(|(_, m)| m.until).map(|(k, _)| *k)
-                {
+                if let Some(soonest) = marks.iter().min_by_key(|(_, m)| m.until).map(|(k, _)| *k) {
                     marks.remove(&soonest);
                 }
             }

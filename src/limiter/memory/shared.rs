@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::MemoryStore;
-use crate::limiter::store::{Changed, SharedStore, StoreError, StoreStatus, UsageCall, UsageChange};
+use crate::limiter::store::{
+    Changed, SharedStore, StoreError, StoreStatus, UsageCall, UsageChange,
+};
 use crate::limiter::{Check, Decision};
 
 #[async_trait]
@@ -41,7 +43,12 @@ impl SharedStore for MemoryStore {
         change: UsageChange,
         call: UsageCall<'_>,
     ) -> Result<Changed, StoreError> {
-        Ok(MemoryStore::usage(self, check, change, call.idempotency_key))
+        Ok(MemoryStore::usage(
+            self,
+            check,
+            change,
+            call.idempotency_key,
+        ))
     }
 
     fn status(&self) -> StoreStatus {

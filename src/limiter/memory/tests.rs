@@ -481,11 +481,21 @@ fn refunds_of_charges_before_a_reset_never_land_on_the_new_counter() {
         }
         let fresh = store.now_ns();
         for at in old {
-            assert!(!store.true_up(&c, at, refund), "{algorithm:?}: an old refund");
+            assert!(
+                !store.true_up(&c, at, refund),
+                "{algorithm:?}: an old refund"
+            );
         }
-        assert_eq!(allowed(&store, one), [false], "{algorithm:?}: still 3 counted");
+        assert_eq!(
+            allowed(&store, one),
+            [false],
+            "{algorithm:?}: still 3 counted"
+        );
         clock.advance(Duration::from_millis(1));
-        assert!(store.true_up(&c, fresh, refund), "{algorithm:?}: a new refund");
+        assert!(
+            store.true_up(&c, fresh, refund),
+            "{algorithm:?}: a new refund"
+        );
         assert_eq!(allowed(&store, one), [true], "{algorithm:?}");
     }
 }

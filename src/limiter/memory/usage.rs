@@ -35,7 +35,13 @@ pub(super) struct Remembered {
 
 impl Remembered {
     /// The answer to a change made before under `key` for this counter, if any.
-    fn get(&self, counter: (u64, u64), key: &str, change: UsageChange, now: u64) -> Option<Changed> {
+    fn get(
+        &self,
+        counter: (u64, u64),
+        key: &str,
+        change: UsageChange,
+        now: u64,
+    ) -> Option<Changed> {
         let entries = self.entries.lock();
         let e = entries.get(&(counter.0, counter.1, Box::from(key)))?;
         (e.until > now).then(|| Changed {

@@ -470,13 +470,13 @@ mod tests {
     #[test]
     fn rejected_decisions_never_say_retry_now() {
         let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
-        let d = p.decision(&[0, 5, 10, 3, 0, 0, 7, 1, 1, 0, 0]);
+        let d = p.decision(&[0, 5, 10, 3, 0, 0, 7, 1, 1, 0, 0, 0]);
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(d.reset, Duration::from_nanos(10_003), "10 us and 3 ns");
         assert_eq!(d.retry_after, Duration::from_nanos(1));
         assert_eq!(d.delay, Duration::ZERO);
-        let d = p.decision(&[1, 5, u64::MAX, 999, 0, 0, 7, 1, 1, 0, 0]);
+        let d = p.decision(&[1, 5, u64::MAX, 999, 0, 0, 7, 1, 1, 0, 0, 0]);
         assert_eq!(d.delay, Duration::from_nanos(7_001));
         assert_eq!(d.reset, Duration::from_nanos(u64::MAX), "saturating");
     }
@@ -489,12 +489,12 @@ mod tests {
             .collect();
         assert_eq!(
             unpack_reply(&packed),
-            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0, 0, 0, 0]
+            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0, 0, 0, 0, 0]
         );
         // A short reply never panics: the missing numbers read as 0.
         assert_eq!(
             unpack_reply(&packed[..12]),
-            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
         );
     }
 
@@ -625,12 +625,18 @@ mod tests {
         let common = include_str!("../../../lua/common.lua");
         let epoch = between(common, "local function same_epoch", "\nend\n");
         assert!(epoch.contains("key .. ':e'"), "{epoch}");
-        assert!(epoch.contains("charged_at > (tonumber(started) or 0)"), "{epoch}");
+        assert!(
+            epoch.contains("charged_at > (tonumber(started) or 0)"),
+            "{epoch}"
+        );
         let memory = include_str!("../memory/epochs.rs");
         assert!(memory.contains("charged_at > m.started"));
         for (name, lua) in [
             ("true_up.lua", include_str!("../../../lua/true_up.lua")),
-            ("lease_return.lua", include_str!("../../../lua/lease_return.lua")),
+            (
+                "lease_return.lua",
+                include_str!("../../../lua/lease_return.lua"),
+            ),
         ] {
             assert!(
                 lua.contains("if not same_epoch(key, charged_at) then"),
@@ -639,7 +645,10 @@ mod tests {
         }
         let usage = include_str!("../../../lua/usage.lua");
         let reset = between(usage, "if op == 'reset' then", "elseif op == 'grant'");
-        assert!(reset.contains("redis.call('SET', key .. ':e', fmt(now)"), "{reset}");
+        assert!(
+            reset.contains("redis.call('SET', key .. ':e', fmt(now)"),
+            "{reset}"
+        );
         assert_eq!(super::super::usage::REPLY_BYTES, 1 + 6 * 8);
         assert!(usage.contains("return struct.pack('<B', 0) .. numbers"));
         assert!(usage.contains("struct.pack('<Bdddddd', 3,"));
