@@ -257,7 +257,7 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
     })
 }
 
-/// `calendar` and `timezone` (issue 23): a period of an IANA zone, for the algorithms whose
+/// `calendar` and `timezone`: a period of an IANA zone, for the algorithms whose
 /// capabilities allow it; a `timezone` alone is refused, as it would be silently ignored.
 fn calendar(
     src: &Src,
@@ -303,7 +303,7 @@ fn slow_rate(
     mode: LeakyMode,
 ) -> Result<Option<u64>, ConfigError> {
     match (&r.slow_rate, mode) {
-        (Some(rate), LeakyMode::Slow) => crate::throttle::parse_rate(rate.get_ref())
+        (Some(rate), LeakyMode::Slow) => crate::request::throttle::parse_rate(rate.get_ref())
             .map(Some)
             .map_err(|e| src.err(rate.span(), format!("rule \"{name}\": {e}"))),
         (Some(rate), _) => Err(src.err(
