@@ -26,11 +26,13 @@ struct Entry {
     until: u64,
 }
 
-/// The changes made with an idempotency key: (rule id, key hash, idempotency key) to the
-/// answer.
+/// Where a remembered change is found: (rule id, key hash, idempotency key).
+type Remembering = (u64, u64, Box<str>);
+
+/// The changes made with an idempotency key, to their answers.
 #[derive(Default)]
 pub(super) struct Remembered {
-    entries: Mutex<HashMap<(u64, u64, Box<str>), Entry>>,
+    entries: Mutex<HashMap<Remembering, Entry>>,
 }
 
 impl Remembered {

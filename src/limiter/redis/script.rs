@@ -489,7 +489,20 @@ mod tests {
             .collect();
         assert_eq!(
             unpack_reply(&packed),
-            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0, 0, 0, 0, 0]
+            [
+                1,
+                9_007_199_254_740_991,
+                0,
+                0,
+                u64::MAX,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0
+            ]
         );
         // A short reply never panics: the missing numbers read as 0.
         assert_eq!(
