@@ -446,6 +446,7 @@ async fn a_year_long_bucket_takes_back_unspent_lease_permits_exactly() {
                 check: c.clone(),
                 permits: 99,
                 window_end_us: grant.window_end_us,
+                charged_at_us: grant.charged_at_us,
             }])
             .await;
         assert_eq!(back, 99, "{name}");

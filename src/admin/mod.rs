@@ -154,8 +154,9 @@ impl Admin {
             ("GET", "/usage/thresholds") => usage::thresholds(&self.gateway, cfg).await,
             ("POST", "/usage/reset") | ("POST", "/usage/grant") => {
                 let grant = path == "/usage/grant";
+                let headers = session.req_header().headers.clone();
                 match read_body(session, usage::MAX_BODY).await {
-                    Ok(body) => usage::change(&self.gateway, cfg, &body, grant).await,
+                    Ok(body) => usage::change(&self.gateway, cfg, &headers, &body, grant).await,
                     Err(why) => bad_request(why),
                 }
             }

@@ -186,6 +186,13 @@ impl Limiter {
         &self.local
     }
 
+    /// Forgets this instance's quota lease of `check`'s key without giving its permits back
+    /// (see [`LeaseTable::forget`]): the usage API reset the key's counter. Returns the
+    /// permits forgotten.
+    pub fn forget_lease(&self, check: &Check) -> u64 {
+        self.leases.forget(check)
+    }
+
     /// The store global rules are decided in (the in-process store on the memory backend).
     pub fn store(&self) -> &Arc<dyn SharedStore> {
         &self.global

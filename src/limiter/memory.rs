@@ -205,6 +205,10 @@ pub struct MemoryStore {
     max_keys: usize,
     /// Keys refused by a `block_for` rule until their block ends.
     blocks: blocks::Blocks,
+    /// When a usage reset last started a key over (see [`epochs`]).
+    epochs: epochs::Epochs,
+    /// Usage changes made with an idempotency key (see [`usage`]).
+    idempotent: usage::Remembered,
 }
 
 /// The evictions of one rule: this store's count and the process-wide metric.
@@ -320,6 +324,8 @@ impl MemoryStore {
             rule_evictions: Mutex::new(std::collections::HashMap::new()),
             max_keys,
             blocks: blocks::Blocks::default(),
+            epochs: epochs::Epochs::default(),
+            idempotent: usage::Remembered::default(),
         }
     }
 
@@ -484,8 +490,8 @@ impl MemoryStore {
 
     /// Trues up the reservation `check` made at `charged_at_ns` (see
     /// [`super::true_up`]): refunds or charges on top, in the window it was charged in.
-    /// Returns whether the key still held that charge (evicted, or its window over: nothing
-    /// is done).
+    /// Returns whether the key still held that charge (evicted, its window over, or reset by
+    /// the usage API since: nothing is done).
     pub fn true_up(
         &self,
         check: &Check,
@@ -495,6 +501,10 @@ impl MemoryStore {
         let now = self.clock.now_ns();
         let slot = self.slot(check);
         let mut shard = self.shard(slot.hash).lock();
+        // Read under the shard's lock, which a reset holds while it starts the new epoch.
+        if !self.epochs.current((slot.rule, slot.hash), charged_at_ns) {
+            return false;
+        }
         shard.get_mut(slot).is_some_and(|state| {
             super::true_up::true_up(state, &check.limit, now, charged_at_ns, adjust)
         })
@@ -516,6 +526,8 @@ impl MemoryStore {
             }
         }
         self.blocks.sweep(now);
+        self.epochs.sweep(now);
+        self.idempotent.sweep(now);
     }
 
     /// Keys held, expired ones not yet swept included. Locks each shard in turn: for metrics,
@@ -909,6 +921,7 @@ impl RuleKeys {
 }
 
 mod blocks;
+mod epochs;
 mod shared;
 
 #[cfg(test)]

@@ -78,7 +78,9 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::store::{Grant, Return, SharedStore, StoreError, StoreStatus, Usage, UsageChange};
+use super::store::{
+    Changed, Grant, Return, SharedStore, StoreError, StoreStatus, UsageCall, UsageChange,
+};
 use super::{Check, Decision};
 use crate::limiter::settings::Store;
 use crate::metrics::metrics;
@@ -603,9 +605,9 @@ impl SharedStore for RedisStore {
         &self,
         check: &Check,
         change: UsageChange,
-        timeout: Duration,
-    ) -> Result<(Usage, Usage), StoreError> {
-        self.inner.usage(check, change, timeout).await
+        call: UsageCall<'_>,
+    ) -> Result<Changed, StoreError> {
+        self.inner.usage(check, change, call).await
     }
 
     fn status(&self) -> StoreStatus {
@@ -815,7 +817,13 @@ impl Inner {
             }
             for &i in &group {
                 let r = returns[i];
-                cmd.arg(&Params::of(&r.check).return_packed(r.permits, r.window_end_us)[..]);
+                cmd.arg(
+                    &Params::of(&r.check).return_packed(
+                        r.permits,
+                        r.window_end_us,
+                        r.charged_at_us,
+                    )[..],
+                );
             }
             let conn = conn.clone();
             async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
