@@ -6,7 +6,8 @@
 //! - `GET /usage/thresholds`: per such rule, how many of the configured identities have used at
 //!   least each webhook threshold (80 % and 100 % without webhooks) of their limit: the
 //!   dashboard's "Quota use".
-//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over.
+//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over, and
+//!   a `block_for` ban of that key is lifted (`"ban_lifted"` in the answer says whether one was).
 //! - `POST /usage/grant` `{"rule", "api_key" | ..., "amount"}`: `amount` more for the current
 //!   window of a fixed-window (or calendar) rule, gone when the window ends.
 //!
@@ -166,6 +167,29 @@ async fn usage_of(
                 .await
         }
     }
+}
+
+/// Lifts the `block_for` ban of `check`'s key wherever `rule` keeps it: the shared store's (for
+/// a global rule) and the ones the limiter holds in process (local rules, the memory backend,
+/// and bans remembered from the shared store for an outage). Whether a live ban was lifted.
+async fn lift_ban(
+    gateway: &Gateway,
+    cfg: &Config,
+    rule: &Rule,
+    check: &Check,
+) -> Result<bool, StoreError> {
+    let shared = match rule.policy.scope {
+        Scope::Local => false,
+        Scope::Global => {
+            gateway
+                .limiter
+                .store()
+                .lift_ban(check, cfg.store.timeout)
+                .await?
+        }
+    };
+    let in_process = gateway.limiter.lift_ban(check);
+    Ok(shared || in_process)
 }
 
 fn usage_json(rule: &str, u: &Usage) -> serde_json::Value {
@@ -359,6 +383,16 @@ pub async fn change(
         Ok(both) => both,
         Err(e) => return store_failed(&e),
     };
+    // A reset that left the key banned would answer a full quota while every request is
+    // still refused until the ban ends.
+    let ban_lifted = if grant || rule.policy.limit.block_for().is_zero() {
+        false
+    } else {
+        match lift_ban(gateway, cfg, rule, &check).await {
+            Ok(lifted) => lifted,
+            Err(e) => return store_failed(&e),
+        }
+    };
     CHANGES.with_label_values(&[action]).inc();
     let amount = match change {
         UsageChange::Grant(n) => n,
@@ -378,17 +412,19 @@ pub async fn change(
         used_after = after.used,
         remaining_before = before.remaining,
         remaining_after = after.remaining,
+        ban_lifted,
         "usage changed through the admin API"
     );
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "action": action,
-            field.to_string(): value,
-            "before": usage_json(rule_name, &before),
-            "after": usage_json(rule_name, &after),
-        }),
-    )
+    let mut answer = serde_json::json!({
+        "action": action,
+        field.to_string(): value,
+        "before": usage_json(rule_name, &before),
+        "after": usage_json(rule_name, &after),
+    });
+    if !grant {
+        answer["ban_lifted"] = ban_lifted.into();
+    }
+    json(StatusCode::OK, &answer)
 }
 
 fn example(grant: bool) -> &'static str {

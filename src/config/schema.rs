@@ -88,6 +88,8 @@ pub struct RawStore {
     pub key_prefix: Option<String>,
     pub instances: Option<Spanned<i64>>,
     pub max_keys: Option<Spanned<i64>>,
+    pub max_bans: Option<Spanned<i64>>,
+    pub connect_timeout: Option<Spanned<String>>,
 }
 
 /// `[auth]`.

@@ -44,6 +44,10 @@ impl SharedStore for MemoryStore {
         Ok(MemoryStore::usage(self, check, change))
     }
 
+    async fn lift_ban(&self, check: &Check, _timeout: Duration) -> Result<bool, StoreError> {
+        Ok(MemoryStore::lift_ban(self, check))
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus {
             up: true,
