@@ -60,7 +60,7 @@ pub struct Metrics {
     /// did not keep (`refused`) or evicted for another rule's (`evicted`).
     pub bans_dropped: IntCounterVec,
     /// `floodgate_access_log_dropped_total`: access lines dropped because the writer's queue
-    /// was full (see [`crate::access_log`]).
+    /// was full (see [`crate::request::access_log`]).
     pub access_log_dropped: IntCounter,
 }
 
