@@ -12,6 +12,7 @@
 
 pub mod duration;
 pub mod error;
+pub mod json_schema;
 pub mod schema;
 mod validate;
 pub mod watch;
