@@ -6,7 +6,8 @@
 //! - `GET /usage/thresholds`: per such rule, how many of the configured identities have used at
 //!   least each webhook threshold (80 % and 100 % without webhooks) of their limit: the
 //!   dashboard's "Quota use".
-//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over.
+//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over, and
+//!   a `block_for` ban of that key is lifted (`"ban_lifted"` in the answer says whether one was).
 //! - `POST /usage/grant` `{"rule", "api_key" | ..., "amount"}`: `amount` more for the current
 //!   window of a fixed-window (or calendar) rule, gone when the window ends.
 //!
@@ -202,6 +203,29 @@ async fn usage_of(
         gateway.limiter.forget_lease(check);
     }
     Ok(changed)
+}
+
+/// Lifts the `block_for` ban of `check`'s key wherever `rule` keeps it: the shared store's (for
+/// a global rule) and the ones the limiter holds in process (local rules, the memory backend,
+/// and bans remembered from the shared store for an outage). Whether a live ban was lifted.
+async fn lift_ban(
+    gateway: &Gateway,
+    cfg: &Config,
+    rule: &Rule,
+    check: &Check,
+) -> Result<bool, StoreError> {
+    let shared = match rule.policy.scope {
+        Scope::Local => false,
+        Scope::Global => {
+            gateway
+                .limiter
+                .store()
+                .lift_ban(check, cfg.store.timeout)
+                .await?
+        }
+    };
+    let in_process = gateway.limiter.lift_ban(check);
+    Ok(shared || in_process)
 }
 
 fn usage_json(rule: &str, u: &Usage) -> serde_json::Value {
@@ -432,30 +456,39 @@ pub async fn change(
         after,
         replay,
     } = changed;
-    match replay {
-        Replay::Fresh => {}
-        Replay::Repeated => {
-            let mut resp = json(
-                StatusCode::OK,
-                &serde_json::json!({
-                    "action": action,
-                    field.to_string(): value,
-                    "before": usage_json(rule_name, &before),
-                    "after": usage_json(rule_name, &after),
-                    "replayed": true,
-                }),
-            );
-            resp.headers_mut().insert(
-                "idempotency-replayed",
-                http::HeaderValue::from_static("true"),
-            );
-            return resp;
+    if let Replay::Conflict = replay {
+        return *conflict(format!(
+            "this Idempotency-Key was used for another change of rule \"{rule_name}\" for {field} \"{value}\"; nothing was changed: send a new key for a new change"
+        ));
+    }
+    // A reset that left the key banned would answer a full quota while every request is
+    // still refused until the ban ends. Lifting is idempotent, so a replayed reset (whose
+    // first answer may have been lost with the ban still up) lifts it too.
+    let ban_lifted = if grant || rule.policy.limit.block_for().is_zero() {
+        false
+    } else {
+        match lift_ban(gateway, cfg, rule, &check).await {
+            Ok(lifted) => lifted,
+            Err(e) => return store_failed(&e, true),
         }
-        Replay::Conflict => {
-            return *conflict(format!(
-                "this Idempotency-Key was used for another change of rule \"{rule_name}\" for {field} \"{value}\"; nothing was changed: send a new key for a new change"
-            ));
+    };
+    if let Replay::Repeated = replay {
+        let mut answer = serde_json::json!({
+            "action": action,
+            field.to_string(): value,
+            "before": usage_json(rule_name, &before),
+            "after": usage_json(rule_name, &after),
+            "replayed": true,
+        });
+        if !grant {
+            answer["ban_lifted"] = ban_lifted.into();
         }
+        let mut resp = json(StatusCode::OK, &answer);
+        resp.headers_mut().insert(
+            "idempotency-replayed",
+            http::HeaderValue::from_static("true"),
+        );
+        return resp;
     }
     CHANGES.with_label_values(&[action]).inc();
     let amount = match change {
@@ -476,18 +509,20 @@ pub async fn change(
         used_after = after.used,
         remaining_before = before.remaining,
         remaining_after = after.remaining,
+        ban_lifted,
         "usage changed through the admin API"
     );
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "action": action,
-            field.to_string(): value,
-            "before": usage_json(rule_name, &before),
-            "after": usage_json(rule_name, &after),
-            "replayed": false,
-        }),
-    )
+    let mut answer = serde_json::json!({
+        "action": action,
+        field.to_string(): value,
+        "before": usage_json(rule_name, &before),
+        "after": usage_json(rule_name, &after),
+        "replayed": false,
+    });
+    if !grant {
+        answer["ban_lifted"] = ban_lifted.into();
+    }
+    json(StatusCode::OK, &answer)
 }
 
 fn example(grant: bool) -> &'static str {

@@ -308,6 +308,22 @@ pub trait SharedStore: Send + Sync {
         Err(StoreError::Failed("this store keeps no usage".into()))
     }
 
+    /// Lifts the `block_for` ban of `check`'s key (the usage API's reset), within `timeout`:
+    /// whether a live ban was lifted. The default keeps no bans.
+    async fn lift_ban(&self, check: &Check, timeout: Duration) -> Result<bool, StoreError> {
+        let _ = (check, timeout);
+        Ok(false)
+    }
+
+    /// Gets the store ready to decide before the gateway accepts requests: connected, its
+    /// scripts loaded, a cluster's slot map read. Gives up after `deadline`; whether it got
+    /// ready. Called once at start, on the runtime that serves requests. The default is ready
+    /// at once (a store in process).
+    async fn warm_up(&self, deadline: Duration) -> bool {
+        let _ = deadline;
+        true
+    }
+
     /// How the store stands right now.
     fn status(&self) -> StoreStatus;
 

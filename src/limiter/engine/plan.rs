@@ -15,6 +15,9 @@ use crate::limiter::{Check, Decision};
 /// so that the futures stay small (moving a future moves all of it).
 pub(super) type Checks = SmallVec<[Check; 4]>;
 
+/// Which steps joined the store call, one flag per step (inline, as [`Checks`]).
+pub(super) type Asked = SmallVec<[bool; 8]>;
+
 /// Which store decides a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Place {

@@ -51,6 +51,10 @@ impl SharedStore for MemoryStore {
         ))
     }
 
+    async fn lift_ban(&self, check: &Check, _timeout: Duration) -> Result<bool, StoreError> {
+        Ok(MemoryStore::lift_ban(self, check))
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus {
             up: true,

@@ -67,6 +67,7 @@ pub mod script;
 mod topology;
 mod true_up;
 mod usage;
+mod warm;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -610,6 +611,16 @@ impl SharedStore for RedisStore {
         self.inner.usage(check, change, call).await
     }
 
+    /// Deletes the key's block key (`<key>:b`, see `lua/decide.lua`).
+    async fn lift_ban(&self, check: &Check, timeout: Duration) -> Result<bool, StoreError> {
+        self.inner.lift_ban(check, timeout).await
+    }
+
+    /// Connects, reads a cluster's slot map and loads the scripts (see `warm`).
+    async fn warm_up(&self, deadline: Duration) -> bool {
+        RedisStore::warm_up(self, deadline).await
+    }
+
     fn status(&self) -> StoreStatus {
         StoreStatus {
             up: self.is_up(),
@@ -910,6 +921,8 @@ mod tests {
             key_prefix: "p:".into(),
             instances: 1,
             max_keys: 10,
+            max_bans: crate::limiter::settings::DEFAULT_MAX_BANS,
+            connect_timeout: crate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
         };
         let err = RedisStore::new(&store).err().expect("not a Redis URL");
         assert!(!err.to_string().contains("s3cret"), "{err}");

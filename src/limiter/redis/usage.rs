@@ -26,6 +26,30 @@ pub const CLOCK_GRACE: Duration = Duration::from_secs(1);
 pub(super) const REPLY_BYTES: usize = 1 + 6 * 8;
 
 impl Inner {
+    /// Lifts the `block_for` ban of `check`'s key: deletes its block key `<key>:b` (same hash
+    /// tag, so the same node), within `timeout`. Whether a ban was live (the key expires with
+    /// the ban, so one that exists is live).
+    pub(super) async fn lift_ban(
+        &self,
+        check: &Check,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut key = self.redis_key(check);
+        key.push_str(":b");
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key.as_str());
+        let call = async {
+            let conn = self.connection().await?;
+            conn.on_key::<i64>(&cmd)
+                .await
+                .map_err(|e| StoreError::Failed(e.to_string()))
+        };
+        let deleted = tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout)??;
+        Ok(deleted > 0)
+    }
+
     /// The counter of `check` before and after `change`, within `call.timeout`, once per
     /// `call.idempotency_key`.
     pub(super) async fn usage(
