@@ -76,6 +76,8 @@ pub struct AccessLine {
     pub slowed: bool,
     /// The request's `x-request-id`.
     pub request_id: RequestId,
+    /// The request's W3C trace id when `[tracing]` is on (0: none; shown as `-`).
+    pub trace_id: u128,
     /// Milliseconds from the request's start to the end of its answer.
     pub latency_ms: f64,
     /// Pingora's error type name, `-` when the exchange succeeded.
@@ -158,9 +160,22 @@ fn emit(line: &AccessLine) {
         rejected_by = limited_by(line, false),
         slowed_by = limited_by(line, true),
         request_id = %line.request_id.as_str(),
+        trace_id = %TraceId(line.trace_id),
         latency_ms = line.latency_ms,
         error = line.error,
     );
+}
+
+/// A trace id as W3C writes it (32 hex digits), `-` for none.
+struct TraceId(u128);
+
+impl std::fmt::Display for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            0 => f.write_str("-"),
+            id => write!(f, "{id:032x}"),
+        }
+    }
 }
 
 /// The line's `rejected_by` (`slowed` false) or `slowed_by` (true): its rules, or `-`.

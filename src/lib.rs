@@ -30,6 +30,7 @@ pub mod rls;
 pub mod rules;
 pub mod server;
 pub mod shutdown;
+pub mod telemetry;
 pub mod text;
 pub mod throttle;
 pub mod top;

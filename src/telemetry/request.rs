@@ -1,0 +1,363 @@
+//! One request's spans: the server span, the admission decision with its store call, and the
+//! upstream exchange. Built only when `[tracing]` is on ([`RequestTrace::start`]).
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderMap, Method};
+use ipnet::IpNet;
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{SdkTracer, Span};
+use pingora::http::RequestHeader;
+
+use super::{propagation, Settings};
+use crate::limiter::engine::{Outcome, Verdict};
+
+/// One rule's verdict on the request, as the admission span shows it.
+#[derive(Debug, Clone)]
+pub struct RuleVerdict {
+    /// The rule's name.
+    pub name: Arc<str>,
+    /// It let the request through.
+    pub allowed: bool,
+    /// Quota left (`r` of `RateLimit`).
+    pub remaining: u64,
+    /// The quota (`q` of `RateLimit-Policy`).
+    pub limit: u64,
+}
+
+/// What admission decided, with its times: recorded by admission only when the request is
+/// traced, turned into spans by [`RequestTrace::admission`].
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// When the limiter was asked.
+    pub start: SystemTime,
+    /// When it answered.
+    pub end: SystemTime,
+    /// Every enforcing rule that applied, in file order.
+    pub rules: Vec<RuleVerdict>,
+    /// `allow`, `reject`, `slow` or `unavailable`.
+    pub result: &'static str,
+    /// The rules that refused (or slowed) the request, comma-separated; empty when allowed.
+    pub decided_by: String,
+    /// Shadow rules that would have refused it, comma-separated.
+    pub shadow_rejected: String,
+    /// The shared store's call: start, duration, failed.
+    pub store: Option<(SystemTime, Duration, bool)>,
+    /// How long shaping holds the request before it goes upstream.
+    pub delay: Duration,
+}
+
+impl Decision {
+    /// The trace's view of `outcome`, asked at `start` (wall clock).
+    pub fn of(start: SystemTime, outcome: &Outcome) -> Decision {
+        let rules = outcome
+            .applied
+            .iter()
+            .map(|a| RuleVerdict {
+                name: a.rule.name.clone(),
+                allowed: a.decision.allowed,
+                remaining: a.decision.remaining,
+                limit: a.decision.limit,
+            })
+            .collect();
+        let (result, decided_by, delay) = match &outcome.verdict {
+            Verdict::Allow { delay } => ("allow", String::new(), *delay),
+            Verdict::Reject { rules, .. } => ("reject", rules.join(","), Duration::ZERO),
+            Verdict::Slow { rules, .. } => ("slow", rules.join(","), Duration::ZERO),
+            Verdict::Unavailable { rules, .. } => ("unavailable", rules.join(","), Duration::ZERO),
+        };
+        let store = outcome
+            .store_call
+            .map(|c| (wall_clock_of(c.start), c.took, c.failed));
+        Decision {
+            start,
+            end: SystemTime::now(),
+            rules,
+            result,
+            decided_by,
+            shadow_rejected: outcome.shadow_rejected.join(","),
+            store,
+            delay,
+        }
+    }
+}
+
+/// The wall-clock time of `at` (a monotonic instant in the past).
+fn wall_clock_of(at: Instant) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(at.elapsed())
+        .unwrap_or_else(SystemTime::now)
+}
+
+/// The upstream exchange, as its client span shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Upstream<'a> {
+    /// The upstream's name.
+    pub name: &'a str,
+    /// The target of this attempt.
+    pub addr: SocketAddr,
+    /// 0 for the first attempt, then the retry's number.
+    pub attempt: usize,
+}
+
+/// A traced request's spans, carried in the proxy's per-request context.
+pub struct RequestTrace {
+    tracer: &'static SdkTracer,
+    /// Holds the server span: children are started in it.
+    cx: Context,
+    /// The upstream exchange's client span, from the first attempt to the end.
+    upstream: Option<Span>,
+    /// The request's method (the server span's name is `{method} {route}`).
+    method: Method,
+}
+
+impl RequestTrace {
+    /// Starts the server span of a request from `peer` with `headers`: it continues the
+    /// request's `traceparent` when `trust_incoming` is set or `peer` is one of
+    /// `trusted_proxies`, else it begins a new trace (an untrusted client neither picks the
+    /// trace id nor forces sampling).
+    pub fn start(
+        settings: &Settings,
+        trusted_proxies: &[IpNet],
+        peer: IpAddr,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        tls: bool,
+    ) -> Option<Box<RequestTrace>> {
+        let tracer = &super::tracer(settings)?.tracer;
+        let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
+        let parent = if trusted {
+            propagation::extract(headers)
+        } else {
+            Context::new()
+        };
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", method.as_str().to_owned()),
+            KeyValue::new("url.path", bounded(path)),
+            KeyValue::new("url.scheme", if tls { "https" } else { "http" }),
+            KeyValue::new("network.peer.address", peer.to_string()),
+        ];
+        if let Some(host) = headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+        {
+            let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+            attributes.push(KeyValue::new("server.address", bounded(host)));
+        }
+        let span = tracer
+            .span_builder(Cow::Owned(method.as_str().to_owned()))
+            .with_kind(SpanKind::Server)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &parent);
+        Some(Box::new(RequestTrace {
+            tracer,
+            cx: parent.with_span(span),
+            upstream: None,
+            method: method.clone(),
+        }))
+    }
+
+    /// The trace id, for the access log.
+    pub fn trace_id(&self) -> u128 {
+        u128::from_be_bytes(self.cx.span().span_context().trace_id().to_bytes())
+    }
+
+    /// What admission learned of the request: its route, client and caller.
+    pub fn identified(&self, route: Option<&str>, client_ip: IpAddr, key_id: Option<&str>) {
+        let span = self.cx.span();
+        if let Some(route) = route {
+            // The route's name: floodgate routes match prefixes, not templates.
+            span.set_attribute(KeyValue::new("http.route", route.to_owned()));
+            span.update_name(Cow::Owned(format!("{} {route}", self.method)));
+        }
+        span.set_attribute(KeyValue::new("client.address", client_ip.to_string()));
+        if let Some(id) = key_id {
+            span.set_attribute(KeyValue::new("floodgate.key_id", id.to_owned()));
+        }
+    }
+
+    /// Records the admission decision as a child span (with a `floodgate.rule` event per rule
+    /// and a `floodgate.store` child for the store call); a refusal also goes on the server
+    /// span.
+    pub fn admission(&self, d: &Decision) {
+        let mut attributes = vec![
+            KeyValue::new("floodgate.decision.result", d.result),
+            KeyValue::new("floodgate.rules", rule_names(&d.rules)),
+            KeyValue::new(
+                "floodgate.store.calls",
+                i64::from(u8::from(d.store.is_some())),
+            ),
+        ];
+        if !d.decided_by.is_empty() {
+            let key = if d.result == "slow" {
+                "floodgate.slowed_by"
+            } else {
+                "floodgate.rejected_by"
+            };
+            attributes.push(KeyValue::new(key, d.decided_by.clone()));
+            let server = self.cx.span();
+            server.set_attribute(KeyValue::new(key, d.decided_by.clone()));
+            server.set_attribute(KeyValue::new("floodgate.decision.result", d.result));
+        }
+        if !d.shadow_rejected.is_empty() {
+            attributes.push(KeyValue::new(
+                "floodgate.shadow_rejected",
+                d.shadow_rejected.clone(),
+            ));
+        }
+        if !d.delay.is_zero() {
+            attributes.push(KeyValue::new(
+                "floodgate.shaping.delay_ms",
+                d.delay.as_secs_f64() * 1000.0,
+            ));
+        }
+        let mut span = self
+            .tracer
+            .span_builder("floodgate.admission")
+            .with_kind(SpanKind::Internal)
+            .with_start_time(d.start)
+            .with_attributes(attributes)
+            .start_with_context(self.tracer, &self.cx);
+        for r in &d.rules {
+            span.add_event_with_timestamp(
+                "floodgate.rule",
+                d.end,
+                vec![
+                    KeyValue::new("floodgate.rule.name", r.name.to_string()),
+                    KeyValue::new(
+                        "floodgate.rule.result",
+                        if r.allowed { "allowed" } else { "rejected" },
+                    ),
+                    KeyValue::new("floodgate.rule.remaining", clamp(r.remaining)),
+                    KeyValue::new("floodgate.rule.limit", clamp(r.limit)),
+                ],
+            );
+        }
+        let admission = self.cx.with_span(span);
+        if let Some((start, took, failed)) = d.store {
+            let mut store = self
+                .tracer
+                .span_builder("floodgate.store")
+                .with_kind(SpanKind::Client)
+                .with_start_time(start)
+                .with_attributes(vec![
+                    KeyValue::new("db.system.name", "redis"),
+                    KeyValue::new("db.operation.name", "EVALSHA"),
+                ])
+                .start_with_context(self.tracer, &admission);
+            if failed {
+                store.set_status(Status::error("store call failed; on_store_error decided"));
+            }
+            store.end_with_timestamp(start + took);
+        }
+        admission.span().end_with_timestamp(d.end);
+    }
+
+    /// The upstream request of one attempt is about to go: starts (first attempt) or updates
+    /// (retry) the client span, and sets its context as the request's `traceparent`.
+    pub fn upstream_request(&mut self, up: Upstream<'_>, req: &mut RequestHeader) {
+        let span = match &mut self.upstream {
+            Some(span) => {
+                span.set_attribute(KeyValue::new(
+                    "http.request.resend_count",
+                    up.attempt as i64,
+                ));
+                span
+            }
+            None => {
+                let method = req.method.as_str().to_owned();
+                let span = self
+                    .tracer
+                    .span_builder(Cow::Owned(method.clone()))
+                    .with_kind(SpanKind::Client)
+                    .with_attributes(vec![
+                        KeyValue::new("http.request.method", method),
+                        KeyValue::new("floodgate.upstream", up.name.to_owned()),
+                    ])
+                    .start_with_context(self.tracer, &self.cx);
+                self.upstream.insert(span)
+            }
+        };
+        span.set_attribute(KeyValue::new("server.address", up.addr.ip().to_string()));
+        span.set_attribute(KeyValue::new("server.port", i64::from(up.addr.port())));
+        propagation::inject(span.span_context(), req);
+    }
+
+    /// The upstream answered with `status`.
+    pub fn upstream_status(&mut self, status: u16) {
+        if let Some(span) = &mut self.upstream {
+            span.set_attribute(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+            if status >= 500 {
+                span.set_status(Status::error(""));
+            }
+        }
+    }
+
+    /// The exchange is over: `status` was sent (0: none), `error` is Pingora's error type if
+    /// the exchange failed. Ends every span still open.
+    pub fn finish(mut self: Box<Self>, status: u16, error: Option<&str>) {
+        if let Some(mut span) = self.upstream.take() {
+            if let Some(e) = error {
+                span.set_attribute(KeyValue::new("error.type", e.to_owned()));
+                span.set_status(Status::error(e.to_owned()));
+            }
+            span.end();
+        }
+        let server = self.cx.span();
+        if status > 0 {
+            server.set_attribute(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+        }
+        if status >= 500 || (status == 0 && error.is_some()) {
+            let why = error.unwrap_or("server error");
+            server.set_attribute(KeyValue::new("error.type", why.to_owned()));
+            server.set_status(Status::error(why.to_owned()));
+        }
+        // A 429 is the gateway working, not failing: its status stays unset (HTTP server
+        // conventions: a 4xx is not a server span's error); `floodgate.rejected_by` names
+        // the rule.
+        server.end();
+    }
+}
+
+/// `s`, cut to at most [`MAX_VALUE`] bytes (at a character boundary): a client's path or host
+/// must not make a span, and a queued batch, as large as it likes.
+fn bounded(s: &str) -> String {
+    if s.len() <= MAX_VALUE {
+        return s.to_owned();
+    }
+    let mut end = MAX_VALUE;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// Longest attribute value taken from a request.
+const MAX_VALUE: usize = 1024;
+
+fn rule_names(rules: &[RuleVerdict]) -> String {
+    let mut names = String::new();
+    for (i, r) in rules.iter().enumerate() {
+        if i > 0 {
+            names.push(',');
+        }
+        names.push_str(&r.name);
+    }
+    names
+}
+
+/// OpenTelemetry integers are signed.
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
