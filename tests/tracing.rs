@@ -668,3 +668,55 @@ async fn a_collector_that_never_answers_holds_no_request_and_the_full_queue_drop
     .await;
     assert!(n <= 60.0, "{n}");
 }
+
+#[tokio::test]
+async fn the_rls_port_continues_envoys_trace_and_records_its_decision() {
+    use common::rls::{descriptor, request, RlsGateway};
+    let collector = Collector::start().await;
+    let (rls, admin) = (free_addr(), free_addr());
+    let gw = RlsGateway::start_config(
+        &format!(
+            "[server]\nadmin_listen = \"{admin}\"\nthreads = 1\ngrace_period = \"1s\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n\
+             [rls]\nlisten = \"{rls}\"\n\n\
+             [[rls.limits]]\nname = \"edge-per-user\"\ndomain = \"edge\"\ndescriptor = [{{ key = \"user\" }}]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n\n\
+             [tracing]\notlp_endpoint = \"{}\"\nsample_ratio = 0.0\nschedule_delay = \"50ms\"\n",
+            collector.endpoint()
+        ),
+        rls,
+        admin,
+    );
+    let mut c = gw.client().await;
+    let trace = "c".repeat(32);
+    for _ in 0..2 {
+        let mut call = tonic::Request::new(request("edge", vec![descriptor(&[("user", "alice")])]));
+        call.metadata_mut().insert(
+            "traceparent",
+            format!("00-{trace}-{PARENT}-01").parse().unwrap(),
+        );
+        c.should_rate_limit(call).await.expect("answered");
+    }
+    let rx = &collector.received;
+    let over = rx
+        .wait_for("the over-limit call's server span", |s| {
+            s.kind == SERVER
+                && s.trace_id == trace
+                && s.attr("floodgate.rls.overall_code") == Some("OVER_LIMIT")
+        })
+        .await;
+    assert_eq!(over.parent, PARENT, "Envoy's span is the parent");
+    assert_eq!(over.attr("rpc.method"), Some("ShouldRateLimit"));
+    assert_eq!(over.attr("floodgate.rejected_by"), Some("edge-per-user"));
+    let decision = rx
+        .wait_for("its decision span", |s| {
+            s.parent == over.span_id && s.name == "floodgate.admission"
+        })
+        .await;
+    assert_eq!(decision.attr("floodgate.decision.result"), Some("reject"));
+    assert_eq!(
+        decision.events[0]
+            .1
+            .get("floodgate.rule.name")
+            .map(String::as_str),
+        Some("edge-per-user")
+    );
+}

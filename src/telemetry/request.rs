@@ -129,13 +129,6 @@ impl RequestTrace {
         headers: &HeaderMap,
         tls: bool,
     ) -> Option<Box<RequestTrace>> {
-        let tracer = &super::tracer(settings)?.tracer;
-        let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
-        let parent = if trusted {
-            propagation::extract(headers)
-        } else {
-            Context::new()
-        };
         let mut attributes = vec![
             KeyValue::new("http.request.method", method.as_str().to_owned()),
             KeyValue::new("url.path", bounded(path)),
@@ -149,8 +142,49 @@ impl RequestTrace {
             let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
             attributes.push(KeyValue::new("server.address", bounded(host)));
         }
+        let name = Cow::Owned(method.as_str().to_owned());
+        let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name, attributes)?;
+        trace.method = method.clone();
+        Some(trace)
+    }
+
+    /// Starts the server span of an RLS `ShouldRateLimit` call from `peer` whose gRPC metadata
+    /// is `metadata` (the same trust rule as [`RequestTrace::start`]).
+    pub fn start_rls(
+        settings: &Settings,
+        trusted_proxies: &[IpNet],
+        peer: IpAddr,
+        metadata: &HeaderMap,
+        domain: &str,
+    ) -> Option<Box<RequestTrace>> {
+        let attributes = vec![
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("rpc.service", RLS_SERVICE),
+            KeyValue::new("rpc.method", "ShouldRateLimit"),
+            KeyValue::new("network.peer.address", peer.to_string()),
+            KeyValue::new("floodgate.rls.domain", bounded(domain)),
+        ];
+        let name = Cow::Borrowed(RLS_SPAN_NAME);
+        Self::begin(settings, trusted_proxies, peer, metadata, name, attributes)
+    }
+
+    fn begin(
+        settings: &Settings,
+        trusted_proxies: &[IpNet],
+        peer: IpAddr,
+        headers: &HeaderMap,
+        name: Cow<'static, str>,
+        attributes: Vec<KeyValue>,
+    ) -> Option<Box<RequestTrace>> {
+        let tracer = &super::tracer(settings)?.tracer;
+        let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
+        let parent = if trusted {
+            propagation::extract(headers)
+        } else {
+            Context::new()
+        };
         let span = tracer
-            .span_builder(Cow::Owned(method.as_str().to_owned()))
+            .span_builder(name)
             .with_kind(SpanKind::Server)
             .with_attributes(attributes)
             .start_with_context(tracer, &parent);
@@ -158,8 +192,27 @@ impl RequestTrace {
             tracer,
             cx: parent.with_span(span),
             upstream: None,
-            method: method.clone(),
+            method: Method::GET,
         }))
+    }
+
+    /// The RLS call is answered: `grpc_status` is the gRPC status code (0: OK), `overall` the
+    /// answer's overall code (`OK`, `OVER_LIMIT`) when there was one.
+    pub fn finish_rls(self: Box<Self>, grpc_status: i32, overall: Option<&'static str>) {
+        let server = self.cx.span();
+        server.set_attribute(KeyValue::new(
+            "rpc.grpc.status_code",
+            i64::from(grpc_status),
+        ));
+        if let Some(code) = overall {
+            server.set_attribute(KeyValue::new("floodgate.rls.overall_code", code));
+        }
+        // UNAVAILABLE (a closed limit and a failing store) and INTERNAL are the service's
+        // failures; INVALID_ARGUMENT is the caller's.
+        if matches!(grpc_status, 13 | 14) {
+            server.set_status(Status::error("rate-limit service failure"));
+        }
+        server.end();
     }
 
     /// The trace id, for the access log.
@@ -329,6 +382,12 @@ impl RequestTrace {
         server.end();
     }
 }
+
+/// The RLS service's full name (`rpc.service`).
+const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The RLS server span's name (`{rpc.service}/{rpc.method}`).
+const RLS_SPAN_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// `s`, cut to at most [`MAX_VALUE`] bytes (at a character boundary): a client's path or host
 /// must not make a span, and a queued batch, as large as it likes.
