@@ -176,7 +176,7 @@ impl ProxyHttp for Proxy {
             headers: &req.headers,
             peer,
             request_id: ctx.request_id.as_str(),
-            traced: ctx.trace.is_some(),
+            traced: ctx.trace.as_ref().is_some_and(|t| t.is_recording()),
         };
         let admitted = admission::admit(&cfg, &self.gateway.limiter, &request).await;
         if let Some(trace) = &ctx.trace {
@@ -614,7 +614,7 @@ impl ProxyHttp for Proxy {
                 trace.finish(status, error);
                 id
             }
-            None => 0,
+            None => [0; 16],
         };
         let req = session.req_header();
         let route = ctx.route();

@@ -720,3 +720,80 @@ async fn the_rls_port_continues_envoys_trace_and_records_its_decision() {
         Some("edge-per-user")
     );
 }
+
+#[tokio::test]
+async fn sample_ratio_and_trust_are_reloaded_and_the_exporters_keys_wait_for_a_restart() {
+    let api = OrdersApi::start("orders-1");
+    let collector = Collector::start().await;
+    let gw = start(
+        &api,
+        "",
+        &format!(
+            "otlp_endpoint = \"{}\"\nsample_ratio = 0.0",
+            collector.endpoint()
+        ),
+        "",
+    );
+    let c = client();
+    let trace_of = |r: Option<String>| r.unwrap().split('-').nth(1).unwrap().to_string();
+    let r = c.get(gw.url("/debug/before")).send().await.unwrap();
+    let before = trace_of(upstream_traceparent(r).await);
+    assert!(
+        upstream_traceparent(c.get(gw.url("/debug/x")).send().await.unwrap())
+            .await
+            .unwrap()
+            .ends_with("-00"),
+        "ratio 0: not sampled"
+    );
+
+    // Ratio 1, the client trusted, and a new service name (restart-only) in one reload.
+    let path = gw.dir.path().join("gateway.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text.replace(
+        "sample_ratio = 0.0",
+        "sample_ratio = 1.0\ntrust_incoming = true\nservice_name = \"renamed\"",
+    );
+    std::fs::write(&path, text).unwrap();
+    let r = c.post(gw.admin_url("/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let status: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        status.to_string().contains("tracing.service_name"),
+        "the restart-only change is reported: {status}"
+    );
+    let trace = "d".repeat(32);
+    let sent = upstream_traceparent(
+        c.get(gw.url("/debug/after"))
+            .header("traceparent", format!("00-{trace}-{PARENT}-00"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        trace_of(Some(sent.clone())),
+        trace,
+        "trust_incoming took effect: {sent}"
+    );
+    // The caller's unsampled flag is followed (parent-based), whatever the ratio...
+    assert!(sent.ends_with("-00"), "{sent}");
+    // ...and a new trace is sampled at the new ratio.
+    let r = c.get(gw.url("/debug/fresh")).send().await.unwrap();
+    let fresh = trace_of(upstream_traceparent(r).await);
+    let server = collector
+        .received
+        .wait_for("a span at the reloaded ratio", |s| {
+            s.kind == SERVER && s.trace_id == fresh
+        })
+        .await;
+    assert_eq!(
+        server.service, "floodgate",
+        "the exporter keeps its start-up service name"
+    );
+    assert!(collector
+        .received
+        .spans()
+        .iter()
+        .all(|s| s.trace_id != before && s.trace_id != trace));
+}

@@ -129,20 +129,23 @@ impl RequestTrace {
         headers: &HeaderMap,
         tls: bool,
     ) -> Option<Box<RequestTrace>> {
-        let mut attributes = vec![
-            KeyValue::new("http.request.method", method.as_str().to_owned()),
-            KeyValue::new("url.path", bounded(path)),
-            KeyValue::new("url.scheme", if tls { "https" } else { "http" }),
-            KeyValue::new("network.peer.address", peer.to_string()),
-        ];
-        if let Some(host) = headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-        {
-            let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-            attributes.push(KeyValue::new("server.address", bounded(host)));
-        }
-        let name = Cow::Owned(method.as_str().to_owned());
+        let attributes = || {
+            let mut attributes = vec![
+                KeyValue::new("http.request.method", method_name(method)),
+                KeyValue::new("url.path", bounded(path)),
+                KeyValue::new("url.scheme", if tls { "https" } else { "http" }),
+                KeyValue::new("network.peer.address", peer.to_string()),
+            ];
+            if let Some(host) = headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+            {
+                let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+                attributes.push(KeyValue::new("server.address", bounded(host)));
+            }
+            attributes
+        };
+        let name = method_name(method);
         let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name, attributes)?;
         trace.method = method.clone();
         Some(trace)
@@ -157,13 +160,15 @@ impl RequestTrace {
         metadata: &HeaderMap,
         domain: &str,
     ) -> Option<Box<RequestTrace>> {
-        let attributes = vec![
-            KeyValue::new("rpc.system", "grpc"),
-            KeyValue::new("rpc.service", RLS_SERVICE),
-            KeyValue::new("rpc.method", "ShouldRateLimit"),
-            KeyValue::new("network.peer.address", peer.to_string()),
-            KeyValue::new("floodgate.rls.domain", bounded(domain)),
-        ];
+        let attributes = || {
+            vec![
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", RLS_SERVICE),
+                KeyValue::new("rpc.method", "ShouldRateLimit"),
+                KeyValue::new("network.peer.address", peer.to_string()),
+                KeyValue::new("floodgate.rls.domain", bounded(domain)),
+            ]
+        };
         let name = Cow::Borrowed(RLS_SPAN_NAME);
         Self::begin(settings, trusted_proxies, peer, metadata, name, attributes)
     }
@@ -174,7 +179,7 @@ impl RequestTrace {
         peer: IpAddr,
         headers: &HeaderMap,
         name: Cow<'static, str>,
-        attributes: Vec<KeyValue>,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Option<Box<RequestTrace>> {
         let tracer = &super::tracer(settings)?.tracer;
         let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
@@ -183,11 +188,14 @@ impl RequestTrace {
         } else {
             Context::new()
         };
-        let span = tracer
+        let mut span = tracer
             .span_builder(name)
             .with_kind(SpanKind::Server)
-            .with_attributes(attributes)
             .start_with_context(tracer, &parent);
+        // An unsampled span records nothing: its attributes are not even built.
+        if span.is_recording() {
+            span.set_attributes(attributes());
+        }
         Some(Box::new(RequestTrace {
             tracer,
             cx: parent.with_span(span),
@@ -200,6 +208,10 @@ impl RequestTrace {
     /// answer's overall code (`OK`, `OVER_LIMIT`) when there was one.
     pub fn finish_rls(self: Box<Self>, grpc_status: i32, overall: Option<&'static str>) {
         let server = self.cx.span();
+        if !server.is_recording() {
+            server.end();
+            return;
+        }
         server.set_attribute(KeyValue::new(
             "rpc.grpc.status_code",
             i64::from(grpc_status),
@@ -215,14 +227,23 @@ impl RequestTrace {
         server.end();
     }
 
+    /// Whether the request is sampled: only then are its spans' details built (admission
+    /// records its decision only for a recording trace).
+    pub fn is_recording(&self) -> bool {
+        self.cx.span().is_recording()
+    }
+
     /// The trace id, for the access log.
-    pub fn trace_id(&self) -> u128 {
-        u128::from_be_bytes(self.cx.span().span_context().trace_id().to_bytes())
+    pub fn trace_id(&self) -> [u8; 16] {
+        self.cx.span().span_context().trace_id().to_bytes()
     }
 
     /// What admission learned of the request: its route, client and caller.
     pub fn identified(&self, route: Option<&str>, client_ip: IpAddr, key_id: Option<&str>) {
         let span = self.cx.span();
+        if !span.is_recording() {
+            return;
+        }
         if let Some(route) = route {
             // The route's name: floodgate routes match prefixes, not templates.
             span.set_attribute(KeyValue::new("http.route", route.to_owned()));
@@ -238,6 +259,9 @@ impl RequestTrace {
     /// and a `floodgate.store` child for the store call); a refusal also goes on the server
     /// span.
     pub fn admission(&self, d: &Decision) {
+        if !self.is_recording() {
+            return;
+        }
         let mut attributes = vec![
             KeyValue::new("floodgate.decision.result", d.result),
             KeyValue::new("floodgate.rules", rule_names(&d.rules)),
@@ -316,34 +340,40 @@ impl RequestTrace {
     pub fn upstream_request(&mut self, up: Upstream<'_>, req: &mut RequestHeader) {
         let span = match &mut self.upstream {
             Some(span) => {
-                span.set_attribute(KeyValue::new(
-                    "http.request.resend_count",
-                    up.attempt as i64,
-                ));
+                if span.is_recording() {
+                    span.set_attribute(KeyValue::new(
+                        "http.request.resend_count",
+                        up.attempt as i64,
+                    ));
+                }
                 span
             }
             None => {
-                let method = req.method.as_str().to_owned();
-                let span = self
+                // Unsampled, it is still started: its id is the upstream's parent.
+                let mut span = self
                     .tracer
-                    .span_builder(Cow::Owned(method.clone()))
+                    .span_builder(method_name(&req.method))
                     .with_kind(SpanKind::Client)
-                    .with_attributes(vec![
-                        KeyValue::new("http.request.method", method),
-                        KeyValue::new("floodgate.upstream", up.name.to_owned()),
-                    ])
                     .start_with_context(self.tracer, &self.cx);
+                if span.is_recording() {
+                    span.set_attributes([
+                        KeyValue::new("http.request.method", method_name(&req.method)),
+                        KeyValue::new("floodgate.upstream", up.name.to_owned()),
+                    ]);
+                }
                 self.upstream.insert(span)
             }
         };
-        span.set_attribute(KeyValue::new("server.address", up.addr.ip().to_string()));
-        span.set_attribute(KeyValue::new("server.port", i64::from(up.addr.port())));
+        if span.is_recording() {
+            span.set_attribute(KeyValue::new("server.address", up.addr.ip().to_string()));
+            span.set_attribute(KeyValue::new("server.port", i64::from(up.addr.port())));
+        }
         propagation::inject(span.span_context(), req);
     }
 
     /// The upstream answered with `status`.
     pub fn upstream_status(&mut self, status: u16) {
-        if let Some(span) = &mut self.upstream {
+        if let Some(span) = self.upstream.as_mut().filter(|s| s.is_recording()) {
             span.set_attribute(KeyValue::new(
                 "http.response.status_code",
                 i64::from(status),
@@ -357,6 +387,13 @@ impl RequestTrace {
     /// The exchange is over: `status` was sent (0: none), `error` is Pingora's error type if
     /// the exchange failed. Ends every span still open.
     pub fn finish(mut self: Box<Self>, status: u16, error: Option<&str>) {
+        if !self.is_recording() {
+            if let Some(mut span) = self.upstream.take() {
+                span.end();
+            }
+            self.cx.span().end();
+            return;
+        }
         if let Some(mut span) = self.upstream.take() {
             if let Some(e) = error {
                 span.set_attribute(KeyValue::new("error.type", e.to_owned()));
@@ -380,6 +417,28 @@ impl RequestTrace {
         // conventions: a 4xx is not a server span's error); `floodgate.rejected_by` names
         // the rule.
         server.end();
+    }
+}
+
+/// The method's name without an allocation for the standard methods.
+fn method_name(method: &Method) -> Cow<'static, str> {
+    const STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PATCH,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    const NAMES: [&str; 9] = [
+        "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
+    ];
+    match STANDARD.iter().position(|m| m == method) {
+        Some(i) => Cow::Borrowed(NAMES[i]),
+        None => Cow::Owned(method.as_str().to_owned()),
     }
 }
 

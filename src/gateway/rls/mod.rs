@@ -116,7 +116,9 @@ impl Rls {
             return Ok(all_ok(req));
         }
         let started = Instant::now();
-        let wall = trace.map(|_| std::time::SystemTime::now());
+        let wall = trace
+            .filter(|t| t.is_recording())
+            .map(|_| std::time::SystemTime::now());
         let outcome = Box::pin(self.gateway.limiter.decide(planned.applying(), &cfg.store)).await;
         if let (Some(trace), Some(wall)) = (trace, wall) {
             trace.admission(&crate::telemetry::Decision::of(wall, &outcome));
