@@ -13,6 +13,7 @@
 pub mod duration;
 pub mod error;
 pub mod schema;
+pub mod telemetry;
 mod validate;
 pub mod watch;
 
@@ -54,7 +55,7 @@ pub struct Config {
     pub rls: Option<crate::rls::limits::Settings>,
     /// `[tracing]`: OpenTelemetry spans over OTLP, when the file has the section (none: no
     /// tracing work at all).
-    pub tracing: Option<crate::telemetry::Settings>,
+    pub tracing: Option<telemetry::Settings>,
     /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
     /// reloader compares files against it to tell a real change from a no-op event.
     pub fingerprint: [u8; 32],

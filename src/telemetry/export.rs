@@ -19,7 +19,7 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
 use tokio::sync::mpsc::{self, error::TryRecvError, Receiver, Sender};
 
-use super::settings::{Protocol, Settings};
+use super::{Protocol, Settings};
 use crate::metrics::metrics;
 
 /// How often, at most, a failing export is logged (each failure is counted).

@@ -23,7 +23,6 @@ mod export;
 pub mod propagation;
 mod request;
 mod sampler;
-mod settings;
 
 use std::sync::OnceLock;
 
@@ -32,8 +31,8 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
+pub use crate::config::telemetry::{Protocol, Settings};
 pub use request::{Decision, RequestTrace, RuleVerdict, Upstream};
-pub use settings::{Protocol, Settings};
 
 /// The process's tracer, started by the first traced request.
 struct Telemetry {

@@ -5,8 +5,8 @@ use toml::Spanned;
 
 use super::source::Src;
 use crate::config::schema::RawTracing;
+use crate::config::telemetry::{Protocol, Settings};
 use crate::config::ConfigError;
-use crate::telemetry::{Protocol, Settings};
 
 /// Longest `service_name` and resource attribute key or value: they travel with every batch.
 const MAX_TEXT: usize = 255;

@@ -1,4 +1,5 @@
-//! `[tracing]` as the rest of the gateway reads it: validated, typed, immutable.
+//! `[tracing]` as the rest of the gateway reads it: validated, typed, immutable (plain data;
+//! `crate::telemetry` runs it).
 
 use std::time::Duration;
 
