@@ -62,6 +62,10 @@ pub struct Metrics {
     /// `floodgate_access_log_dropped_total`: access lines dropped because the writer's queue
     /// was full (see [`crate::request::access_log`]).
     pub access_log_dropped: IntCounter,
+    /// `floodgate_trace_spans_dropped_total`: finished spans not delivered to the collector
+    /// (the export queue was full, or the export failed or timed out; see
+    /// [`crate::telemetry`]).
+    pub trace_spans_dropped: IntCounter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -283,6 +287,14 @@ impl Metrics {
                 IntCounter::new(
                     "floodgate_access_log_dropped_total",
                     "Access log lines dropped because the log writer fell behind (its queue was full).",
+                )
+                .expect("static metric definition"),
+            ),
+            trace_spans_dropped: registered(
+                r,
+                IntCounter::new(
+                    "floodgate_trace_spans_dropped_total",
+                    "Finished trace spans dropped: the export queue was full, or the collector failed or timed out.",
                 )
                 .expect("static metric definition"),
             ),

@@ -57,6 +57,24 @@ pub struct RawConfig {
     /// `[rls]`: Envoy's rate-limit service (gRPC) on the same engine.
     #[schemars(with = "Option<RawRls>")]
     pub rls: Option<Spanned<RawRls>>,
+    /// `[tracing]`: OpenTelemetry spans over OTLP.
+    pub tracing: Option<Spanned<RawTracing>>,
+}
+
+/// `[tracing]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    pub otlp_endpoint: Option<Spanned<String>>,
+    pub protocol: Option<Spanned<String>>,
+    pub service_name: Option<Spanned<String>>,
+    pub sample_ratio: Option<Spanned<f64>>,
+    pub trust_incoming: Option<bool>,
+    pub resource_attributes: Option<Spanned<std::collections::BTreeMap<String, Spanned<String>>>>,
+    pub export_timeout: Option<Spanned<String>>,
+    pub max_queue_size: Option<Spanned<i64>>,
+    pub max_export_batch_size: Option<Spanned<i64>>,
+    pub schedule_delay: Option<Spanned<String>>,
 }
 
 /// One `[[webhooks]]`: where quota events are POSTed.

@@ -80,6 +80,8 @@ pub struct RequestCtx {
     body: crate::request::body::Body,
     /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
     slow: Option<crate::request::throttle::Throttle>,
+    /// The request's spans, when `[tracing]` is on (`None` otherwise: nothing is built).
+    trace: Option<Box<crate::telemetry::RequestTrace>>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
@@ -125,6 +127,7 @@ impl ProxyHttp for Proxy {
             cost: None,
             body: crate::request::body::Body::default(),
             slow: None,
+            trace: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
     }
@@ -155,6 +158,17 @@ impl ProxyHttp for Proxy {
         ctx.peer = peer;
         ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let req = session.req_header();
+        if let Some(settings) = &cfg.tracing {
+            ctx.trace = crate::telemetry::RequestTrace::start(
+                settings,
+                &cfg.server.trusted_proxies,
+                peer,
+                &req.method,
+                req.uri.path(),
+                &req.headers,
+                ctx.tls,
+            );
+        }
         let request = admission::Request {
             method: &req.method,
             uri: &req.uri,
@@ -162,8 +176,17 @@ impl ProxyHttp for Proxy {
             headers: &req.headers,
             peer,
             request_id: ctx.request_id.as_str(),
+            traced: ctx.trace.as_ref().is_some_and(|t| t.is_recording()),
         };
         let admitted = admission::admit(&cfg, &self.gateway.limiter, &request).await;
+        if let Some(trace) = &ctx.trace {
+            let route = admitted.route.and_then(|i| cfg.routes.get(i));
+            let key_id = admitted.identity.as_deref().map(|i| i.id.as_str());
+            trace.identified(route.map(|r| &*r.name), admitted.client_ip, key_id);
+            if let Some(d) = &admitted.decision {
+                trace.admission(d);
+            }
+        }
         ctx.client_ip = admitted.client_ip;
         ctx.route = admitted.route;
         ctx.identity = admitted.identity;
@@ -383,7 +406,17 @@ impl ProxyHttp for Proxy {
                 .and_then(|u| u.settings.host_header.as_deref()),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
         };
-        crate::request::forwarding::apply(upstream_request, &forwarded)
+        crate::request::forwarding::apply(upstream_request, &forwarded)?;
+        let upstream = ctx.trace.as_ref().and_then(|_| ctx.upstream().cloned());
+        if let (Some(trace), Some(t), Some(u)) = (&mut ctx.trace, &ctx.target, upstream) {
+            let up = crate::telemetry::Upstream {
+                name: &u.name,
+                addr: t.addr,
+                attempt: ctx.tried.len().saturating_sub(1),
+            };
+            trace.upstream_request(up, upstream_request);
+        }
+        Ok(())
     }
 
     async fn upstream_response_filter(
@@ -393,6 +426,9 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
+        if let Some(trace) = &mut ctx.trace {
+            trace.upstream_status(upstream_response.status.as_u16());
+        }
         crate::request::response_cost::settle_on_status(
             ctx.slots.as_mut(),
             upstream_response.status,
@@ -584,6 +620,15 @@ impl ProxyHttp for Proxy {
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.slots = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let error = e.map(|e| e.etype().as_str());
+        let trace_id = match ctx.trace.take() {
+            Some(trace) => {
+                let id = trace.trace_id();
+                trace.finish(status, error);
+                id
+            }
+            None => [0; 16],
+        };
         let req = session.req_header();
         let route = ctx.route();
         match route {
@@ -607,10 +652,11 @@ impl ProxyHttp for Proxy {
             },
             slowed: ctx.slow.is_some(),
             request_id: ctx.request_id.clone(),
+            trace_id,
             latency_ms: ctx
                 .start
                 .map_or(0.0, |s| s.elapsed().as_secs_f64() * 1000.0),
-            error: e.map(|e| e.etype().as_str()).unwrap_or("-"),
+            error: error.unwrap_or("-"),
         });
     }
 }
