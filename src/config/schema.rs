@@ -297,6 +297,18 @@ pub struct RawRls {
     pub threads: Option<Spanned<i64>>,
     /// `tls = { cert, key }`: the listener speaks TLS (HTTP/2 by ALPN).
     pub tls: Option<Spanned<RawRlsTls>>,
+    /// Open connections to the listener at most (its own cap, beside `[server]`'s).
+    pub max_connections: Option<Spanned<i64>>,
+    /// Open connections to the listener at most from one IP.
+    pub max_connections_per_ip: Option<Spanned<i64>>,
+    /// The TLS handshake and the HTTP/2 preface must arrive within this of accept.
+    pub header_timeout: Option<Spanned<String>>,
+    /// A call's request message must arrive within this of its headers.
+    pub request_timeout: Option<Spanned<String>>,
+    /// A connection with no call open for this long is closed (GOAWAY).
+    pub idle_timeout: Option<Spanned<String>>,
+    /// Calls (HTTP/2 streams) one connection may have open at once.
+    pub max_streams: Option<Spanned<i64>>,
     #[serde(default)]
     pub limits: Vec<RawRlsLimit>,
 }

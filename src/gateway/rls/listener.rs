@@ -17,21 +17,19 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use pingora::server::{ListenFds, ShutdownWatch};
-use tonic::transport::{Identity, ServerTlsConfig};
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
 
-use super::{Rls, MAX_STREAMS};
+use super::conn::{self, Shared};
+use super::Rls;
+use crate::connection::ConnectionTable;
 use crate::gateway::Gateway;
 use crate::rls::bounds;
 use crate::rls::limits::Tls;
-
-/// How long a client has to complete its TLS handshake: Envoy does so at once, and a
-/// connection that never does must not hold a descriptor for long.
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The listener and what it is served with.
 pub struct RlsServer {
@@ -41,7 +39,7 @@ pub struct RlsServer {
     /// served.
     listener: Option<std::net::TcpListener>,
     threads: usize,
-    tls: Option<ServerTlsConfig>,
+    tls: Option<TlsAcceptor>,
 }
 
 impl RlsServer {
@@ -99,39 +97,32 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
         .map_err(|e| format!("cannot listen on rls.listen {addr}: {e}"))
 }
 
-/// The TLS settings for `tls`, checked now: a certificate or key that does not load fails the
-/// start with the listeners' message (never the key's bytes).
-fn tls_config(tls: &Tls) -> Result<ServerTlsConfig, String> {
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| {
-            format!(
-                "cannot load TLS certificate or key: {}: {e}",
-                p.to_string_lossy()
-            )
-        })
+/// The TLS acceptor for `tls` (HTTP/2 by ALPN), loaded now: a certificate or key that does
+/// not load fails the start with the listeners' message (never the key's bytes).
+fn tls_config(tls: &Tls) -> Result<TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let failed = |p: &std::path::Path, e: &dyn std::fmt::Display| {
+        format!(
+            "cannot load TLS certificate or key: {}: {e}",
+            p.to_string_lossy()
+        )
     };
-    let identity = Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-    let config = ServerTlsConfig::new()
-        .identity(identity)
-        .timeout(TLS_HANDSHAKE_TIMEOUT);
-    // rustls needs a process-wide crypto provider; Pingora's is ring, as the proxy's TLS uses.
-    pingora::tls::install_default_crypto_provider();
-    tonic::transport::Server::builder()
-        .tls_config(config.clone())
-        .map_err(|e| format!("cannot load TLS certificate or key: {}", source_chain(&e)))?;
-    Ok(config)
-}
-
-/// An error with its causes (tonic's own message is only "transport error").
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
+    let certs = CertificateDer::pem_file_iter(&tls.cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| failed(&tls.cert, &e))?;
+    if certs.is_empty() {
+        return Err(failed(&tls.cert, &"no certificate in the file"));
     }
-    out
+    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| failed(&tls.key, &e))?;
+    // Pingora's provider (ring), as the proxy's TLS uses.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| format!("cannot load TLS certificate or key: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 #[async_trait]
@@ -232,9 +223,9 @@ impl pingora::services::Service for RlsServer {
 async fn serve(
     gateway: Arc<Gateway>,
     listener: std::net::TcpListener,
-    tls: Option<ServerTlsConfig>,
+    tls: Option<TlsAcceptor>,
     threads: usize,
-    mut shutdown: ShutdownWatch,
+    shutdown: ShutdownWatch,
 ) {
     let addr = listener.local_addr().ok();
     let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -244,29 +235,25 @@ async fn serve(
             return;
         }
     };
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let service = RateLimitServiceServer::new(Rls { gateway })
-        .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
-    let mut server = tonic::transport::Server::builder().max_concurrent_streams(MAX_STREAMS);
+    let serving = gateway
+        .config
+        .load()
+        .rls
+        .as_ref()
+        .map(|r| r.serving.clone())
+        .unwrap_or_default();
+    let service = RateLimitServiceServer::new(Rls {
+        gateway: gateway.clone(),
+    })
+    .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
     let scheme = if tls.is_some() { "TLS" } else { "cleartext" };
-    if let Some(tls) = tls {
-        server = match server.tls_config(tls) {
-            Ok(s) => s,
-            Err(e) => {
-                // The same bytes were loaded at bind: this is the type's own guard.
-                tracing::error!(error = %source_chain(&e), "cannot serve the rate-limit service over TLS");
-                return;
-            }
-        };
-    }
+    let shared = Arc::new(Shared {
+        gateway,
+        service,
+        tls,
+        table: ConnectionTable::uncounted(),
+        serving,
+    });
     tracing::info!(listen = ?addr, threads, scheme, "rate-limit service (envoy.service.ratelimit.v3) listening");
-    let served = server
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = shutdown.changed().await;
-        })
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %source_chain(&e), "the rate-limit service stopped");
-    }
+    conn::serve(shared, listener, shutdown).await;
 }
