@@ -1,7 +1,7 @@
 //! The rate-limit service's listener: bound when the server is built (so that a taken port or
 //! an unreadable certificate fails the start with its error, as the proxy's listeners do), and
-//! served, once Pingora starts its services, on a runtime of its own with `[rls] threads`
-//! worker threads.
+//! served, once Pingora starts its services, on `[rls] threads` threads of its own, each a
+//! current-thread runtime accepting from the same listening socket.
 //!
 //! It is a Pingora service of its own (not a background service) for the zero-downtime
 //! upgrade: it declares its address and puts its socket in Pingora's table of listening
@@ -9,10 +9,14 @@
 //! takes the socket from the table instead of binding (the old one still holds the port).
 //!
 //! Pingora runs a background service on one thread of one runtime, and every call of the
-//! service would be decided there whatever `threads` says: with one hot HTTP/2 connection
-//! from Envoy that one thread was the ceiling. The runtime is work-stealing so that the
-//! streams of Envoy's few connections (hyper runs each stream as a task) spread over every
-//! thread, not only the connections.
+//! service would be decided there whatever `threads` says. One work-stealing runtime of
+//! `threads` workers spreads the streams of one connection over every thread, but each
+//! HTTP/2 stream is a task, and every spawn and wake then goes through the runtime's shared
+//! queues: measured, a local call cost about twice the CPU of a current-thread runtime's.
+//! So each thread runs a current-thread runtime of its own (as Pingora's own services run
+//! here, `work_stealing = false`) and accepts from its copy of the socket: a connection's
+//! calls stay on the thread that accepted it, and Envoy's several connections spread over
+//! the threads. The caps are one table over all of them (`super::conn::Shared`).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -143,63 +147,69 @@ impl pingora::services::Service for RlsServer {
         };
         // Built here, not at bind: Pingora starts services after a `-d` fork, which threads
         // started before it would not survive.
-        if self.threads == 1 {
-            // One thread: a current-thread runtime of its own, as Pingora's own services run
-            // here (`work_stealing = false`). A work-stealing runtime of one worker costs a
-            // call about twice the CPU (measured: 19.3 against 9.3 µs per local call), since
-            // hyper spawns a task per HTTP/2 stream and every spawn and wake goes through the
-            // runtime's shared queues.
-            let (done, finished) = tokio::sync::oneshot::channel::<()>();
-            let (gateway, tls) = (self.gateway.clone(), self.tls.clone());
+        let shared = shared(self.gateway.clone(), self.tls.clone());
+        let threads = self.threads;
+        let scheme = if self.tls.is_some() {
+            "TLS"
+        } else {
+            "cleartext"
+        };
+        tracing::info!(listen = %self.addr, threads, scheme, "rate-limit service (envoy.service.ratelimit.v3) listening");
+        // Every thread has started (and so has its name) before any accepts: none serves
+        // until all are spawned, and none if one could not be.
+        let go = Arc::new(Go::default());
+        let mut finished = Vec::with_capacity(threads);
+        // The socket itself (its descriptor is the one in Pingora's table, handed on at the
+        // next upgrade) goes to the last thread, copies to the others.
+        let mut listener = Some(listener);
+        for i in 0..threads {
+            let socket = match &listener {
+                Some(l) if i + 1 < threads => l.try_clone(),
+                _ => listener
+                    .take()
+                    .ok_or_else(|| std::io::ErrorKind::NotFound.into()),
+            };
+            let socket = match socket {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot share the rate-limit service's socket");
+                    break;
+                }
+            };
+            let (done, wait) = tokio::sync::oneshot::channel::<()>();
+            let (shared, shutdown, go) = (shared.clone(), shutdown.clone(), go.clone());
             let spawned = std::thread::Builder::new()
                 .name("floodgate-rls".into())
                 .spawn(move || {
-                    match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt.block_on(serve(gateway, listener, tls, 1, shutdown)),
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot start the rate-limit service's thread")
+                    if go.wait() {
+                        match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(rt) => rt.block_on(serve(shared, socket, shutdown)),
+                            Err(e) => {
+                                tracing::error!(error = %e, "cannot start a rate-limit service thread")
+                            }
                         }
                     }
                     let _ = done.send(());
                 });
             match spawned {
-                Ok(_) => {
-                    let _ = finished.await;
-                }
+                Ok(_) => finished.push(wait),
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot start the rate-limit service's thread")
+                    tracing::error!(error = %e, "cannot start a rate-limit service thread");
+                    break;
                 }
             }
-            return;
         }
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.threads)
-            .thread_name("floodgate-rls")
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the rate-limit service's threads");
-                return;
-            }
-        };
-        let served = runtime.spawn(serve(
-            self.gateway.clone(),
-            listener,
-            self.tls.clone(),
-            self.threads,
-            shutdown,
-        ));
-        if let Err(e) = served.await {
-            tracing::error!(error = %e, "the rate-limit service stopped");
+        let all = finished.len() == threads;
+        go.set(all);
+        if !all {
+            tracing::error!("the rate-limit service is not served: a thread could not start");
         }
-        // Not dropped here: dropping a runtime from async code panics; its threads end as
-        // they finish what they hold.
-        runtime.shutdown_background();
+        for wait in finished {
+            let _ = wait.await;
+        }
     }
 
     fn name(&self) -> &str {
@@ -218,23 +228,34 @@ impl pingora::services::Service for RlsServer {
     }
 }
 
-/// Serves the service on `listener` until `shutdown` flips (SIGTERM, or the end of an
-/// upgrade's handover).
-async fn serve(
-    gateway: Arc<Gateway>,
-    listener: std::net::TcpListener,
-    tls: Option<TlsAcceptor>,
-    threads: usize,
-    shutdown: ShutdownWatch,
-) {
-    let addr = listener.local_addr().ok();
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot serve the rate-limit service");
-            return;
+/// The service threads' start signal: `true` serve, `false` end (another thread could not
+/// start). Waited on by plain threads before their runtime exists, so a std lock.
+#[derive(Default)]
+struct Go {
+    state: std::sync::Mutex<Option<bool>>,
+    changed: std::sync::Condvar,
+}
+
+impl Go {
+    fn set(&self, serve: bool) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(serve);
+        self.changed.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(serve) = *state {
+                return serve;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
-    };
+    }
+}
+
+/// What every thread of the service shares: one connection table, so that the caps hold
+/// over all of them.
+fn shared(gateway: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Shared> {
     let serving = gateway
         .config
         .load()
@@ -246,14 +267,24 @@ async fn serve(
         gateway: gateway.clone(),
     })
     .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
-    let scheme = if tls.is_some() { "TLS" } else { "cleartext" };
-    let shared = Arc::new(Shared {
+    Arc::new(Shared {
         gateway,
         service,
         tls,
         table: ConnectionTable::uncounted(),
         serving,
-    });
-    tracing::info!(listen = ?addr, threads, scheme, "rate-limit service (envoy.service.ratelimit.v3) listening");
+    })
+}
+
+/// Serves the service on this thread's copy of the listening socket until `shutdown` flips
+/// (SIGTERM, or the end of an upgrade's handover).
+async fn serve(shared: Arc<Shared>, listener: std::net::TcpListener, shutdown: ShutdownWatch) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot serve the rate-limit service");
+            return;
+        }
+    };
     conn::serve(shared, listener, shutdown).await;
 }
