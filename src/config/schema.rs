@@ -673,13 +673,31 @@ pub struct RawRls {
     /// The gRPC listener (HTTP/2 cleartext, or TLS with `tls`); a change waits for a restart.
     #[schemars(with = "Option<String>", extend("default" = "127.0.0.1:8081"))]
     pub listen: Option<Spanned<String>>,
-    /// Runtime threads answering the service, 1 to 256 (1: a current-thread runtime). Default:
+    /// Threads answering the service, 1 to 256 (each a current-thread runtime). Default:
     /// `[server] threads`.
     #[schemars(with = "Option<i64>", range(min = 1, max = 256))]
     pub threads: Option<Spanned<i64>>,
     /// `tls = { cert, key }`: the listener speaks TLS (HTTP/2 by ALPN). Default: none.
     #[schemars(with = "Option<RawRlsTls>")]
     pub tls: Option<Spanned<RawRlsTls>>,
+    /// Open connections to the listener at most (its own cap, beside `[server]`'s); at least 1.
+    #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 1000))]
+    pub max_connections: Option<Spanned<i64>>,
+    /// Open connections to the listener at most from one client IP; at least 1.
+    #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 100))]
+    pub max_connections_per_ip: Option<Spanned<i64>>,
+    /// The TLS handshake and the HTTP/2 preface must arrive within this of accept; 1ms to 1h.
+    #[schemars(with = "Option<DurationText>", extend("default" = "10s"))]
+    pub header_timeout: Option<Spanned<String>>,
+    /// A call's request message must arrive within this of its headers; 1ms to 1h.
+    #[schemars(with = "Option<DurationText>", extend("default" = "10s"))]
+    pub request_timeout: Option<Spanned<String>>,
+    /// A connection with no call open for this long is closed (GOAWAY); 1ms to 24h.
+    #[schemars(with = "Option<DurationText>", extend("default" = "5m"))]
+    pub idle_timeout: Option<Spanned<String>>,
+    /// Calls (HTTP/2 streams) one connection may have open at once; 1 to 1000.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 1000), extend("default" = 100))]
+    pub max_streams: Option<Spanned<i64>>,
     /// `[[rls.limits]]`: the descriptors answered.
     #[serde(default)]
     pub limits: Vec<RawRlsLimit>,

@@ -1,6 +1,7 @@
 //! The gRPC service Envoy calls (`envoy.service.ratelimit.v3.RateLimitService`) and the
 //! listener it is served on (`listener`: a Pingora service with a runtime of its own, stopped
-//! with the rest of the process and handed over on `--upgrade`).
+//! with the rest of the process and handed over on `--upgrade`; `conn`: its connections'
+//! caps and deadlines; `call`: each call's, before tonic decodes it).
 //!
 //! Each call reads the config in force (so a reload swaps the limits as it swaps rules),
 //! checks the request's bounds, plans its descriptors as checks, and asks the engine once for
@@ -20,12 +21,11 @@ use crate::metrics::metrics;
 use crate::rls::metrics::rls_metrics;
 use crate::rls::{answer, bounds, plan};
 
+mod call;
+mod conn;
 mod listener;
-pub use listener::{RlsServer, TLS_HANDSHAKE_TIMEOUT};
-
-/// Streams one HTTP/2 connection may have open at once: Envoy multiplexes its calls over a
-/// few connections, and this bounds what one client can make the service hold.
-pub const MAX_STREAMS: u32 = 1024;
+pub use call::{MAX_OPEN_CALLS, MAX_PENDING_BYTES};
+pub use listener::RlsServer;
 
 /// The `ShouldRateLimit` handler.
 #[derive(Clone)]
