@@ -1122,11 +1122,15 @@ async fn admin_api_is_guarded(what: &str, gw: &Running, probes: &[&str], token: 
         .unwrap();
     let base = format!("http://{}", gw.admin);
     for probe in probes {
-        assert_eq!(
-            status(&c, &format!("{base}{probe}"), None).await,
-            200,
-            "{what}: probe {probe}"
-        );
+        // Readiness waits for the store (connected, scripts loaded) after the admin port opens:
+        // the probe is asked again, as an orchestrator asks it, within a generous bound.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut got = status(&c, &format!("{base}{probe}"), None).await;
+        while got != 200 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            got = status(&c, &format!("{base}{probe}"), None).await;
+        }
+        assert_eq!(got, 200, "{what}: probe {probe}");
     }
     for path in ["/metrics", "/stats", "/rules", "/upstreams"] {
         let url = format!("{base}{path}");

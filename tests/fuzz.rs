@@ -128,10 +128,12 @@ fn reference_segments(raw: &str, mode: EscapedSlashes) -> Option<(Vec<String>, b
             let c = char::from(v);
             let slash = c == '/' || c == '\\';
             let unreserved = c.is_ascii_alphanumeric() || "-._~".contains(c);
-            // Unescape decodes %2F only: a decoded backslash is refused like a literal one.
+            // `%3B` goes with the slashes (backends that decode before routing read a path
+            // parameter there). Unescape decodes %2F only: a decoded backslash or semicolon is
+            // refused like a literal one.
             let refused = match mode {
-                EscapedSlashes::Reject => slash,
-                EscapedSlashes::Unescape => c == '\\',
+                EscapedSlashes::Reject => slash || c == ';',
+                EscapedSlashes::Unescape => c == '\\' || c == ';',
                 EscapedSlashes::Keep => false,
             };
             if refused {

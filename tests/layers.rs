@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 
 /// Folders whose children count as top-level modules of their own.
-const PATH_FOLDERS: &[&str] = &["request"];
+const PATH_FOLDERS: &[&str] = &["request", "connection"];
 
 /// Module name -> the modules it names, with a file that names each.
 type Graph = BTreeMap<String, BTreeMap<String, PathBuf>>;
@@ -89,6 +89,8 @@ fn graph(src: &Path) -> Graph {
             for child in module_names(&src.join(&name)) {
                 modules.insert(format!("{name}::{child}"));
             }
+            // Its mod.rs, and what is named at the folder's own path.
+            modules.insert(name);
         } else {
             modules.insert(name);
         }
@@ -116,7 +118,7 @@ fn graph(src: &Path) -> Graph {
         let from = if PATH_FOLDERS.contains(&first.as_str()) {
             match parts.next() {
                 Some(child) if child != "mod" => format!("{first}::{child}"),
-                _ => continue,
+                _ => first,
             }
         } else {
             first
@@ -125,12 +127,18 @@ fn graph(src: &Path) -> Graph {
             continue;
         }
         // A file directly in a path folder names its siblings as `super::NAME`.
+        // (Not mod.rs, whose `super::` is the crate.)
         let sibling_of = PATH_FOLDERS
             .iter()
-            .find(|f| rel.parent() == Some(Path::new(f)))
+            .find(|f| rel.parent() == Some(Path::new(f)) && !rel.ends_with("mod.rs"))
             .copied();
         let text = code_of(&std::fs::read_to_string(file).unwrap());
         for to in named_modules(&text, sibling_of) {
+            // `crate::connection::GuardedApp`: an item of the folder's mod.rs.
+            let to = match to.split_once("::") {
+                Some((folder, _)) if !modules.contains(&to) => folder.to_string(),
+                _ => to,
+            };
             if to != from && modules.contains(&to) {
                 g.entry(from.clone())
                     .or_default()

@@ -54,6 +54,9 @@ pub struct Calls {
     pub request_timeout: Duration,
     /// The connection's open calls, for its idle timeout.
     pub activity: Arc<Activity>,
+    /// The connection's addresses, put on every call as tonic's own server does
+    /// (`Request::remote_addr`).
+    pub connect_info: tonic::transport::server::TcpConnectInfo,
 }
 
 /// A call's response (tonic's body; refusals are trailers-only).
@@ -68,6 +71,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Calls {
         let open = self.activity.enter();
         let mut service = self.service.clone();
         let timeout = self.request_timeout;
+        let connect_info = self.connect_info.clone();
         Box::pin(async move {
             let _open = open;
             let Some(_call) = OpenCall::take() else {
@@ -75,7 +79,8 @@ impl hyper::service::Service<http::Request<Incoming>> for Calls {
                     "the rate-limit service has too many calls open; retry",
                 )));
             };
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
+            parts.extensions.insert(connect_info);
             let message = match tokio::time::timeout(timeout, one_message(body)).await {
                 Ok(Ok(m)) => m,
                 Ok(Err(status)) => return Ok(refuse(status)),

@@ -31,7 +31,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 
 use super::call::Calls;
-use crate::connection::{rls_budget, ConnectionTable};
+use crate::connection::table::{rls_budget, ConnectionTable};
 use crate::gateway::Gateway;
 use crate::metrics::metrics;
 use crate::rls::limits::Serving;
@@ -128,6 +128,12 @@ fn admit(
         }
     };
     let _ = tcp.set_nodelay(true);
+    // What tonic's `Request::remote_addr` reads: the tracing of a call believes its trace
+    // context only from a trusted peer.
+    let connect_info = tonic::transport::server::TcpConnectInfo {
+        local_addr: tcp.local_addr().ok(),
+        remote_addr: tcp.peer_addr().ok(),
+    };
     let shared = shared.clone();
     let mut stopping = stopping.clone();
     tokio::spawn(async move {
@@ -135,7 +141,7 @@ fn admit(
         let deadline = accepted + serving.header_timeout;
         let Some(tls) = &shared.tls else {
             let io = Preface::new(tcp, deadline);
-            serve_h2(&shared, io, &serving, &mut stopping).await;
+            serve_h2(&shared, io, &serving, &mut stopping, connect_info).await;
             return;
         };
         let handshake = tokio::time::timeout_at(deadline, tls.accept(tcp));
@@ -150,6 +156,7 @@ fn admit(
                     Preface::new(stream, deadline),
                     &serving,
                     &mut stopping,
+                    connect_info,
                 )
                 .await;
             }
@@ -172,6 +179,7 @@ async fn serve_h2<IO>(
     io: IO,
     serving: &Serving,
     stopping: &mut watch::Receiver<bool>,
+    connect_info: tonic::transport::server::TcpConnectInfo,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -180,6 +188,7 @@ async fn serve_h2<IO>(
         service: shared.service.clone(),
         request_timeout: serving.request_timeout,
         activity: activity.clone(),
+        connect_info,
     };
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder

@@ -30,7 +30,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::conn::{self, Shared};
 use super::Rls;
-use crate::connection::ConnectionTable;
+use crate::connection::table::ConnectionTable;
 use crate::gateway::Gateway;
 use crate::rls::bounds;
 use crate::rls::limits::Tls;
