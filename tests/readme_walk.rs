@@ -152,6 +152,12 @@ const TABLES: &[Table] = &[
         always: true,
     },
     Table {
+        header: "[upstreams.protect]",
+        parent: Some(("[[upstreams]]", "protect")),
+        base: &[],
+        always: true,
+    },
+    Table {
         header: "[[routes]]",
         parent: None,
         base: &[("name", "\"r\""), ("upstream", "\"u\"")],

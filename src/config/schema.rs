@@ -147,7 +147,23 @@ pub struct RawUpstream {
     pub resolve_interval: Option<Spanned<String>>,
     pub health_check: Option<Spanned<RawHealthCheck>>,
     pub passive: Option<Spanned<RawPassive>>,
+    pub protect: Option<Spanned<RawProtect>>,
 }
+
+/// `[upstreams.protect]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProtect {
+    pub fair_by: Option<Spanned<Vec<Spanned<String>>>>,
+    pub weights: Option<Spanned<std::collections::BTreeMap<String, Spanned<RawWeights>>>>,
+    pub min_limit: Option<Spanned<i64>>,
+    pub max_limit: Option<Spanned<i64>>,
+    pub queue_timeout: Option<Spanned<String>>,
+    pub max_queue: Option<Spanned<i64>>,
+}
+
+/// One key part's weights in `[upstreams.protect] weights`: value -> weight.
+pub type RawWeights = std::collections::BTreeMap<String, Spanned<i64>>;
 
 /// One of an upstream's `targets`: `"host:port"` or `{ addr = "host:port", weight = 3 }`.
 /// Untagged, so its fields cannot carry spans; errors point at the whole entry.
