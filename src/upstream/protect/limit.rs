@@ -260,7 +260,11 @@ mod tests {
         let mut now = Instant::now();
         let mut g = Gradient::new(4, 10, now);
         assert_eq!(run(&mut g, &mut now, 10, 64, S), 10, "max_limit caps it");
-        // A collapse (every exchange 50x slower than the baseline) brings it to min_limit.
+        // A collapse between two probes (every exchange 50x slower than the baseline the
+        // last probe measured) brings it to min_limit.
+        let mut g = Gradient::new(4, 10, now);
+        run(&mut g, &mut now, 1, 64, S);
+        assert_eq!(g.min_rtt(), Some(S));
         for _ in 0..5_000 {
             now += Duration::from_millis(1);
             g.sample(Duration::from_secs(1), 10, now);
