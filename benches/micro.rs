@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use floodgate::auth::{HeaderText, Identity};
 use floodgate::limiter::{Algorithm, Decision, Limit};
-use floodgate::matching::RequestMatch;
 use floodgate::metrics::RuleCounters;
-use floodgate::response::RateLimitHeaders;
+use floodgate::request::auth::{HeaderText, Identity};
+use floodgate::request::matching::RequestMatch;
+use floodgate::request::response::RateLimitHeaders;
 use floodgate::rules::{FailureMode, KeyPart, Policy, RequestView, Rule, RuleMatch, Scope};
 use http::{HeaderMap, HeaderName, Method};
 

@@ -72,7 +72,11 @@ pub fn rule_limit(r: &Rule) -> String {
         }
     }
     if let Some(rate) = l.slow_rate() {
-        let _ = write!(out, " slow slow_rate {}", crate::throttle::show_rate(rate));
+        let _ = write!(
+            out,
+            " slow slow_rate {}",
+            crate::request::throttle::show_rate(rate)
+        );
     }
     out
 }

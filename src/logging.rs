@@ -15,8 +15,8 @@
 //! target `log` with the real target in a `log.target` field: the two messages above are
 //! recognized by that field (matching on the event's own target let them all through).
 //!
-//! Every line is then written through `crate::access_log::LogWriter`, which escapes C1
-//! controls and bounds its length (`crate::log_safe`).
+//! Every line is then written through `crate::request::access_log::LogWriter`, which escapes C1
+//! controls and bounds its length (`crate::text::log_safe`).
 
 use std::fmt::Debug;
 
@@ -32,13 +32,15 @@ use crate::connection::HEAD_TIMEOUT_MESSAGE;
 pub fn init(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Access lines reach stderr through the access log's buffer (crate::access_log).
+    // Access lines reach stderr through the access log's buffer (crate::request::access_log).
     // Colours only for a person at a terminal: escape codes in a log file or a collector are
     // noise to read and to parse (and formatting them is a fifth of the access log's cost).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
-        .with_writer(crate::access_log::LogWriter::new(format == LogFormat::Json));
+        .with_writer(crate::request::access_log::LogWriter::new(
+            format == LogFormat::Json,
+        ));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Json => registry

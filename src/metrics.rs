@@ -54,7 +54,7 @@ pub struct Metrics {
     /// in-process stores because `max_keys` was reached (incremented by the stores).
     pub memory_evictions: IntCounterVec,
     /// `floodgate_access_log_dropped_total`: access lines dropped because the writer's queue
-    /// was full (see [`crate::access_log`]).
+    /// was full (see [`crate::request::access_log`]).
     pub access_log_dropped: IntCounter,
 }
 

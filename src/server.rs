@@ -14,7 +14,7 @@ use crate::admin::Admin;
 use crate::config::{Config, Connections};
 use crate::connection::GuardedApp;
 use crate::gateway::{Gateway, Reloader};
-use crate::proxy::Proxy;
+use crate::request::proxy::Proxy;
 use crate::shutdown::{requests, Drain};
 
 /// The socket buffers of a plain (HTTP/1.1 and h2c) client connection: none. Pingora's default

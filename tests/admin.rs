@@ -595,7 +595,7 @@ fn admin_settings_are_checked_with_file_line_and_column() {
     );
 }
 
-/// Issue 26 (5): the admin listener's refusals are problem+json with a request id (body and
+/// The admin listener's refusals are problem+json with a request id (body and
 /// `x-request-id`), as every other answer floodgate makes.
 #[tokio::test]
 async fn admin_refusals_carry_a_request_id() {
@@ -636,7 +636,7 @@ async fn admin_refusals_carry_a_request_id() {
     }
 }
 
-/// Issue 26 (3): a reload that changes `store.backend` waits for a restart, and every count
+/// A reload that changes `store.backend` waits for a restart, and every count
 /// stays where it was: `/readyz`, `/stats` and the metrics say the backend in force, and name
 /// the configured one as waiting, instead of claiming the new one.
 #[tokio::test]

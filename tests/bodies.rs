@@ -1,4 +1,4 @@
-//! Request bodies (issue 19, point 1): a body that arrives slowly, or never ends, must not
+//! Request bodies: a body that arrives slowly, or never ends, must not
 //! hold an upstream connection; every body has a deadline (`body_timeout`, answered 408); and
 //! what is buffered ahead of the upstream arrives there whole, whatever its size or framing.
 //!

@@ -187,7 +187,7 @@ fn the_gateway_refuses_to_start_on_a_bad_file() {
 /// An upstream and a route: what every valid file needs besides the part a test is about.
 const ROUTE: &str = "\n[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n";
 
-/// (issue 11) Redis URLs are judged by the store's own parser and client construction, so a URL
+/// Redis URLs are judged by the store's own parser and client construction, so a URL
 /// the store would refuse at run time fails `check` at its line and column, without ever
 /// printing the URL (it may hold a password).
 #[test]
@@ -234,7 +234,7 @@ fn redis_urls_the_store_cannot_use_fail_check() {
     assert!(ok, "{err}");
 }
 
-/// (issue 11) Key ids, users and plans are sent upstream as headers: a value with CR/LF or
+/// Key ids, users and plans are sent upstream as headers: a value with CR/LF or
 /// another byte no header value may hold is refused at load, inline and in the keys file.
 #[test]
 fn identity_values_that_cannot_be_headers_fail_check() {
@@ -284,7 +284,7 @@ fn identity_values_that_cannot_be_headers_fail_check() {
     assert!(ok, "{err}");
 }
 
-/// (issue 11) A zero-byte file, or one cut short before its routes, is not a gateway.
+/// A zero-byte file, or one cut short before its routes, is not a gateway.
 #[test]
 fn files_without_routes_fail_check() {
     for config in [
@@ -299,7 +299,7 @@ fn files_without_routes_fail_check() {
     }
 }
 
-/// (issue 11) A shaping rule's max_delay is bounded: every held request holds a connection.
+/// A shaping rule's max_delay is bounded: every held request holds a connection.
 #[test]
 fn unbounded_shaping_delays_fail_check() {
     let rule = |max_delay: &str| {

@@ -1,4 +1,4 @@
-//! What an idle kept-alive client connection costs the gateway in memory (issue 24): the real
+//! What an idle kept-alive client connection costs the gateway in memory: the real
 //! binary, real sockets, its resident set read from /proc before and after many connections
 //! that each served one request and stay open.
 

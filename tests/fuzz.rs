@@ -1,4 +1,4 @@
-//! Property tests for every parser that faces the network or a file (issue 11, section 5):
+//! Property tests for every parser that faces the network or a file:
 //! path and host normalization, X-Forwarded-For, durations, the config loader on mutated
 //! shipped configs, the RESP reply parser, and the RateLimit header fields. Each runs
 //! thousands of generated cases; none may panic, and each checks the property a user relies
@@ -16,8 +16,8 @@ use floodgate::config::Config;
 use floodgate::limiter::redis::resp::{self, Reply};
 use floodgate::limiter::{Algorithm, Decision, Limit};
 use floodgate::metrics::RuleCounters;
-use floodgate::normalize::{self, EscapedSlashes};
-use floodgate::response::{ceil_secs, RateLimitHeaders, SF_INTEGER_MAX};
+use floodgate::request::normalize::{self, EscapedSlashes};
+use floodgate::request::response::{ceil_secs, RateLimitHeaders, SF_INTEGER_MAX};
 use floodgate::rules::{FailureMode, Policy, Scope};
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
@@ -489,7 +489,7 @@ proptest! {
                 headers.append("x-forwarded-for", v);
             }
         }
-        let got = floodgate::client::client_ip(peer, &headers, &trusted);
+        let got = floodgate::request::client::client_ip(peer, &headers, &trusted);
         prop_assert!(
             got == peer || got == peer.to_canonical() || addresses_in(&headers).contains(&got),
             "client {} is neither the peer {} nor in {:?}", got, peer, headers
@@ -525,7 +525,7 @@ proptest! {
         let mut headers = HeaderMap::new();
         headers.insert("x-forwarded-for", value);
         prop_assert_eq!(
-            floodgate::client::client_ip(peer, &headers, &trusted),
+            floodgate::request::client::client_ip(peer, &headers, &trusted),
             client.to_canonical()
         );
     }

@@ -1,4 +1,4 @@
-//! floodgate against hostile clients and hostile configs (issues 11 and 19): raw-socket
+//! Floodgate against hostile clients and hostile configs: raw-socket
 //! clients where the request's shape matters, slow and idle connections, request shapes and
 //! spellings that try to walk past a limit, secrets that must not leak, log lines a client
 //! tries to flood or forge, and configs that pass `check` but would break at run time. Each

@@ -3,12 +3,19 @@
 //! and the upstream run time reads no config.
 //!
 //! Read from the source text: every `crate::NAME` outside comments and test-only modules is an
-//! edge from the module of the file it is in to module `NAME`.
+//! edge from the module of the file it is in to module `NAME`. The folders in [`PATH_FOLDERS`]
+//! group the steps of one path (`request/`: normalize, identity, admission, forwarding, ...):
+//! each of their children is a module of its own here (`request::normalize`), named by
+//! `crate::request::NAME` or, from a sibling, `super::NAME`, so that grouping them in a folder
+//! hides no circle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+
+/// Folders whose children count as top-level modules of their own.
+const PATH_FOLDERS: &[&str] = &["request"];
 
 /// Module name -> the modules it names, with a file that names each.
 type Graph = BTreeMap<String, BTreeMap<String, PathBuf>>;
@@ -64,15 +71,28 @@ fn a_circle_is_found_and_a_chain_is_not() {
 
 /// The module graph of the crate rooted at `src`.
 fn graph(src: &Path) -> Graph {
-    let modules: BTreeSet<String> = std::fs::read_dir(src)
-        .unwrap()
-        .filter_map(|e| {
-            let p = e.unwrap().path();
-            let name = p.file_stem()?.to_str()?.to_string();
-            let is_module = p.is_dir() || p.extension().is_some_and(|x| x == "rs");
-            (is_module && !["lib", "main", "bin"].contains(&name.as_str())).then_some(name)
-        })
-        .collect();
+    let module_names = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                let name = p.file_stem()?.to_str()?.to_string();
+                let is_module = p.is_dir() || p.extension().is_some_and(|x| x == "rs");
+                (is_module && !["lib", "main", "bin", "mod"].contains(&name.as_str()))
+                    .then_some(name)
+            })
+            .collect()
+    };
+    let mut modules = BTreeSet::new();
+    for name in module_names(src) {
+        if PATH_FOLDERS.contains(&name.as_str()) {
+            for child in module_names(&src.join(&name)) {
+                modules.insert(format!("{name}::{child}"));
+            }
+        } else {
+            modules.insert(name);
+        }
+    }
     let mut files = Vec::new();
     collect(src, &mut files);
     let test_only = test_only_files(&files);
@@ -86,18 +106,31 @@ fn graph(src: &Path) -> Graph {
     };
     for file in files.iter().filter(|f| !under_test_only(f)) {
         let rel = file.strip_prefix(src).unwrap();
-        let first = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let from = first.trim_end_matches(".rs").to_string();
+        let mut parts = rel.components().map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        });
+        let first = parts.next().unwrap();
+        let from = if PATH_FOLDERS.contains(&first.as_str()) {
+            match parts.next() {
+                Some(child) if child != "mod" => format!("{first}::{child}"),
+                _ => continue,
+            }
+        } else {
+            first
+        };
         if !modules.contains(&from) {
             continue;
         }
+        // A file directly in a path folder names its siblings as `super::NAME`.
+        let sibling_of = PATH_FOLDERS
+            .iter()
+            .find(|f| rel.parent() == Some(Path::new(f)))
+            .copied();
         let text = code_of(&std::fs::read_to_string(file).unwrap());
-        for to in named_modules(&text) {
+        for to in named_modules(&text, sibling_of) {
             if to != from && modules.contains(&to) {
                 g.entry(from.clone())
                     .or_default()
@@ -169,14 +202,35 @@ fn code_of(text: &str) -> String {
         .join("\n")
 }
 
-/// Every `NAME` of `crate::NAME` and of `crate::{NAME, OTHER::...}` in `text`.
-fn named_modules(text: &str) -> BTreeSet<String> {
+/// Every `NAME` of `crate::NAME` and of `crate::{NAME, OTHER::...}` in `text`; for a path
+/// folder's `crate::FOLDER::NAME` (and, in a file of folder `sibling_of`, `super::NAME`), the
+/// child `FOLDER::NAME`.
+fn named_modules(text: &str, sibling_of: Option<&str>) -> BTreeSet<String> {
     let ident = |s: &str| {
         s.chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect::<String>()
     };
+    // `request::admission::admit` names `request::admission`; `limiter::store` names `limiter`.
+    let module_at = |s: &str| {
+        let first = ident(s);
+        match s[first.len()..].strip_prefix("::") {
+            Some(rest) if PATH_FOLDERS.contains(&first.as_str()) => {
+                format!("{first}::{}", ident(rest))
+            }
+            _ => first,
+        }
+    };
     let mut out = BTreeSet::new();
+    if let Some(folder) = sibling_of {
+        for (i, _) in text.match_indices("super::") {
+            let before = text[..i].chars().next_back();
+            if before.is_some_and(|c| c == ':' || c.is_ascii_alphanumeric()) {
+                continue;
+            }
+            out.insert(format!("{folder}::{}", ident(&text[i + "super::".len()..])));
+        }
+    }
     for (i, _) in text.match_indices("crate::") {
         let rest = &text[i + "crate::".len()..];
         if let Some(group) = rest.strip_prefix('{') {
@@ -189,14 +243,14 @@ fn named_modules(text: &str) -> BTreeSet<String> {
                     '}' => depth -= 1,
                     ',' if depth == 0 => start = true,
                     c if start && !c.is_whitespace() => {
-                        out.insert(ident(&group[j..]));
+                        out.insert(module_at(&group[j..]));
                         start = false;
                     }
                     _ => {}
                 }
             }
         } else {
-            out.insert(ident(rest));
+            out.insert(module_at(rest));
         }
     }
     out

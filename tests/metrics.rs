@@ -166,7 +166,7 @@ async fn metrics_pass_promtool_with_a_redis_store_down() {
     assert_promtool_clean(promtool, &text);
 }
 
-/// Issue 26 (6): every series whose labels are known at start is exported at 0 before its
+/// Every series whose labels are known at start is exported at 0 before its
 /// first event (store errors by kind, a leased rule's lease series, each upstream target's
 /// responses by class), so a panel shows 0 and an `increase()` alert sees the first event.
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::path::Path;
 
 use floodgate::config::Config;
-use floodgate::forwarding::{take_turn, Turn};
+use floodgate::request::forwarding::{take_turn, Turn};
 use futures::FutureExt;
 
 struct Counting;

@@ -376,7 +376,7 @@ async fn h2c_on_plain_listener() {
     assert_eq!(r.status(), 401);
 }
 
-/// Issue 26 (5), over HTTP/2: a `CONNECT` stream was refused with Pingora's bare 405 (no
+/// Over HTTP/2: a `CONNECT` stream was refused with Pingora's bare 405 (no
 /// body, no request id); it gets floodgate's problem+json like HTTP/1.1.
 #[tokio::test]
 async fn an_h2_connect_is_refused_with_problem_json() {
@@ -452,7 +452,7 @@ fn secrets_never_reach_the_logs() {
     assert!(!logs.contains("\"partner\""));
 }
 
-/// Issue 26 (5): the answers Pingora makes on its own — a head it cannot parse, a `CONNECT` —
+/// The answers Pingora makes on its own — a head it cannot parse, a `CONNECT` —
 /// were a bare status with `Server: Pingora`. They are floodgate's problem+json, with a
 /// request id, like every other answer.
 #[test]

@@ -1,4 +1,4 @@
-//! Sellable quotas (issue 23) against the real stores and the real binary: calendar periods
+//! Sellable quotas against the real stores and the real binary: calendar periods
 //! (`calendar`, `timezone`) counted exactly in process, on a real redis-server and on a Redis
 //! Cluster across midnight in Tokyo, New York's 23- and 25-hour DST days and a leap day, with
 //! the period chosen by Redis' clock; and calendar rules through the binary (headers, exact

@@ -1,4 +1,4 @@
-//! What clients back off by (issue 26, points 1 and 2), read through a structured-field parser
+//! What clients back off by, read through a structured-field parser
 //! as a client would: on a rejection, a rule's `t` is its `Retry-After`, for every algorithm;
 //! and a rule that did not reject a refused request shows what it really has left (the
 //! request charged it nothing).

@@ -1,4 +1,4 @@
-//! Issue 26: the README's tables of config keys, admin endpoints and metrics are walked against
+//! The README's tables of config keys, admin endpoints and metrics are walked against
 //! the real binary, so that the manual and the program cannot drift apart again.
 //! `tests/docs.rs` reads the source and asks whether the README names it; this file reads the
 //! README and asks the binary: `floodgate check` for every documented key, a running gateway

@@ -608,7 +608,7 @@ async fn a_kubernetes_style_data_swap_reloads_the_config_and_its_keys() {
     assert!(reload_generation(&c, &gw).await.1.is_none());
 }
 
-/// Issue 26 (4): one rule for every algorithm — a reload that changes a rule's `window` starts
+/// One rule for every algorithm — a reload that changes a rule's `window` starts
 /// its counts over; one that changes its `limit` keeps them.
 #[tokio::test]
 async fn a_changed_window_starts_the_counts_over_and_a_changed_limit_keeps_them() {

@@ -204,7 +204,7 @@ fn sigint_exits_at_once() {
     assert!(request.join().unwrap().0.is_err());
 }
 
-/// Issue 19 (7): Pingora's accept loop, asked to accept while its runtime shuts down, spun at
+/// Pingora's accept loop, asked to accept while its runtime shuts down, spun at
 /// 100 % CPU writing "Accept() failed" and never exited (about one SIGINT in eight). Every stop
 /// here is tried while clients keep connecting, so accepts race the shutdown; each must end.
 #[test]

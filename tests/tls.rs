@@ -114,7 +114,7 @@ fn client_hello() -> Vec<u8> {
     hello
 }
 
-/// Issue 19 (2): stalled handshakes (silent, half a ClientHello, a ClientHello and then
+/// Stalled handshakes (silent, half a ClientHello, a ClientHello and then
 /// silence) used to be invisible to the caps and live for Pingora's 60 s handshake timeout.
 /// They now take a connection slot from accept and end at `header_timeout`.
 #[tokio::test]
@@ -242,7 +242,7 @@ async fn stalled_handshakes_take_slots_and_end_at_header_timeout() {
     assert_eq!(r.status(), 200);
 }
 
-/// Issue 19 (2): with a low open-file limit, stalled handshakes used to take every descriptor,
+/// With a low open-file limit, stalled handshakes used to take every descriptor,
 /// and then plain clients and the admin `/healthz` timed out. Client connections are now
 /// bounded by the limit too (half of it less a reserve), so the admin listener keeps answering.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Upgraded connections (issue 19, point 5): after a `101`, the connection is a tunnel. An
+//! Upgraded connections: after a `101`, the connection is a tunnel. An
 //! upstream read timeout must close it, never write a problem+json into it; the upstream's
 //! total `timeout` does not cut a tunnel that is in use; and tunnels have their own idle
 //! timeout, `tunnel_timeout`.

@@ -777,7 +777,7 @@ async fn total_timeout_and_retries_only_for_idempotent_methods() {
     assert!(statuses.contains(&201), "{statuses:?}");
 }
 
-/// Issue 26 (7): each attempt is counted once in `floodgate_upstream_target_responses_total`:
+/// Each attempt is counted once in `floodgate_upstream_target_responses_total`:
 /// with one of two targets refusing connections and no retries, the dead target's `error`
 /// count is exactly the number of requests answered 502.
 #[tokio::test]

@@ -804,7 +804,7 @@ auth = "none"
             self.add(System(name, title, port, p.pid, "envoy", expect=expect,
                             baseline="upstream" if expect == 200 else None))
 
-        # Envoy asking floodgate as its rate-limit service (issue 22), beside Envoy's own
+        # Envoy asking floodgate as its rate-limit service, beside Envoy's own
         # local_ratelimit: same upstream, threads and CPUs; its CPU per request is Envoy's and
         # floodgate's together.
         if not a.only or "envoy-rls" in a.only:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Slow request bodies (issue 19, point 1): what slow POST bodies cost the upstream behind
+"""Slow request bodies: what slow POST bodies cost the upstream behind
 floodgate and behind nginx, side by side on the same 100-worker upstream.
 
 Usage: run.py --floodgate target/release/floodgate [--bodies 256] [--seconds 8]

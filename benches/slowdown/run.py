@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Slowed downloads (issue 25, `mode = "slow"`): what 1,000 slowed downloads at once cost
+"""Slowed downloads (`mode = "slow"`): what 1,000 slowed downloads at once cost
 floodgate in memory, and whether the upstream is read only as fast as clients are served.
 
 Usage: run.py --floodgate target/release/floodgate [--downloads 1000] [--size 1048576]

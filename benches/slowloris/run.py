@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Slowloris measurement (issue 11): many slow connections from one IP against a running
+"""Slowloris measurement: many slow connections from one IP against a running
 floodgate, while a client from another loopback address and the admin /healthz are timed.
 
 Usage: run.py --gateway 127.0.0.1:8080 --admin 127.0.0.1:9901 --pid PID [--connections 20000]

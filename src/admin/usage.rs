@@ -1,4 +1,4 @@
-//! The usage API (issue 23): what an identity has used of each rule keyed on it, and the two
+//! The usage API: what an identity has used of each rule keyed on it, and the two
 //! changes support staff make: start a counter over, or grant more for the current window.
 //!
 //! - `GET /usage?api_key=ID` (or `user=` / `plan=`): every rule whose key is built from that
@@ -22,14 +22,14 @@ use http::{HeaderMap, Method, Response, StatusCode};
 use prometheus::{IntCounterVec, Opts};
 
 use super::{json, percent_decode, problem};
-use crate::auth::{HeaderText, Identity};
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::limiter::algorithm::MAX_COUNT;
 use crate::limiter::policy::Scope;
 use crate::limiter::store::{StoreError, Usage, UsageChange};
 use crate::limiter::Check;
-use crate::response::{ceil_secs, Problem};
+use crate::request::auth::{HeaderText, Identity};
+use crate::request::response::{ceil_secs, Problem};
 use crate::rules::{KeyPart, RequestView, Rule};
 
 /// The largest body `POST /usage/*` reads: a rule name, an identity and a number.

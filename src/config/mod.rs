@@ -25,10 +25,10 @@ use http::{HeaderName, Method};
 use ipnet::IpNet;
 
 pub use crate::limiter::settings::{Backend, Store};
-pub use crate::matching::RequestMatch;
+pub use crate::request::matching::RequestMatch;
 pub use error::ConfigError;
 
-use crate::auth::KeyStore;
+use crate::request::auth::KeyStore;
 use crate::rules::Rule;
 
 /// A validated configuration. Immutable: a reload builds a new one and swaps it in whole.
@@ -48,7 +48,7 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
-    /// `[[webhooks]]`: where quota events go (issue 23).
+    /// `[[webhooks]]`: where quota events go.
     pub webhooks: Arc<[crate::webhooks::Webhook]>,
     /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
     pub rls: Option<crate::rls::limits::Settings>,
@@ -93,9 +93,9 @@ pub struct Server {
     /// Connection limits and deadlines (slow and idle clients).
     pub connections: Connections,
     /// What `%2F` / `%5C` in a request path do.
-    pub escaped_slashes: crate::normalize::EscapedSlashes,
+    pub escaped_slashes: crate::request::normalize::EscapedSlashes,
     /// What request headers with `_` in their names do.
-    pub headers_with_underscores: crate::header_policy::Underscores,
+    pub headers_with_underscores: crate::request::header_policy::Underscores,
 }
 
 /// `[server]` settings that bound what one client can hold: deadlines for slow and idle
@@ -131,7 +131,7 @@ impl LogFormat {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 
@@ -202,7 +202,7 @@ impl AuthMode {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 

@@ -23,10 +23,10 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub rules: Vec<RawRule>,
-    /// `[[webhooks]]` (issue 23): quota events sent to a customer's systems.
+    /// `[[webhooks]]`: quota events sent to a customer's systems.
     #[serde(default)]
     pub webhooks: Vec<Spanned<RawWebhook>>,
-    /// `[rls]`: Envoy's rate-limit service (issue 22).
+    /// `[rls]`: Envoy's rate-limit service.
     pub rls: Option<Spanned<RawRls>>,
 }
 
@@ -249,7 +249,7 @@ pub struct RawRule {
     pub status: Option<Spanned<i64>>,
     pub lease: Option<Spanned<RawLease>>,
     pub lease_ttl: Option<Spanned<String>>,
-    /// Calendar quotas (issue 23): `calendar = "day" | "week" | "month"` instead of `window`.
+    /// Calendar quotas: `calendar = "day" | "week" | "month"` instead of `window`.
     pub calendar: Option<Spanned<String>>,
     /// The IANA zone of `calendar` (default `"UTC"`).
     pub timezone: Option<Spanned<String>>,

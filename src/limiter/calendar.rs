@@ -37,7 +37,7 @@ impl Period {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 
     /// A bound on the length of any period of this kind in any zone: the rule's nominal window

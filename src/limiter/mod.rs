@@ -63,7 +63,7 @@ impl Algorithm {
 
     /// The name used in gateway.toml, metrics and the admin API.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 
     /// What this algorithm allows and how it counts: the one place that decides it. The
@@ -318,7 +318,7 @@ impl LeakyMode {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 

@@ -56,7 +56,7 @@ impl Scope {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 
@@ -81,6 +81,6 @@ impl FailureMode {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }

@@ -57,7 +57,7 @@ pub fn true_up(
             if *window_end == limit.window_at(charged_at_ns).1 && now_ns < *window_end =>
         {
             // A refund takes back only what was charged: never below zero, nor below a count
-            // a usage grant already took there (calendar and grants: issue 23).
+            // a usage grant already took there (calendar and grants).
             let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             *count = count
                 .saturating_sub(signed(adjust.refund))

@@ -34,7 +34,7 @@ impl Balance {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 
@@ -140,7 +140,7 @@ impl CheckKind {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Quota webhooks (`[[webhooks]]`, issue 23): a customer's systems hear before the quota runs
+//! Quota webhooks (`[[webhooks]]`): a customer's systems hear before the quota runs
 //! out ("threshold": a counter crossed a fraction of its limit) and when it has ("rejected").
 //!
 //! The request path only notices a candidate event (a decision whose count crossed a
@@ -40,7 +40,7 @@ impl EventKind {
 
     /// The name used in gateway.toml and in the events' JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 

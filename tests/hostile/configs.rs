@@ -1,4 +1,4 @@
-//! (issue 11, section 4) Configs that pass `check` but would break at run time: a store that
+//! Configs that pass `check` but would break at run time: a store that
 //! cannot be built must count as down, a file caught mid-write must never be applied
 //! half-written, an empty file must never be applied, shaping must not hold requests without
 //! bound, and a start must not reload itself. (What `check` now refuses is in tests/check.rs.)

@@ -1,4 +1,4 @@
-//! (issue 11) Eviction: a client must not reset its own exhausted limit by flooding another
+//! Eviction: a client must not reset its own exhausted limit by flooding another
 //! rule with random keys until the in-process store, full, evicts the exhausted counter.
 
 use crate::common::*;

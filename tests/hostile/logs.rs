@@ -1,4 +1,4 @@
-//! Log lines a client tries to forge or flood (issue 19, point 6): C1 controls in a path, a
+//! Log lines a client tries to forge or flood: C1 controls in a path, a
 //! 64 KB Host, a path of many kilobytes quoted by Pingora's error line, and Pingora's own
 //! benign error lines. Raw sockets, the real binary, its real stderr.
 

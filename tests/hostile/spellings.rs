@@ -1,5 +1,5 @@
 //! Spellings that a backend framework reads as the protected resource while a gateway routes
-//! or counts them as something else (issue 19, points 3 and 4): lower-case methods, path
+//! Or counts them as something else: lower-case methods, path
 //! parameters and control bytes, encoded query keys, repeated keyed values, underscore
 //! headers, list-valued Content-Length, and X-Forwarded-For chains with one bad element.
 //! Raw sockets, so that no client library tidies the request, and the demo upstream echoes

@@ -9,9 +9,9 @@ use http::HeaderName;
 use toml::Spanned;
 
 use super::source::Src;
-use crate::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
 use crate::config::schema::*;
 use crate::config::*;
+use crate::request::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
 
 /// `[auth]` and the text of its keys file (`None` when there is none).
 pub(super) fn auth(

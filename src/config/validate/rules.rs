@@ -123,25 +123,47 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
             format!("rule \"{name}\": limit is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
         ));
     }
-    let caps = algorithm.capabilities();
     let calendar = calendar(src, r, name, algorithm)?;
-    let window = match (&r.window, caps.window) {
-        (Some(w), _) if calendar.is_some() => {
-            return Err(src.err(
-                w.span(),
-                format!("rule \"{name}\": calendar replaces window; give one of them"),
-            ))
+    let window = window(src, r, name, algorithm, calendar.as_ref())?;
+    let burst = burst(src, r, name, algorithm, limit)?;
+    let mode = mode(src, r, name, algorithm)?;
+    let max_delay = max_delay(src, r, name, mode, window)?;
+    refill_bound(src, r, name, algorithm, (limit, window, burst))?;
+    let slow_rate = slow_rate(src, r, name, mode)?;
+    Ok(Shape {
+        algorithm,
+        limit,
+        window,
+        burst,
+        mode,
+        max_delay,
+        calendar,
+        slow_rate,
+    })
+}
+
+/// `window`: required, refused or replaced by `calendar` as the algorithm's capabilities say,
+/// from 1ms to ten years (the longest the shared store times exactly).
+fn window(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+    calendar: Option<&Calendar>,
+) -> Result<Duration, ConfigError> {
+    match (&r.window, algorithm.capabilities().window) {
+        (Some(w), _) if calendar.is_some() => Err(src.err(
+            w.span(),
+            format!("rule \"{name}\": calendar replaces window; give one of them"),
+        )),
+        (None, _) if calendar.is_some() => {
+            Ok(calendar.map_or(Duration::ZERO, |c| c.period().longest()))
         }
-        (None, _) if calendar.is_some() => calendar
-            .as_ref()
-            .map_or(Duration::ZERO, |c| c.period().longest()),
-        (Some(w), Window::None { why }) => {
-            return Err(src.err(
-                w.span(),
-                format!("rule \"{name}\": {why} and takes no window"),
-            ))
-        }
-        (None, Window::None { .. }) => Duration::ZERO,
+        (Some(w), Window::None { why }) => Err(src.err(
+            w.span(),
+            format!("rule \"{name}\": {why} and takes no window"),
+        )),
+        (None, Window::None { .. }) => Ok(Duration::ZERO),
         (Some(w), Window::Required) => {
             let d = src.duration(w)?;
             if d < Duration::from_millis(1) {
@@ -156,20 +178,28 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
                     format!("rule \"{name}\": window is at most 3650d (ten years): the shared store times exactly up to there"),
                 ));
             }
-            d
+            Ok(d)
         }
-        (None, Window::Required) => {
-            return Err(src.err(
-                r.algorithm.span(),
-                format!(
-                    "rule \"{name}\": {} needs a window, e.g. window = \"1m\"",
-                    algorithm.as_str()
-                ),
-            ))
-        }
-    };
-    let burst = match &r.burst {
-        Some(b) if caps.burst => {
+        (None, Window::Required) => Err(src.err(
+            r.algorithm.span(),
+            format!(
+                "rule \"{name}\": {} needs a window, e.g. window = \"1m\"",
+                algorithm.as_str()
+            ),
+        )),
+    }
+}
+
+/// `burst`: for the buckets only, at most 10^15; the limit when not given.
+fn burst(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+    limit: u64,
+) -> Result<u64, ConfigError> {
+    match &r.burst {
+        Some(b) if algorithm.capabilities().burst => {
             let burst = src.positive(b, "burst")?;
             if burst > MAX_COUNT {
                 return Err(src.err(
@@ -177,39 +207,55 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
                     format!("rule \"{name}\": burst is at most {MAX_COUNT} (10^15): the shared store counts exactly up to there"),
                 ));
             }
-            burst
+            Ok(burst)
         }
-        Some(b) => {
-            return Err(src.err(
-                b.span(),
-                format!(
-                    "rule \"{name}\": burst applies to {} only",
-                    Algorithm::names_where(|c| c.burst)
-                ),
-            ))
-        }
-        None => limit,
-    };
-    let mode = match &r.mode {
-        Some(m) if m.get_ref() == LeakyMode::Slow.as_str() => {
-            if let Some(why) = caps.slow_refused {
-                return Err(src.err(
-                    m.span(),
-                    format!("rule \"{name}\": mode = \"slow\" is not allowed here: {why}"),
-                ));
-            }
-            LeakyMode::Slow
-        }
-        Some(m) if caps.shaping.is_some() => src.one_of(m, "mode", LeakyMode::NAMES)?,
-        Some(m) => {
-            return Err(src.err(
+        Some(b) => Err(src.err(
+            b.span(),
+            format!(
+                "rule \"{name}\": burst applies to {} only",
+                Algorithm::names_where(|c| c.burst)
+            ),
+        )),
+        None => Ok(limit),
+    }
+}
+
+/// `mode`: `"slow"` where the algorithm allows slowing, `"shape"` / `"police"` for the shaping
+/// algorithms; police when not given.
+fn mode(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+) -> Result<LeakyMode, ConfigError> {
+    let caps = algorithm.capabilities();
+    match &r.mode {
+        Some(m) if m.get_ref() == LeakyMode::Slow.as_str() => match caps.slow_refused {
+            Some(why) => Err(src.err(
                 m.span(),
-                format!("rule \"{name}\": mode applies to {} only", shaping_names()),
-            ))
-        }
-        None => LeakyMode::Police,
-    };
-    let max_delay = match &r.max_delay {
+                format!("rule \"{name}\": mode = \"slow\" is not allowed here: {why}"),
+            )),
+            None => Ok(LeakyMode::Slow),
+        },
+        Some(m) if caps.shaping.is_some() => src.one_of(m, "mode", LeakyMode::NAMES),
+        Some(m) => Err(src.err(
+            m.span(),
+            format!("rule \"{name}\": mode applies to {} only", shaping_names()),
+        )),
+        None => Ok(LeakyMode::Police),
+    }
+}
+
+/// `max_delay`: with `mode = "shape"` only, at most 60 s (a held request holds its
+/// connection); the window (capped there) when not given.
+fn max_delay(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    mode: LeakyMode,
+    window: Duration,
+) -> Result<Duration, ConfigError> {
+    match &r.max_delay {
         Some(d) if mode == LeakyMode::Shape => {
             let delay = src.duration(d)?;
             if delay > MAX_SHAPING_DELAY {
@@ -218,24 +264,31 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
                     format!("rule \"{name}\": max_delay is at most 60s (a held request holds its connection); reject sooner, or police instead of shaping"),
                 ));
             }
-            delay
+            Ok(delay)
         }
-        Some(d) => {
-            return Err(src.err(
-                d.span(),
-                format!(
-                    "rule \"{name}\": max_delay applies to {} with mode = \"shape\" only",
-                    shaping_names()
-                ),
-            ))
-        }
-        None if mode == LeakyMode::Shape => window.min(MAX_SHAPING_DELAY),
-        None => Duration::ZERO,
-    };
-    // burst × window / limit: how long an empty bucket takes to refill (a bucket's state spans
-    // that much), compared without rounding.
+        Some(d) => Err(src.err(
+            d.span(),
+            format!(
+                "rule \"{name}\": max_delay applies to {} with mode = \"shape\" only",
+                shaping_names()
+            ),
+        )),
+        None if mode == LeakyMode::Shape => Ok(window.min(MAX_SHAPING_DELAY)),
+        None => Ok(Duration::ZERO),
+    }
+}
+
+/// A bucket's burst × window / limit (how long an empty bucket takes to refill, so how long
+/// its state spans) at most ten years, compared without rounding.
+fn refill_bound(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    algorithm: Algorithm,
+    (limit, window, burst): (u64, Duration, u64),
+) -> Result<(), ConfigError> {
     let refill_ns = u128::from(burst) * window.as_nanos();
-    if caps.burst && refill_ns > MAX_WINDOW.as_nanos() * u128::from(limit) {
+    if algorithm.capabilities().burst && refill_ns > MAX_WINDOW.as_nanos() * u128::from(limit) {
         // Only a burst above the limit refills slower than the window.
         let span = r.burst.as_ref().map_or(r.limit.span(), |b| b.span());
         let days = refill_ns.div_ceil(u128::from(limit) * 86_400_000_000_000);
@@ -244,20 +297,10 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
             format!("rule \"{name}\": an empty bucket would take {days} days to refill (burst × window / limit); at most 3650d (ten years), the longest the shared store times exactly"),
         ));
     }
-    let slow_rate = slow_rate(src, r, name, mode)?;
-    Ok(Shape {
-        algorithm,
-        limit,
-        window,
-        burst,
-        mode,
-        max_delay,
-        calendar,
-        slow_rate,
-    })
+    Ok(())
 }
 
-/// `calendar` and `timezone` (issue 23): a period of an IANA zone, for the algorithms whose
+/// `calendar` and `timezone`: a period of an IANA zone, for the algorithms whose
 /// capabilities allow it; a `timezone` alone is refused, as it would be silently ignored.
 fn calendar(
     src: &Src,
@@ -303,7 +346,7 @@ fn slow_rate(
     mode: LeakyMode,
 ) -> Result<Option<u64>, ConfigError> {
     match (&r.slow_rate, mode) {
-        (Some(rate), LeakyMode::Slow) => crate::throttle::parse_rate(rate.get_ref())
+        (Some(rate), LeakyMode::Slow) => crate::request::throttle::parse_rate(rate.get_ref())
             .map(Some)
             .map_err(|e| src.err(rate.span(), format!("rule \"{name}\": {e}"))),
         (Some(rate), _) => Err(src.err(

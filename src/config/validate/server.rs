@@ -79,17 +79,17 @@ pub(super) fn server(
         Some(v) => src.one_of(
             v,
             "server.escaped_slashes",
-            crate::normalize::EscapedSlashes::NAMES,
+            crate::request::normalize::EscapedSlashes::NAMES,
         )?,
-        None => crate::normalize::EscapedSlashes::Reject,
+        None => crate::request::normalize::EscapedSlashes::Reject,
     };
     let headers_with_underscores = match &raw.headers_with_underscores {
         Some(v) => src.one_of(
             v,
             "server.headers_with_underscores",
-            crate::header_policy::Underscores::NAMES,
+            crate::request::header_policy::Underscores::NAMES,
         )?,
-        None => crate::header_policy::Underscores::Drop,
+        None => crate::request::header_policy::Underscores::Drop,
     };
     let server = Server {
         escaped_slashes,

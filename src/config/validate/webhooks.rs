@@ -1,4 +1,4 @@
-//! `[[webhooks]]` (issue 23): where quota events go. A URL must be one the sender can reach
+//! `[[webhooks]]`: where quota events go. A URL must be one the sender can reach
 //! (http or https with a host), events known, thresholds fractions of the limit.
 
 use super::source::Src;

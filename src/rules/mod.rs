@@ -14,10 +14,10 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
-use crate::auth::Identity;
 pub use crate::limiter::policy::{FailureMode, Policy, Scope};
 use crate::limiter::Check;
-use crate::matching::RequestMatch;
+use crate::request::auth::Identity;
+use crate::request::matching::RequestMatch;
 
 pub mod key;
 
@@ -175,7 +175,9 @@ pub fn single_valued(
             KeyPart::Header(name) if headers.get_all(name).iter().nth(1).is_some() => {
                 return Err(Ambiguous::Header(name.clone()));
             }
-            KeyPart::Query(name) if query.is_some_and(|q| crate::query::is_repeated(q, name)) => {
+            KeyPart::Query(name)
+                if query.is_some_and(|q| crate::request::query::is_repeated(q, name)) =>
+            {
                 return Err(Ambiguous::Query(name.clone()));
             }
             _ => {}
@@ -299,9 +301,12 @@ fn part_tag(part: &KeyPart) -> u8 {
 }
 
 /// The value of the first `name` parameter of a query string, as the `query:NAME` key part
-/// reads it: name and value percent-decoded, `+` a space ([`crate::query`]).
-pub fn query_param<'q>(query: &'q str, name: &str) -> Option<crate::query::QueryValue<'q>> {
-    crate::query::first(query, name)
+/// reads it: name and value percent-decoded, `+` a space ([`crate::request::query`]).
+pub fn query_param<'q>(
+    query: &'q str,
+    name: &str,
+) -> Option<crate::request::query::QueryValue<'q>> {
+    crate::request::query::first(query, name)
 }
 
 #[cfg(test)]

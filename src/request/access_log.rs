@@ -16,8 +16,8 @@
 //! `floodgate_access_log_dropped_total`.
 //!
 //! The line carries the key's id, never its secret, and no header: nothing secret is logged.
-//! The path is the client's, shown through `crate::log_safe::Shown` (controls escaped, at most
-//! 1 KiB), and every line, access or not, passes `crate::log_safe::line` in [`LogWriter`].
+//! The path is the client's, shown through `crate::text::log_safe::Shown` (controls escaped, at most
+//! 1 KiB), and every line, access or not, passes `crate::text::log_safe::line` in [`LogWriter`].
 
 use std::cell::Cell;
 use std::io::{BufWriter, Stderr, Write};
@@ -31,9 +31,9 @@ use parking_lot::{Mutex, MutexGuard};
 use tracing::Metadata;
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::auth::Identity;
-use crate::client::RequestId;
 use crate::metrics::metrics;
+use crate::request::auth::Identity;
+use crate::request::client::RequestId;
 
 /// Lines the queue holds. At 25k req/s that is 300 ms of lines, far more than the writer
 /// needs between two looks at the queue; a line is about 150 bytes, so 1.2 MB at most.
@@ -149,7 +149,7 @@ fn emit(line: &AccessLine) {
     tracing::info!(
         target: "access",
         method = %line.method,
-        path = %crate::log_safe::Shown(&line.path),
+        path = %crate::text::log_safe::Shown(&line.path),
         status = line.status,
         route = &*line.route,
         upstream = line.upstream.as_deref().unwrap_or("-"),
@@ -239,7 +239,7 @@ fn write_out() {
 
 /// The log subscriber's writer (see `crate::logging::init`): stderr, except for the access
 /// lines the writer thread emits, which go to its buffer. Every event passes
-/// `crate::log_safe::line` (C1 controls escaped, long lines cut) on the way.
+/// `crate::text::log_safe::line` (C1 controls escaped, long lines cut) on the way.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LogWriter {
     json: bool,
@@ -273,7 +273,7 @@ impl Write for EventWriter {
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
         // The subscriber writes an event as one `write_all`, so this sees whole lines;
         // BufWriter writes whole events out.
-        let line = crate::log_safe::line(buf, self.json);
+        let line = crate::text::log_safe::line(buf, self.json);
         match &mut self.out {
             Out::Stderr(w) => w.write_all(&line),
             Out::Buffered(w) => w.write_all(&line),

@@ -217,7 +217,7 @@ impl Window {
 
     /// Its query name.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 
     fn index(self) -> usize {
@@ -247,7 +247,7 @@ impl By {
 
     /// Its query name.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 

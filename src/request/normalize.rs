@@ -46,7 +46,7 @@ impl EscapedSlashes {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 
     /// The mode a gateway.toml name stands for, `None` for any other text.

@@ -15,7 +15,7 @@ use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 
-use crate::client::X_FORWARDED_FOR;
+use crate::request::client::X_FORWARDED_FOR;
 
 /// What to do with a request header whose name has an underscore:
 /// `[server] headers_with_underscores`.
@@ -41,7 +41,7 @@ impl Underscores {
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {
-        crate::names::name_of(Self::NAMES, self)
+        crate::text::names::name_of(Self::NAMES, self)
     }
 }
 

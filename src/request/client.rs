@@ -141,7 +141,7 @@ fn new_request_id() -> HeaderValue {
 /// The `X-Forwarded-For` to send upstream: the chain the client sent, byte for byte (an
 /// element floodgate could not read is still the upstream's to judge), with the peer
 /// appended. Built in one buffer: this runs for every proxied request. Several lines are one
-/// chain: `crate::header_policy::for_upstream` joins them before this reads the first.
+/// chain: `crate::request::header_policy::for_upstream` joins them before this reads the first.
 pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
     let previous = sent
         .map(HeaderValue::as_bytes)

@@ -1,11 +1,11 @@
 //! The decision a request gets, as one function of (config, request parts, limiter) that needs
 //! no Pingora session: route, identity, rules, and either "forward, with these changes" or
-//! "answer with this problem". `crate::proxy` only does the I/O around it.
+//! "answer with this problem". `crate::request::proxy` only does the I/O around it.
 //!
 //! In order: spellings that an upstream could read as another request are refused (a method
 //! that is not upper case, a target that is not UTF-8, a repeated `Content-Length`,
 //! underscored header names in `reject` mode: 400), the host and path are normalized
-//! (`crate::normalize`; malformed ones are 400), the first matching route is picked (none:
+//! (`crate::request::normalize`; malformed ones are 400), the first matching route is picked (none:
 //! 404), a repeated header or query parameter its consistent hashing reads is 400, the API key
 //! is checked as the route asks (401), every matching rule is charged in one limiter call (a
 //! repeated value an applying rule reads: 400, unless the rule is a shadow rule, which then
@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Uri};
 
-use crate::auth::{presented_key, Identity};
-use crate::client::client_ip;
 use crate::config::{AuthMode, Config, Route};
 use crate::limiter::engine::{Limiter, Slots, Verdict};
 use crate::limiter::Check;
 use crate::metrics::metrics;
-use crate::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
+use crate::request::auth::{presented_key, Identity};
+use crate::request::client::client_ip;
+use crate::request::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
 use crate::rules::{single_valued, Policy, RequestView};
 
 /// What admission reads of a request.
@@ -62,7 +62,7 @@ pub struct Admission {
     /// Forward or answer.
     pub next: Next,
     /// Set when the request is forwarded slowed (`mode = "slow"`): its rate and rules.
-    pub slowed: Option<crate::throttle::Slowed>,
+    pub slowed: Option<crate::request::throttle::Slowed>,
 }
 
 /// The verdict.
@@ -105,8 +105,12 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         // own; it lets CONNECT through to here (`allow_connect_method_proxying`) so that HTTP/1.1
         // and HTTP/2 get floodgate's answer. The connection closes: what follows a CONNECT is
         // meant for a tunnel, not a next request.
-        let mut admission =
-            Admission::answer(ip, None, crate::response::method_not_allowed("CONNECT"), id);
+        let mut admission = Admission::answer(
+            ip,
+            None,
+            crate::request::response::method_not_allowed("CONNECT"),
+            id,
+        );
         if let Next::Answer(answer) = &mut admission.next {
             answer.close = true;
         }
@@ -122,7 +126,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         Ok(h) => h,
         Err(detail) => return Admission::answer(ip, None, Problem::bad_request(detail), id),
     };
-    let path = match crate::normalize::path(req.uri.path(), cfg.server.escaped_slashes) {
+    let path = match crate::request::normalize::path(req.uri.path(), cfg.server.escaped_slashes) {
         Ok(p) => p,
         Err(e) => return Admission::answer(ip, None, Problem::bad_request(e.to_string()), id),
     };
@@ -196,7 +200,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     // Who is being limited, for `GET /top` and the dashboard (bounded memory, no allocation
     // for a client already tracked).
     crate::top::record(cfg, &view, &outcome);
-    // Quota webhooks (issue 23): candidate events queued without waiting.
+    // Quota webhooks: candidate events queued without waiting.
     crate::webhooks::observe(
         &cfg.webhooks,
         limiter.store(),
@@ -213,7 +217,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     );
     admission.slots = Some(outcome.slots);
     if let Verdict::Slow { rate, rules } = &outcome.verdict {
-        admission.slowed = Some(crate::throttle::Slowed {
+        admission.slowed = Some(crate::request::throttle::Slowed {
             rate: *rate,
             rules: rules.join(","),
         });
@@ -301,19 +305,19 @@ fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
 /// Refuses what an upstream could read as another request than the one routed and counted:
 /// a method that is not an upper-case token (`post` is upper-cased by some servers), a target
 /// that is not UTF-8 (routes see it with replacement characters, the upstream gets the bytes)
-/// and the header spellings of `crate::header_policy`.
+/// and the header spellings of `crate::request::header_policy`.
 fn refuse_spellings(cfg: &Config, req: &Request<'_>) -> Result<(), String> {
-    if !crate::normalize::method_is_canonical(req.method) {
+    if !crate::request::normalize::method_is_canonical(req.method) {
         return Err("the method is not an upper-case token (methods are case-sensitive)".into());
     }
     if std::str::from_utf8(req.raw_target).is_err() {
         return Err("the request target is not valid UTF-8".into());
     }
-    crate::header_policy::check(req.headers, cfg.server.headers_with_underscores)
+    crate::request::header_policy::check(req.headers, cfg.server.headers_with_underscores)
         .map_err(|e| e.to_string())
 }
 
-/// The request's host, normalized (`crate::normalize::host`): the target's authority when it
+/// The request's host, normalized (`crate::request::normalize::host`): the target's authority when it
 /// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
 /// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
 /// `absolute` is the target's authority when it is in absolute form ([`absolute_form_authority`]).
@@ -341,7 +345,7 @@ fn request_host<'r>(
         },
     };
     // Borrowed when the host is already in normal form (the usual case): no allocation.
-    crate::normalize::host(raw)
+    crate::request::normalize::host(raw)
         .map(Some)
         .map_err(|e| e.to_string())
 }

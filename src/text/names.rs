@@ -14,7 +14,7 @@ pub fn name_of<T: Copy + PartialEq>(names: &'static [(&'static str, T)], value: 
 mod tests {
     use crate::config::{AuthMode, Backend, LogFormat};
     use crate::limiter::{Algorithm, LeakyMode};
-    use crate::normalize::EscapedSlashes;
+    use crate::request::normalize::EscapedSlashes;
     use crate::rules::{FailureMode, Scope};
 
     /// Every value has exactly one name and every name one value.

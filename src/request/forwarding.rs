@@ -8,8 +8,8 @@ use http::{HeaderName, HeaderValue, Uri};
 use pingora::http::RequestHeader;
 use pingora::{ErrorSource, ErrorType};
 
-use crate::auth::Identity;
-use crate::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
+use crate::request::auth::Identity;
+use crate::request::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
 
 /// The status floodgate answers for a proxying error; 0: answer nothing, only close (the
 /// client is gone, or the connection is a tunnel whose stream must not be written into).
@@ -169,7 +169,7 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
     // an empty x-api-key beside a Bearer token must not get the token forwarded.
     if let Some(key) = f.strip_key {
         req.remove_header(key);
-        if crate::auth::is_bearer(&req.headers) {
+        if crate::request::auth::is_bearer(&req.headers) {
             req.remove_header(&http::header::AUTHORIZATION);
         }
     }
@@ -179,7 +179,7 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::HeaderText;
+    use crate::request::auth::HeaderText;
 
     #[test]
     fn errors_become_statuses() {
@@ -363,7 +363,7 @@ pub enum Turn {
     /// A slot, held until dropped.
     Go(crate::upstream::protect::Permit),
     /// No turn: answer this 503 (`upstream-overloaded`) instead of forwarding.
-    Shed(Box<crate::response::Problem>),
+    Shed(Box<crate::request::response::Problem>),
 }
 
 /// A turn at `upstream`: at once below its limit (one atomic), else in fair order as the
@@ -386,11 +386,13 @@ pub async fn take_turn(
         Ok(permit) => Turn::Go(permit),
         Err(why) => {
             let retry_after = settings.queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
-            Turn::Shed(Box::new(crate::response::Problem::upstream_overloaded(
-                &upstream.name,
-                why.as_str(),
-                retry_after,
-            )))
+            Turn::Shed(Box::new(
+                crate::request::response::Problem::upstream_overloaded(
+                    &upstream.name,
+                    why.as_str(),
+                    retry_after,
+                ),
+            ))
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The Pingora `ProxyHttp` implementation: the I/O around [`crate::admission::admit`], which
+//! The Pingora `ProxyHttp` implementation: the I/O around [`crate::request::admission::admit`], which
 //! decides what each request gets. It holds no policy itself.
 //!
 //! Phases, in the order Pingora calls them:
@@ -20,15 +20,15 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 use smallvec::SmallVec;
 
-use crate::admission::{self, Next};
-use crate::auth::Identity;
-use crate::body::ReadAhead;
-use crate::client::RequestId;
 use crate::config::{AuthMode, Config, Route, Upstream};
-use crate::forwarding::{retry_after_proxy_error, Forwarded, ProxyError, ProxyRetry};
 use crate::gateway::Gateway;
 use crate::limiter::engine::Slots;
-use crate::response::{Answer, Problem, RateLimitHeaders};
+use crate::request::admission::{self, Next};
+use crate::request::auth::Identity;
+use crate::request::body::ReadAhead;
+use crate::request::client::RequestId;
+use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError, ProxyRetry};
+use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
 use crate::upstream::{TargetInfo, TargetState};
 
@@ -75,11 +75,11 @@ pub struct RequestCtx {
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
     slots: Option<Slots>,
     /// Reads `cost_from` rules' true costs from the upstream's response as it streams by.
-    cost: Option<crate::response_cost::CostReader>,
+    cost: Option<crate::request::response_cost::CostReader>,
     /// The request body's deadline and what was read ahead of the upstream.
-    body: crate::body::Body,
+    body: crate::request::body::Body,
     /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
-    slow: Option<crate::throttle::Throttle>,
+    slow: Option<crate::request::throttle::Throttle>,
     /// The request's slot at a `[upstreams.protect]` upstream, held for the whole exchange
     /// (retries included); dropping it gives the slot to the next waiter.
     protect: Option<crate::upstream::protect::Permit>,
@@ -126,7 +126,7 @@ impl ProxyHttp for Proxy {
             no_healthy: None,
             slots: None,
             cost: None,
-            body: crate::body::Body::default(),
+            body: crate::request::body::Body::default(),
             slow: None,
             protect: None,
             _in_flight: crate::shutdown::requests().enter(),
@@ -174,7 +174,7 @@ impl ProxyHttp for Proxy {
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
         ctx.slots = admitted.slots;
-        ctx.slow = admitted.slowed.map(crate::throttle::Throttle::new);
+        ctx.slow = admitted.slowed.map(crate::request::throttle::Throttle::new);
         match admitted.next {
             Next::Forward { delay, ratelimit } => {
                 ctx.headers = ratelimit;
@@ -196,9 +196,9 @@ impl ProxyHttp for Proxy {
                         count_body_timeout();
                         Problem::body_timeout()
                     }
-                    ReadAhead::TooManyWaiting => {
-                        Problem::too_many_uploads(crate::body::MAX_WAITING_PER_H2_CONNECTION)
-                    }
+                    ReadAhead::TooManyWaiting => Problem::too_many_uploads(
+                        crate::request::body::MAX_WAITING_PER_H2_CONNECTION,
+                    ),
                 };
                 let mut answer = problem.answer();
                 answer.close = true;
@@ -302,7 +302,7 @@ impl ProxyHttp for Proxy {
                 );
             }
         }
-        if crate::forwarding::retry_after_connect_failure(
+        if crate::request::forwarding::retry_after_connect_failure(
             session.req_header().method.is_idempotent(),
             ctx.attempts,
             upstream.settings.retries,
@@ -369,7 +369,10 @@ impl ProxyHttp for Proxy {
             return Ok(());
         };
         // First: it joins repeated X-Forwarded-For lines that `forwarding::apply` appends to.
-        crate::header_policy::for_upstream(upstream_request, cfg.server.headers_with_underscores);
+        crate::request::header_policy::for_upstream(
+            upstream_request,
+            cfg.server.headers_with_underscores,
+        );
         if ctx.body.continued() {
             upstream_request.remove_header(&http::header::EXPECT);
         }
@@ -387,7 +390,7 @@ impl ProxyHttp for Proxy {
                 .and_then(|u| u.settings.host_header.as_deref()),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
         };
-        crate::forwarding::apply(upstream_request, &forwarded)
+        crate::request::forwarding::apply(upstream_request, &forwarded)
     }
 
     async fn upstream_response_filter(
@@ -397,8 +400,13 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
-        crate::response_cost::settle_on_status(ctx.slots.as_mut(), upstream_response.status).await;
-        ctx.cost = crate::response_cost::CostReader::start(ctx.slots.as_mut(), upstream_response);
+        crate::request::response_cost::settle_on_status(
+            ctx.slots.as_mut(),
+            upstream_response.status,
+        )
+        .await;
+        ctx.cost =
+            crate::request::response_cost::CostReader::start(ctx.slots.as_mut(), upstream_response);
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // The client's side of the tunnel gets the same idle timeout as the upstream's.
             if let Some(u) = ctx.upstream() {
@@ -446,12 +454,13 @@ impl ProxyHttp for Proxy {
                 .request
                 .wait(len, now, slow.body_deadline, end_of_stream)
             {
-                crate::throttle::Wait::For(d) | crate::throttle::Wait::UntilDeadline(d) => {
+                crate::request::throttle::Wait::For(d)
+                | crate::request::throttle::Wait::UntilDeadline(d) => {
                     if !d.is_zero() {
                         tokio::time::sleep(d).await;
                     }
                 }
-                crate::throttle::Wait::Cut => {
+                crate::request::throttle::Wait::Cut => {
                     return Err(Error::explain(
                         ErrorType::ReadTimedout,
                         "the slowed request body cannot arrive within body_timeout",
@@ -514,7 +523,7 @@ impl ProxyHttp for Proxy {
         match &mut ctx.slow {
             Some(slow) if !session.was_upgraded() => {
                 let len = body.as_ref().map_or(0, bytes::Bytes::len);
-                crate::throttle::response_delay(
+                crate::request::throttle::response_delay(
                     &mut slow.response,
                     len,
                     ctx.deadline,
@@ -544,7 +553,11 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let code = crate::forwarding::error_status(e.etype(), e.esource(), session.was_upgraded());
+        let code = crate::request::forwarding::error_status(
+            e.etype(),
+            e.esource(),
+            session.was_upgraded(),
+        );
         if code > 0 {
             let name = ctx.upstream().map(|u| &*u.name).unwrap_or_default();
             let mut problem = match (code, ctx.no_healthy) {
@@ -577,7 +590,7 @@ impl ProxyHttp for Proxy {
         crate::connection::exchange_done(session);
         // The exchange is over (also when the client left mid-stream): cost_from rules are
         // charged what was read.
-        crate::response_cost::settle_costs(ctx.slots.as_mut(), ctx.cost.take()).await;
+        crate::request::response_cost::settle_costs(ctx.slots.as_mut(), ctx.cost.take()).await;
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.slots = None;
         ctx.protect = None;
@@ -591,7 +604,7 @@ impl ProxyHttp for Proxy {
         if !ctx.config.as_ref().is_some_and(|c| c.server.access_log) {
             return;
         }
-        crate::access_log::record(|| crate::access_log::AccessLine {
+        crate::request::access_log::record(|| crate::request::access_log::AccessLine {
             method: req.method.clone(),
             path: req.uri.path().to_owned(),
             status,
@@ -672,19 +685,19 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
 /// concurrency slots are given back at once.
 async fn take_turn(ctx: &mut RequestCtx, req: &RequestHeader) -> Option<Problem> {
     let upstream = ctx.upstream()?.clone();
-    let turn = crate::forwarding::take_turn(&upstream, |p| {
+    let turn = crate::request::forwarding::take_turn(&upstream, |p| {
         crate::upstream::protect::tenant(p, &view(ctx, req))
     })
     .await;
     match turn {
-        crate::forwarding::Turn::Unguarded => None,
-        crate::forwarding::Turn::Go(permit) => {
+        crate::request::forwarding::Turn::Unguarded => None,
+        crate::request::forwarding::Turn::Go(permit) => {
             ctx.protect = Some(permit);
             None
         }
-        crate::forwarding::Turn::Shed(mut problem) => {
+        crate::request::forwarding::Turn::Shed(mut problem) => {
             let status = http::StatusCode::SERVICE_UNAVAILABLE;
-            crate::response_cost::settle_on_status(ctx.slots.as_mut(), status).await;
+            crate::request::response_cost::settle_on_status(ctx.slots.as_mut(), status).await;
             ctx.slots = None;
             problem.request_id = Some(ctx.request_id.as_str().to_owned());
             Some(*problem)

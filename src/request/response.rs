@@ -5,7 +5,7 @@
 //! Bodies are written by hand rather than through `serde_json` (a 429 under attack is the
 //! gateway's hottest answer): static text is appended as it is, and only the values that come
 //! from the request (a path, a detail) go through [`push_json_str`]. Rule names and request ids
-//! need no escaping: validation and [`crate::client::RequestId`] keep them to plain ASCII.
+//! need no escaping: validation and [`crate::request::client::RequestId`] keep them to plain ASCII.
 
 use std::time::Duration;
 
@@ -127,7 +127,7 @@ impl Problem {
     }
 
     /// 429: an HTTP/2 connection already has as many requests waiting for their bodies as one
-    /// connection may (see `crate::body`).
+    /// connection may (see `crate::request::body`).
     pub fn too_many_uploads(limit: usize) -> Self {
         let mut p = Problem::new(
             "urn:floodgate:problem:too-many-uploads",
@@ -333,7 +333,7 @@ impl Answer {
 /// parse (its bare `400`/`405` replaced). It carries a fresh request id (body and
 /// `x-request-id`) and closes the connection.
 pub fn raw_answer(mut problem: Problem) -> Vec<u8> {
-    let id = crate::client::RequestId::of(&http::HeaderMap::new());
+    let id = crate::request::client::RequestId::of(&http::HeaderMap::new());
     problem.request_id = Some(id.as_str().to_owned());
     let body = problem.to_body();
     let mut out = String::with_capacity(240 + body.len());
