@@ -48,6 +48,8 @@ enum Command {
     Check,
     /// Print a Mermaid flowchart of the request path and the rules.
     Diagram,
+    /// Print the JSON Schema (draft-07) of gateway.toml, for editors (a `#:schema` line).
+    Schema,
 }
 
 fn main() -> ExitCode {
@@ -76,6 +78,11 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        // The schema describes the file format, not a file: no config is read.
+        Some(Command::Schema) => {
+            print!("{}", floodgate::config::json_schema::gateway_schema());
+            ExitCode::SUCCESS
+        }
         None => {
             let cfg = match Config::load(&cli.config) {
                 Ok(cfg) => cfg,

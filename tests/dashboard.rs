@@ -343,6 +343,23 @@ async fn must(b: &Client, what: &str, script: &str) -> Value {
     }
 }
 
+/// The text of the element `locator` finds.
+async fn text_of(b: &Client, locator: Locator<'_>) -> String {
+    b.find(locator).await.unwrap().text().await.unwrap()
+}
+
+/// Types `token` into the dashboard's token form and submits it.
+async fn submit_token(b: &Client, token: &str) {
+    let field = b.find(Locator::Id("token")).await.unwrap();
+    field.send_keys(token).await.unwrap();
+    b.find(Locator::Id("token-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 /// Clicks the element `css` names. The page rebuilds a list when its numbers change, so an
 /// element found may be replaced before the click lands: find it again, a bounded number of
 /// times.
@@ -392,13 +409,7 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
     )
     .await;
     assert_eq!(names, "tight,by-secret-header,per-ip,per-tenant");
-    let limit = b
-        .find(Locator::Css(r#".rule[data-rule="tight"] .limit"#))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let limit = text_of(b, Locator::Css(r#".rule[data-rule="tight"] .limit"#)).await;
     assert!(limit.contains("4 per 1h"), "{limit}");
     let before = must(
         b,
@@ -502,33 +513,15 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
     assert!(rows.as_str().unwrap().contains("26"), "{rows}");
 
     // The store and the config.
-    let store = b
-        .find(Locator::Id("store-card"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let store = text_of(b, Locator::Id("store-card")).await;
     assert!(store.contains("memory") && store.contains("up"), "{store}");
-    let cfg = b
-        .find(Locator::Id("config-card"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let cfg = text_of(b, Locator::Id("config-card")).await;
     assert!(
         cfg.contains("generation") && cfg.contains("gateway.toml"),
         "{cfg}"
     );
     // Quota use: the api_key rule, with its identities per threshold.
-    let quotas = b
-        .find(Locator::Id("quota-card"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let quotas = text_of(b, Locator::Id("quota-card")).await;
     assert!(
         quotas.contains("tight") && quotas.contains("≥80%") && quotas.contains("≥100%"),
         "{quotas}"
@@ -575,28 +568,14 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
         !shown.as_str().unwrap().contains("tight"),
         "rules shown without the token"
     );
-    let token = b.find(Locator::Id("token")).await.unwrap();
-    token.send_keys("wrong").await.unwrap();
-    b.find(Locator::Id("token-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    submit_token(b, "wrong").await;
     must(
         b,
         "a wrong token refused",
         "return document.getElementById('login-error').textContent.includes('refused') && document.getElementById('main').hidden;",
     )
     .await;
-    let token = b.find(Locator::Id("token")).await.unwrap();
-    token.send_keys("s3cret-admin").await.unwrap();
-    b.find(Locator::Id("token-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    submit_token(b, "s3cret-admin").await;
     must(
         b,
         "the dashboard after the token",

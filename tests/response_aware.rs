@@ -848,3 +848,126 @@ async fn a_leased_count_rule_refunds_into_its_lease_and_stays_exact() {
     }
     assert_eq!(upstream_failures(&c, &api).await, 6);
 }
+
+/// An upstream on a free loopback port that reports a fixed cost: `/v1/h/A[/B...]` in one
+/// `x-usage-total-tokens` header per value, `/v1/j/N` as `usage.total_tokens` in a JSON body
+/// (N written as is, so any JSON number). Its tasks end with the test's runtime.
+async fn fixed_cost_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                let path = line.split(' ').nth(1).unwrap_or("/").to_owned();
+                let (headers, body) = if let Some(values) = path.strip_prefix("/v1/h/") {
+                    let headers: String = values
+                        .split('/')
+                        .map(|v| format!("x-usage-total-tokens: {v}\r\n"))
+                        .collect();
+                    (headers, "{}".to_owned())
+                } else {
+                    let n = path.strip_prefix("/v1/j/").unwrap_or("0");
+                    (
+                        String::new(),
+                        format!("{{\"usage\":{{\"total_tokens\":{n}}}}}"),
+                    )
+                };
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Costs as upstreams write them, through the binary: `2.1` is 3 (refunded from the
+/// reservation of 10), a repeated header is unreadable (charged the reservation, counted),
+/// `3e3` and `3000.0` and a number past 2^64 are charged (capped at 10^15), and the budget of
+/// 100 is then spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_are_read_as_numbers_capped_and_rounded_up() {
+    let upstream = fixed_cost_upstream().await;
+    let c = client();
+    let settled_as = |gw: &Gateway, result: &str, want: f64| {
+        let series =
+            format!(r#"floodgate_response_settled_total{{result="{result}",rule="tokens"}}"#);
+        let url = gw.admin_url("/metrics");
+        let c = c.clone();
+        async move {
+            eventually(
+                Duration::from_secs(10),
+                &format!("{series} = {want}"),
+                || async {
+                    let metrics = get_text(&c, url.clone()).await;
+                    (metric_value(&metrics, &series) == Some(want)).then_some(())
+                },
+            )
+            .await;
+        }
+    };
+    let post = |gw: &Gateway, path: &str| {
+        let url = gw.url(path);
+        let c = c.clone();
+        async move {
+            let r = c
+                .post(url)
+                .json(&serde_json::json!({}))
+                .send()
+                .await
+                .expect("answered");
+            let status = r.status().as_u16();
+            let _ = r.text().await;
+            status
+        }
+    };
+
+    let header_gw = Gateway::start(&format!(
+        "{}{LLM_ROUTE}{}",
+        orders_upstream(&[upstream]),
+        token_rule("header:x-usage-total-tokens")
+    ));
+    assert_eq!(post(&header_gw, "/v1/h/2.1").await, 200);
+    settled_as(&header_gw, "refunded", 1.0).await;
+    assert_eq!(post(&header_gw, "/v1/h/5/7").await, 200);
+    settled_as(&header_gw, "charged", 1.0).await;
+    let metrics = get_text(&c, header_gw.admin_url("/metrics")).await;
+    let unread = r#"floodgate_cost_unread_total{rule="tokens"}"#;
+    assert_eq!(
+        metric_value(&metrics, unread),
+        Some(1.0),
+        "the repeated header"
+    );
+    assert_eq!(post(&header_gw, "/v1/h/3e3").await, 200);
+    settled_as(&header_gw, "charged_extra", 1.0).await;
+    assert_eq!(
+        post(&header_gw, "/v1/h/1").await,
+        429,
+        "3 + 10 + 3000 of 100 spent"
+    );
+    drop(header_gw);
+
+    for cost in ["3000.0", "99999999999999999999"] {
+        let gw = Gateway::start(&format!(
+            "{}{LLM_ROUTE}{}",
+            orders_upstream(&[upstream]),
+            token_rule("json:usage.total_tokens")
+        ));
+        assert_eq!(post(&gw, &format!("/v1/j/{cost}")).await, 200, "{cost}");
+        settled_as(&gw, "charged_extra", 1.0).await;
+        assert_eq!(post(&gw, "/v1/j/1").await, 429, "{cost} of 100 spent");
+    }
+}

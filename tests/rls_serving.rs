@@ -314,35 +314,12 @@ async fn upgrade_hands_the_grpc_socket_over_without_failing_a_call() {
     };
     wait_ok(20, "before the upgrade").await;
 
-    let new_log = dir.join("floodgate-new.log");
-    let mut new = common::spawn_floodgate_with(&old.config_path(), &dir, &new_log, &["--upgrade"]);
-    let sock = dir.join("upgrade.sock");
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(
-            new.child.try_wait().unwrap().is_none(),
-            "the new process exited: {}",
-            std::fs::read_to_string(&new_log).unwrap_or_default()
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no upgrade socket"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    common::send_signal(old.pid(), "QUIT");
-    let quit = Instant::now();
-    let status = loop {
-        if let Some(status) = old.wait_exit(Duration::ZERO) {
-            break status;
-        }
-        assert!(
-            quit.elapsed() < Duration::from_secs(40),
-            "the old process did not exit after SIGQUIT\n{}",
-            old.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let config = old.config_path();
+    let common::upgrade::HandedOver {
+        mut new,
+        new_log,
+        old_status: status,
+    } = common::upgrade::hand_over(&mut old, &config, &dir).await;
     assert!(status.success(), "old exit status {status}\n{}", old.logs());
 
     let after = ok_now();

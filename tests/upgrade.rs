@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::upgrade::{self, HandedOver};
 use common::*;
 
 /// One `GET path` on a fresh connection: the status, or what went wrong.
@@ -138,30 +139,15 @@ auth = "none"
     );
     load.wait_ok(20, Duration::from_secs(20), "before the upgrade");
 
-    // The new process binds the upgrade socket and waits there for the listeners.
-    let new_log = dir.join("floodgate-new.log");
-    let mut new = spawn_floodgate_with(&old.config_path(), &dir, &new_log, &["--upgrade"]);
-    let sock = dir.join("upgrade.sock");
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(
-            new.child.try_wait().unwrap().is_none(),
-            "the new process exited: {}",
-            std::fs::read_to_string(&new_log).unwrap_or_default()
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no upgrade socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-
-    // SIGQUIT: the old process sends its listeners over, serves alongside the new one for a
-    // few seconds, then drains and exits.
-    old.signal("QUIT");
-    let status = old
-        .wait_exit(Duration::from_secs(40))
-        .unwrap_or_else(|| panic!("the old process did not exit after SIGQUIT\n{}", old.logs()));
+    // The new process binds the upgrade socket and waits there for the listeners; SIGQUIT:
+    // the old process sends its listeners over, serves alongside the new one for a few
+    // seconds, then drains and exits.
+    let config = old.config_path();
+    let HandedOver {
+        mut new,
+        new_log,
+        old_status: status,
+    } = upgrade::hand_over_blocking(&mut old, &config, &dir);
     assert!(status.success(), "old exit status {status}\n{}", old.logs());
 
     // Only the new process is left, and it serves, on the same port and admin port.

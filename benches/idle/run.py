@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benches" / "load"))
 import run as load  # noqa: E402  (the load bench's process, config and RSS helpers)
+import common  # noqa: E402  (benches/common.py, on the path the load bench put it on)
 
 log = load.log
 
@@ -431,25 +432,14 @@ def main() -> int:
     if args.connections < 1 or args.connections > 60000:
         sys.exit("--connections: 1 to 60000")
 
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGHUP, terminate)
     bench = IdleBench(args)
-    try:
-        return bench.run()
-    except KeyboardInterrupt:
-        log("interrupted: stopping everything")
-        return 130
-    except RuntimeError as e:
-        log(f"failed: {e}")
-        return 1
-    finally:
+
+    def stop() -> None:
         bench.stop_all()
         bench.loop.close()
         shutil.rmtree(bench.tmp, ignore_errors=True)
 
+    return common.run_harness(bench.run, stop, log)
 
 if __name__ == "__main__":
     sys.exit(main())

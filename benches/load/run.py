@@ -76,16 +76,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WRK_LUA = HERE / "wrk.lua"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402  (benches/common.py: ports, /proc, Redis INFO, clean-up)
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+log = common.logger("bench")
+free_port = common.free_port
+rss_kib = common.rss_kib
+cpu_times = common.cpu_times
+cpu_seconds = common.cpu_seconds
+busy_seconds = common.busy_seconds
+redis_info = common.redis_info
+redis_commandstats = common.redis_commandstats
 
 
 def find_tool(name: str) -> str:
@@ -106,79 +108,12 @@ def http_get(port: int, path: str = "/", headers: dict | None = None, timeout: f
         conn.close()
 
 
-def rss_kib(pid: int) -> int:
-    """VmRSS of a process in KiB (0 if gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_times(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process so far (zeros if gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
-    except (OSError, IndexError, ValueError):
-        return 0.0, 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    return sum(cpu_times(pid))
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all CPUs, /proc/stat)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = v
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
 def children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(p) for p in f.read().split()]
     except OSError:
         return []
-
-
-def redis_info(port: int, section: str) -> str:
-    """`INFO section` over a raw socket (RESP), without redis-cli."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(f"INFO {section}\r\n".encode())
-        buf = b""
-        while b"\r\n" not in buf:
-            buf += s.recv(65536)
-        head, _, rest = buf.partition(b"\r\n")
-        if not head.startswith(b"$"):
-            raise RuntimeError(f"redis answered {head!r}")
-        n = int(head[1:])
-        while len(rest) < n + 2:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            rest += chunk
-        return rest[:n].decode()
-
-
-def redis_commandstats(port: int) -> dict[str, tuple[int, int]]:
-    """(calls, µs spent) per command, from INFO commandstats."""
-    out = {}
-    for line in redis_info(port, "commandstats").splitlines():
-        if line.startswith("cmdstat_"):
-            name, _, fields = line.partition(":")
-            f = dict(kv.split("=", 1) for kv in fields.split(","))
-            out[name[len("cmdstat_"):]] = (int(f.get("calls", 0)), int(f.get("usec", 0)))
-    return out
 
 
 # INFO commandstats also counts the commands that scripts call (redis.call). Round trips are
@@ -855,7 +790,7 @@ auth = "none"
             closed = 'on_store_error = "closed"\n'  # a failing store shows as 503s, never as speed
             fg.insert(2, ("fg-global1", "floodgate, 1 global token-bucket rule (Redis)",
                           rule("g1", ["ip"], "global", extra=closed), store, 200, "fg-none"))
-            # The same global rule on the same hot key, leased: against fg-local (the issue's
+            # The same global rule on the same hot key, leased: against fg-local (the target
             # >= 0.95x) and fg-global1; Redis calls per request from commandstats.
             fg.insert(3, ("fg-lease", "floodgate, 1 global token-bucket rule, lease = \"auto\" (Redis)",
                           rule("g1", ["ip"], "global", extra=closed + 'lease = "auto"\n'), store, 200, "fg-local"))
@@ -1416,7 +1351,7 @@ auth = "none"
             "systems": {n: {"title": s.title, "skipped": s.skipped, "runs": s.runs, "half_runs": s.half_runs}
                         for n, s in self.systems.items()},
             "memory": getattr(self, "mem", None),
-            # The issue-13 comparison: floodgate without rules over the bare Pingora proxy.
+            # The headline comparison: floodgate without rules over the bare Pingora proxy.
             "ratios": {"fg-none / pingora-bare": own},
         }
         (out / "results.json").write_text(json.dumps(data, indent=1))
@@ -1474,27 +1409,16 @@ def main() -> int:
     if not Path(args.floodgate).is_file():
         sys.exit(f"bench: {args.floodgate} not found: build it first (cargo build --release)")
 
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGHUP, terminate)
     bench = Bench(args)
-    try:
-        return bench.run()
-    except KeyboardInterrupt:
-        log("interrupted: stopping everything")
-        return 130
-    except RuntimeError as e:
-        log(f"failed: {e}")
-        return 1
-    finally:
+
+    def stop() -> None:
         bench.stop_all()
         if args.keep_tmp:
             log(f"configs and logs kept in {bench.tmp}")
         else:
             shutil.rmtree(bench.tmp, ignore_errors=True)
 
+    return common.run_harness(bench.run, stop, log)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -61,6 +61,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402  (benches/common.py: ports, /proc, Redis INFO, clean-up)
 PATH_RLS = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 DOMAIN, KEY, VALUE = "bench", "user", "hot"
 LIMIT = 1_000_000_000_000  # above anything a run sends: every call is admitted
@@ -71,7 +73,7 @@ REDIS_SYSTEMS = ("fg-global", "fg-lease", "limitador-redis", "limitador-cached")
 EXACT = {"fg-local": "per instance", "fg-global": "yes", "fg-lease": "yes",
          "limitador-memory": "per instance", "limitador-redis": "yes",
          "limitador-cached": 'no ("can go over limits")'}
-# The issue's targets: (floodgate system, Limitador system, the ratio floodgate must reach).
+# The targets: (floodgate system, Limitador system, the ratio floodgate must reach).
 TARGETS = (("fg-local", "limitador-memory", 1.0),
            ("fg-global", "limitador-redis", 1.5),
            ("fg-lease", "limitador-cached", 1.0))
@@ -83,8 +85,7 @@ CLIENT_ONLY = ("script", "function", "ping", "client", "hello", "select", "auth"
 HARNESS = ("info", "monitor")
 
 
-def log(msg: str) -> None:
-    print(f"[rls-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = common.logger("rls-bench")
 
 
 # ---- the request ---------------------------------------------------------------------------
@@ -151,10 +152,9 @@ def overall_code(frame: bytes) -> int | None:
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = common.free_port
+cpu_seconds = common.cpu_seconds
+busy_seconds = common.busy_seconds
 
 
 def http_text(port: int, path: str) -> str:
@@ -171,56 +171,9 @@ def metric_sum(text: str, name: str, *must: str) -> float:
     return total
 
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine was busy (all CPUs)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(v) - v[3] - v[4]) / CLK_TCK
-
-
-def redis_command(port: int, *args: str) -> bytes:
-    """One command's raw RESP answer (bulk strings only, which is all the harness asks)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"".join([f"*{len(args)}\r\n".encode()] +
-                           [f"${len(a)}\r\n{a}\r\n".encode() for a in args]))
-        buf = b""
-        while b"\r\n" not in buf:
-            chunk = s.recv(65536)
-            if not chunk:
-                raise RuntimeError("redis closed the connection")
-            buf += chunk
-        head, _, rest = buf.partition(b"\r\n")
-        if not head.startswith(b"$"):
-            return head
-        n = int(head[1:])
-        while len(rest) < n + 2:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            rest += chunk
-        return rest[:n]
-
-
 def commandstats(port: int) -> dict[str, int]:
-    out = {}
-    for line in redis_command(port, "INFO", "commandstats").decode().splitlines():
-        m = re.match(r"cmdstat_([^:]+):calls=(\d+)", line)
-        if m:
-            out[m.group(1).lower()] = int(m.group(2))
-    return out
+    """Calls per command, from INFO commandstats."""
+    return {name.lower(): calls for name, (calls, _) in common.redis_commandstats(port).items()}
 
 
 class Monitor:
@@ -715,11 +668,15 @@ def find_limitador(explicit: str | None) -> str | None:
     found = shutil.which("limitador-server")
     if found:
         return found
-    for d in ("/work/limitador-target", os.path.expanduser("~/.cache/floodgate/limitador-target")):
-        p = os.path.join(d, "release", "limitador-server")
-        if os.access(p, os.X_OK):
-            return p
-    return None
+    p = os.path.join(limitador_target(), "release", "limitador-server")
+    return p if os.access(p, os.X_OK) else None
+
+
+def limitador_target() -> str:
+    """Where build_limitador.sh builds (the Makefile's LIMITADOR_TARGET): $LIMITADOR_TARGET, or
+    ~/.cache/floodgate/limitador-target."""
+    return os.environ.get("LIMITADOR_TARGET") or os.path.expanduser(
+        "~/.cache/floodgate/limitador-target")
 
 
 def main() -> None:
@@ -727,8 +684,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--floodgate", default=str(ROOT / "target/release/floodgate"))
     ap.add_argument("--limitador", default=None,
-                    help="limitador-server (default: on PATH, /work/limitador-target/release or "
-                         "~/.cache/floodgate/limitador-target/release)")
+                    help="limitador-server (default: on PATH, or release/limitador-server under "
+                         "$LIMITADOR_TARGET, default ~/.cache/floodgate/limitador-target)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds at the maximum (default 3)")
     ap.add_argument("--requests", type=int, default=200_000,
                     help="calls per run at the maximum (default 200,000)")

@@ -12,6 +12,11 @@ connections held at once, how many slow clients were answered 408 or closed, and
 fresh client's GET was served meanwhile (its latency).
 """
 import argparse, asyncio, os, shutil, socket, subprocess, tempfile, threading, time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import free_port, stop_processes, wait_port  # noqa: E402  (benches/common.py)
 
 HELD = {"now": 0, "max": 0}
 LOCK = threading.Lock()
@@ -64,25 +69,6 @@ def upstream(port):
             threading.Thread(target=serve, args=(c,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, limit=20):
-    end = time.time() + limit
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
 
 
 async def slow_body(port, source, stats, seconds):
@@ -189,13 +175,7 @@ http {{ access_log off; client_body_temp_path {d}/body; proxy_temp_path {d}/prox
                 src = "64 IPs" if many else "one IP"
                 print(f"| {name} | {src} | {held} | {stats['408']} / {stats['closed']} / {stats['still_open']} | {p} |")
     finally:
-        for p in procs:
-            p.send_signal(2)
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs, 5)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -18,28 +18,14 @@ once more. `--baseline` runs the same downloads without the rule, the clients re
 --rate themselves: what Pingora holds for as many slow readers anyway.
 """
 import argparse, asyncio, os, shutil, signal, socket, subprocess, tempfile, time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import free_port, rss_kib, stop_processes, wait_port  # noqa: E402  (benches/common.py)
 
 SENT = {}  # connection id -> bytes the upstream has written to its socket
 BODY = b"x" * (1 << 20)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, limit=30):
-    end = time.time() + limit
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
 
 
 def parse_rate(text):
@@ -47,14 +33,6 @@ def parse_rate(text):
         if text.endswith(unit):
             return int(text[: -len(unit)]) * scale
     raise SystemExit(f"bad rate {text}")
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 async def serve(reader, writer):
@@ -199,11 +177,7 @@ auth = "none"
         wait_port(fg)
         asyncio.run(run(a, fg, up, fgp.pid))
     finally:
-        fgp.send_signal(signal.SIGINT)
-        try:
-            fgp.wait(10)
-        except subprocess.TimeoutExpired:
-            fgp.kill()
+        stop_processes([fgp], 10)
         shutil.rmtree(d, ignore_errors=True)
 
 

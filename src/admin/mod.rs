@@ -128,6 +128,12 @@ impl Admin {
             ("GET", "/metrics") => {
                 usage::register_metrics();
                 crate::webhooks::webhook_metrics();
+                // Each configured webhook's drop counters show from 0, before any drop.
+                for w in cfg.webhooks.iter() {
+                    for reason in ["queue_full", "undeliverable"] {
+                        crate::webhooks::dropped_metrics().with_label_values(&[&w.name, reason]);
+                    }
+                }
                 let m = metrics();
                 let store = self.gateway.limiter.memory();
                 m.memory_keys.set(store.len() as i64);

@@ -12,6 +12,7 @@
 
 pub mod duration;
 pub mod error;
+pub mod json_schema;
 pub mod schema;
 mod validate;
 pub mod watch;
@@ -217,6 +218,10 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
     /// Key requirement.
     pub auth: AuthMode,
+    /// Its own `escaped_slashes`, when it overrides `[server] escaped_slashes`: a path the
+    /// server's mode refuses is accepted if, spelled under this mode, it is this route's, and a
+    /// path the server's mode accepts is refused if this route's refuses it.
+    pub escaped_slashes: Option<crate::request::normalize::EscapedSlashes>,
     /// Its `floodgate_requests_total` series, resolved on first use (validation registers
     /// nothing).
     pub requests: crate::metrics::RouteRequests,

@@ -126,12 +126,10 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         Ok(h) => h,
         Err(detail) => return Admission::answer(ip, None, Problem::bad_request(detail), id),
     };
-    let path = match crate::request::normalize::path(req.uri.path(), cfg.server.escaped_slashes) {
-        Ok(p) => p,
+    let (path, route_idx) = match route_path(cfg, host.as_deref(), req.method, req.uri.path()) {
+        Ok((path, Some(route))) => (path, route),
+        Ok((path, None)) => return Admission::answer(ip, None, Problem::not_found(&path), id),
         Err(e) => return Admission::answer(ip, None, Problem::bad_request(e.to_string()), id),
-    };
-    let Some(route_idx) = cfg.route_for(host.as_deref(), req.method, &path) else {
-        return Admission::answer(ip, None, Problem::not_found(&path), id);
     };
     let route = &cfg.routes[route_idx];
     let settings = &route.upstream.settings;
@@ -382,3 +380,51 @@ fn forward_target(uri: &Uri, path: &str, origin_form: bool) -> Uri {
 
 #[cfg(test)]
 mod tests;
+
+/// The normalized path of `raw` and the route it is for (none: 404), under `[server]
+/// escaped_slashes` and each route's own. A path with `%2F`/`%5C`/`%3B` that the server's mode
+/// refuses is accepted when, normalized under a route's own mode, its first matching route is
+/// that one; a path the server's mode accepts is refused when its route's own mode refuses
+/// it. A path without those escapes reads the same under every mode and pays one pass.
+fn route_path<'p>(
+    cfg: &Config,
+    host: Option<&str>,
+    method: &http::Method,
+    raw: &'p str,
+) -> Result<(std::borrow::Cow<'p, str>, Option<usize>), crate::request::normalize::PathError> {
+    use crate::request::normalize::{path, EscapedSlashes, PathError};
+    let server = cfg.server.escaped_slashes;
+    match path(raw, server) {
+        Ok(p) => {
+            let route = cfg.route_for(host, method, &p);
+            if let Some(own) = route.and_then(|i| cfg.routes[i].escaped_slashes) {
+                if own != server && raw.contains('%') {
+                    // The route reads the escapes otherwise (stricter, or decoding them): its
+                    // mode decides, and the path it makes must still be its own.
+                    let mine = path(raw, own)?;
+                    if mine != p {
+                        if cfg.route_for(host, method, &mine) != route {
+                            return Err(PathError::EscapedSlash);
+                        }
+                        return Ok((mine, route));
+                    }
+                }
+            }
+            Ok((p, route))
+        }
+        Err(PathError::EscapedSlash) => {
+            for (i, r) in cfg.routes.iter().enumerate() {
+                let Some(own) = r.escaped_slashes.filter(|m| *m != EscapedSlashes::Reject) else {
+                    continue;
+                };
+                if let Ok(p) = path(raw, own) {
+                    if cfg.route_for(host, method, &p) == Some(i) {
+                        return Ok((p, Some(i)));
+                    }
+                }
+            }
+            Err(PathError::EscapedSlash)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -11,11 +11,12 @@ use http::Method;
 pub struct RequestMatch {
     /// Exact (normalized) path.
     pub path: Option<String>,
-    /// Path prefix, on segment boundaries (`/orders` matches `/orders` and `/orders/1`).
+    /// Path prefix, on segment boundaries (`/orders` matches `/orders`, `/orders/1` and
+    /// `/orders.json`; not `/ordersx`).
     pub path_prefix: Option<String>,
     /// Host, normalized (lower case, no port, no trailing dot).
     pub host: Option<String>,
-    /// Methods, any when `None`.
+    /// Methods, any when `None`. `GET` covers `HEAD`.
     pub methods: Option<Vec<Method>>,
 }
 
@@ -31,7 +32,10 @@ impl RequestMatch {
             }
         }
         if let Some(methods) = &self.methods {
-            if !methods.contains(method) {
+            // Every common framework serves HEAD with the GET handler: a GET route or rule
+            // that let HEAD by would let a client reach (and cost) the same handler unmatched.
+            let head_as_get = *method == Method::HEAD && methods.contains(&Method::GET);
+            if !methods.contains(method) && !head_as_get {
                 return false;
             }
         }
@@ -61,14 +65,22 @@ impl RequestMatch {
     }
 }
 
-/// Prefix match on path segments, so that `/orders` does not match `/ordersx`.
+/// Prefix match on path segments, so that `/orders` does not match `/ordersx`, and a last
+/// segment `PREFIX.ext` is covered too: `/orders.json` is the orders index to Rails (and
+/// Django's and Laravel's format suffixes), and nginx's `location /orders` and Envoy's
+/// `prefix: /orders` match it. `/orders.json/1` is not covered (no framework reads it as
+/// `/orders/1`).
 pub fn path_has_prefix(path: &str, prefix: &str) -> bool {
     if prefix == "/" || prefix.is_empty() {
         return true;
     }
     let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
     match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        Some(rest) => {
+            rest.is_empty()
+                || rest.starts_with('/')
+                || rest.strip_prefix('.').is_some_and(|ext| !ext.contains('/'))
+        }
         None => false,
     }
 }
@@ -84,6 +96,12 @@ mod tests {
         assert!(path_has_prefix("/orders/1", "/orders/"));
         assert!(!path_has_prefix("/ordersx", "/orders"));
         assert!(path_has_prefix("/anything", "/"));
+        // A format suffix on the last segment is the same resource.
+        assert!(path_has_prefix("/orders.json", "/orders"));
+        assert!(path_has_prefix("/orders.json", "/orders/"));
+        assert!(path_has_prefix("/v1/orders.xml", "/v1/orders"));
+        assert!(!path_has_prefix("/orders.json/1", "/orders"));
+        assert!(!path_has_prefix("/ordersx.json", "/orders"));
     }
 
     #[test]
@@ -98,6 +116,18 @@ mod tests {
         let host = n("api.example.com:8080");
         assert!(m.matches(Some(&host), &Method::GET, "/orders/1"));
         assert!(!m.matches(Some(&host), &Method::POST, "/orders/1"));
+        assert!(
+            m.matches(Some(&host), &Method::HEAD, "/orders/1"),
+            "GET covers HEAD"
+        );
+        let head_only = RequestMatch {
+            methods: Some(vec![Method::HEAD]),
+            ..RequestMatch::default()
+        };
+        assert!(
+            !head_only.matches(None, &Method::GET, "/x"),
+            "not the other way"
+        );
         assert!(!m.matches(None, &Method::GET, "/orders/1"));
         assert!(!m.matches(Some(&n("other.example.com")), &Method::GET, "/orders"));
         assert!(!m.matches(Some(&host), &Method::GET, "/ordersx"));

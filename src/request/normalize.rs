@@ -18,10 +18,14 @@ use std::net::Ipv6Addr;
 
 use http::Method;
 
-/// What to do with `%2F` (`/`) and `%5C` (`\`) in a path: `[server] escaped_slashes`.
+/// What to do with `%2F` (`/`), `%5C` (`\`) and `%3B` (`;`) in a path: `[server]
+/// escaped_slashes`, and a route's own `escaped_slashes`.
 ///
 /// An encoded slash is the classic way past path-based rules: the gateway sees one segment,
-/// while an upstream (or a framework in front of it) that decodes it sees two.
+/// while an upstream (or a framework in front of it) that decodes it sees two. An encoded `;`
+/// is the same trick for backends that decode before they strip path parameters
+/// (`/orders%3Bx` is `/orders` to them). Spring's StrictHttpFirewall refuses all three;
+/// Envoy's `path_with_escaped_slashes_action` offers the same choices for the first two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EscapedSlashes {
     /// Refuse the request (`400`): the default, as no ordinary client sends them.
@@ -30,8 +34,9 @@ pub enum EscapedSlashes {
     /// Leave them encoded (hex upper-cased): they are data inside a segment, not separators.
     Keep,
     /// Decode `%2F` to `/` before slashes are merged and dot-segments removed, so it separates
-    /// segments like a literal one. `%5C` is still refused: a decoded backslash is as
-    /// ambiguous as a literal one ([`PathError::Backslash`]).
+    /// segments like a literal one. `%5C` and `%3B` are still refused: a decoded backslash or
+    /// `;` is as ambiguous as a literal one ([`PathError::Backslash`],
+    /// [`PathError::PathParameter`]).
     Unescape,
 }
 
@@ -64,8 +69,8 @@ pub enum PathError {
     /// A `%` not followed by two hex digits.
     #[error("the path has a malformed percent-encoding")]
     BadEscape,
-    /// `%2F` or `%5C` with `escaped_slashes = "reject"`.
-    #[error("the path has an encoded slash (%2F or %5C)")]
+    /// `%2F`, `%5C` or `%3B` with `escaped_slashes = "reject"`.
+    #[error("the path has an encoded slash or semicolon (%2F, %5C or %3B)")]
     EscapedSlash,
     /// A non-empty path that does not start with `/`: the asterisk-form `*` of
     /// `OPTIONS * HTTP/1.1` (nginx answers it `400` too) or anything else no route can name.
@@ -76,7 +81,7 @@ pub enum PathError {
     #[error("the path has a backslash")]
     Backslash,
     /// A `;`: servlet containers strip path parameters (`/orders;x` is `/orders`, `/x/..;/a`
-    /// is `/a`), other servers do not. `%3B` is data everywhere and is kept.
+    /// is `/a`), other servers do not. `%3B` follows [`EscapedSlashes`].
     #[error("the path has a \";\" (path parameters are not accepted)")]
     PathParameter,
     /// A control character, raw or percent-encoded (`%00`-`%1F`, `%7F`), or an unencoded
@@ -192,10 +197,11 @@ fn decode_path(raw: &str, escaped: EscapedSlashes) -> Result<String, PathError> 
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
                 out.push(char::from(byte));
             }
-            b'/' | b'\\' => match escaped {
+            b'/' | b'\\' | b';' => match escaped {
                 EscapedSlashes::Reject => return Err(PathError::EscapedSlash),
                 EscapedSlashes::Keep => push_escape(&mut out, byte),
                 EscapedSlashes::Unescape if byte == b'\\' => return Err(PathError::Backslash),
+                EscapedSlashes::Unescape if byte == b';' => return Err(PathError::PathParameter),
                 EscapedSlashes::Unescape => out.push('/'),
             },
             _ => push_escape(&mut out, byte),
@@ -476,6 +482,12 @@ mod tests {
         // Decoded slashes merge and separate dot-segments like literal ones.
         assert_eq!(norm("/a%2f%2f..%2fb", Unescape).unwrap(), "/b");
         assert_eq!(norm("/a/..%2f..%2fb", Keep).unwrap(), "/a/..%2F..%2Fb");
+        // `%3B` as the slashes: refused, kept, or (decoded, a path parameter) refused.
+        for semicolon in ["/orders%3Bx", "/orders%3bx"] {
+            assert_eq!(norm(semicolon, Reject), Err(PathError::EscapedSlash));
+            assert_eq!(norm(semicolon, Keep).unwrap(), "/orders%3Bx");
+            assert_eq!(norm(semicolon, Unescape), Err(PathError::PathParameter));
+        }
     }
 
     #[test]
@@ -533,7 +545,10 @@ mod tests {
         }
         // Data, not separators: kept as sent (hex upper-cased).
         assert_eq!(p("/a%20b"), "/a%20b");
-        assert_eq!(p("/orders%3bx"), "/orders%3Bx");
+        assert_eq!(
+            norm("/orders%3bx", EscapedSlashes::Keep).unwrap(),
+            "/orders%3Bx"
+        );
         assert_eq!(p("/caf%C3%A9"), "/caf%C3%A9");
         assert_eq!(p("/%e0%a0%80"), "/%E0%A0%80");
         assert_eq!(p("/%f0%90%80%80"), "/%F0%90%80%80");

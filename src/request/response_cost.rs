@@ -82,11 +82,7 @@ impl CostReader {
             .into_iter()
             .map(|from| {
                 let value = match &from {
-                    CostFrom::Header(name) => head
-                        .headers
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok()),
+                    CostFrom::Header(name) => header_cost(head.headers.get_all(name)),
                     CostFrom::Json(_) => None,
                 };
                 (from, value)
@@ -203,10 +199,69 @@ fn read_document(found: &mut [(CostFrom, Option<u64>)], doc: &serde_json::Value)
     for (from, value) in found.iter_mut() {
         let CostFrom::Json(path) = from else { continue };
         let at = path.iter().try_fold(doc, |v, key| v.get(key.as_str()));
-        if let Some(n) = at.and_then(serde_json::Value::as_u64) {
+        if let Some(n) = at.and_then(json_cost) {
             *value = Some(n);
         }
     }
+}
+
+/// The most a cost reads as: the most a rule may count (10^15). A larger number is a cost
+/// of 10^15 (the reservation layer caps it there too), not an unreadable one: an upstream
+/// that reports more than the budget must not get away with the reservation.
+const MAX_READ: u64 = crate::limiter::algorithm::MAX_COUNT;
+
+/// The cost in a header: exactly one value, a non-negative number (see [`number_cost`]). A
+/// repeated header is unreadable: which copy is the true one is the sender's secret, and
+/// picking the first would let an upstream (or a proxy in front of it) choose the smaller.
+fn header_cost(values: http::header::GetAll<'_, http::HeaderValue>) -> Option<u64> {
+    let mut all = values.iter();
+    let value = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    number_cost(value.to_str().ok()?.trim())
+}
+
+/// A JSON value as a cost: a non-negative number (an integer past 2^64 arrives as a float).
+fn json_cost(value: &serde_json::Value) -> Option<u64> {
+    let n = value.as_number()?;
+    match n.as_u64() {
+        Some(whole) => Some(whole.min(MAX_READ)),
+        None => float_cost(n.as_f64()?),
+    }
+}
+
+/// A number written as JSON writes one (`42`, `3000.0`, `3e3`, `2.1`) as a cost: capped at
+/// 10^15, a fraction rounded up (a cost of 2.1 takes 3 units: rounding down would let many
+/// small answers spend for free). Negative numbers, NaN, `inf` and anything else are
+/// unreadable.
+fn number_cost(text: &str) -> Option<u64> {
+    if let Ok(whole) = text.parse::<u64>() {
+        return Some(whole.min(MAX_READ));
+    }
+    // Rust's float syntax also takes `inf` and `NaN`: only digits make a number here.
+    let json_like = text
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
+        && text
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_digit() || b == b'-' || b == b'+');
+    if !json_like {
+        return None;
+    }
+    float_cost(text.parse::<f64>().ok()?)
+}
+
+/// A float as a cost: not negative, rounded up, capped at 10^15 (a literal too large for an
+/// f64, such as `1e999`, is a large number: capped too).
+fn float_cost(n: f64) -> Option<u64> {
+    if n.is_nan() || n < 0.0 {
+        return None;
+    }
+    let capped = n.ceil().min(MAX_READ as f64);
+    // In range: 0 <= capped <= 10^15, exact in an f64.
+    Some(capped as u64)
 }
 
 #[cfg(test)]
@@ -261,6 +316,75 @@ mod tests {
             Some(9),
             "the overlong line was skipped, the next read"
         );
+    }
+
+    #[test]
+    fn any_non_negative_number_is_a_cost_capped_and_rounded_up() {
+        for (text, want) in [
+            ("0", Some(0)),
+            ("42", Some(42)),
+            (" 42 ", None), // trimmed by the caller, not here
+            ("3000.0", Some(3000)),
+            ("3e3", Some(3000)),
+            ("3E3", Some(3000)),
+            ("2.1", Some(3)),
+            ("0.0001", Some(1)),
+            ("-0", Some(0)),
+            ("1000000000000000", Some(MAX_READ)),
+            ("1000000000000001", Some(MAX_READ)),
+            ("18446744073709551615", Some(MAX_READ)),
+            ("99999999999999999999", Some(MAX_READ)),
+            ("1e300", Some(MAX_READ)),
+            ("1e999", Some(MAX_READ)),
+            ("-1", None),
+            ("-2.5", None),
+            ("NaN", None),
+            ("nan", None),
+            ("inf", None),
+            ("infinity", None),
+            ("+5", Some(5)),
+            ("+5.5", Some(6)),
+            ("+inf", None),
+            ("", None),
+            ("ten", None),
+            ("3,4", None),
+            ("0x10", None),
+        ] {
+            assert_eq!(number_cost(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn json_numbers_are_costs_as_in_a_header() {
+        for (doc, want) in [
+            ("42", Some(42)),
+            ("3000.0", Some(3000)),
+            ("3e3", Some(3000)),
+            ("2.1", Some(3)),
+            ("99999999999999999999", Some(MAX_READ)),
+            ("-1", None),
+            ("-0.5", None),
+            ("\"42\"", None),
+            ("null", None),
+            ("[1]", None),
+        ] {
+            let value: serde_json::Value = serde_json::from_str(doc).unwrap();
+            assert_eq!(json_cost(&value), want, "{doc}");
+        }
+        let mut r = reader("application/json");
+        r.feed(b"{\"usage\":{\"total_tokens\":99999999999999999999}}");
+        r.finish();
+        assert_eq!(cost(&r), Some(MAX_READ));
+    }
+
+    #[test]
+    fn a_repeated_cost_header_is_unreadable() {
+        let mut headers = http::HeaderMap::new();
+        headers.append("x-cost", http::HeaderValue::from_static("5"));
+        assert_eq!(header_cost(headers.get_all("x-cost")), Some(5));
+        headers.append("x-cost", http::HeaderValue::from_static("7"));
+        assert_eq!(header_cost(headers.get_all("x-cost")), None);
+        assert_eq!(header_cost(headers.get_all("x-other")), None);
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! Delivery of quota events off the request path: a bounded queue, a claim in the store per
-//! event (once per counter and window across instances), batches of at most [`BATCH`] events
-//! per POST, retries with exponential backoff, and counted drops.
+//! Delivery of quota events off the request path: a bounded intake queue, a claim in the store
+//! per event (once per counter and window across instances), then a bounded queue and a worker
+//! per webhook, so that a receiver that never answers delays and drops only its own events.
+//! Each worker sends batches of at most [`BATCH`] events per POST, retries with exponential
+//! backoff, and counts what it drops.
 
 use std::sync::{Arc, LazyLock, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
 use prometheus::{IntCounterVec, Opts};
@@ -16,9 +18,12 @@ use crate::limiter::algorithm::MAX_WINDOW;
 use crate::limiter::store::SharedStore;
 use crate::limiter::{Algorithm, Check, Limit};
 
-/// Events waiting for delivery, at most (the internal `FLOODGATE_TEST_WEBHOOK_QUEUE` lowers
-/// it for the queue-bound test; README, "Running the tests").
+/// Candidate events waiting to be claimed, at most (the internal
+/// `FLOODGATE_TEST_WEBHOOK_QUEUE` lowers it and [`WEBHOOK_QUEUE`] for the queue-bound test;
+/// README, "Running the tests").
 pub const QUEUE: usize = 10_000;
+/// Claimed events waiting for one webhook's worker, at most.
+pub const WEBHOOK_QUEUE: usize = 1_000;
 /// Events per POST, at most.
 pub const BATCH: usize = 100;
 /// Tries per batch before it is dropped (counted): about 25 s of backoff in all.
@@ -26,8 +31,9 @@ const ATTEMPTS: u32 = 10;
 /// The first retry's wait; each next one doubles, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// One delivery attempt's budget (connect, TLS, send, status line).
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// One delivery attempt's budget (connect, TLS, send, status line) when the webhook sets no
+/// `timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The rule name the once-per-window markers count under in the store.
 const MARKER_RULE: &str = "floodgate-webhook-marker";
 
@@ -53,6 +59,25 @@ pub fn webhook_metrics() -> &'static IntCounterVec {
     &EVENTS
 }
 
+/// `floodgate_webhook_dropped_total{webhook, reason}`: events one webhook lost, by its name
+/// (never its URL, whose path may hold a token): `queue_full` (its own queue was full: its
+/// receiver is slow or gone) or `undeliverable` (every try failed).
+pub fn dropped_metrics() -> &'static IntCounterVec {
+    static DROPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+        let c = IntCounterVec::new(
+            Opts::new(
+                "floodgate_webhook_dropped_total",
+                "Quota webhook events one webhook dropped, by webhook name and reason: queue_full, undeliverable.",
+            ),
+            &["webhook", "reason"],
+        )
+        .expect("static metric definition");
+        crate::metrics::metrics().register(Box::new(c.clone()));
+        c
+    });
+    &DROPPED
+}
+
 /// Every `result` label of `floodgate_webhook_events_total`.
 pub const RESULTS: [&str; 5] = [
     "queued",
@@ -72,12 +97,12 @@ struct Item {
 
 static SENDER: OnceLock<mpsc::Sender<Item>> = OnceLock::new();
 
-fn queue_size() -> usize {
+/// `FLOODGATE_TEST_WEBHOOK_QUEUE`, when set to a positive number: both queues' size.
+fn test_queue_size() -> Option<usize> {
     std::env::var("FLOODGATE_TEST_WEBHOOK_QUEUE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(QUEUE)
 }
 
 /// Where a request's events go: the webhooks in force, the store their markers are claimed
@@ -91,7 +116,7 @@ pub(super) struct Target<'a> {
 /// Queues `event` without waiting; a full queue drops it (counted).
 pub(super) fn offer(to: &Target<'_>, event: Event) {
     let sender = SENDER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel(queue_size());
+        let (tx, rx) = mpsc::channel(test_queue_size().unwrap_or(QUEUE));
         // A thread and runtime of its own: the proxy's runtimes are Pingora's, sized and run
         // for requests, and a delivery stuck on a slow receiver must not sit among them.
         let started = std::thread::Builder::new()
@@ -123,7 +148,10 @@ pub(super) fn offer(to: &Target<'_>, event: Event) {
     webhook_metrics().with_label_values(&[result]).inc();
 }
 
+/// Claims the queued candidates and hands each claimed event to the worker of every webhook
+/// that wants it. Never waits on a receiver: only on the store (within its `timeout`).
 async fn run(mut rx: mpsc::Receiver<Item>) {
+    let mut workers = Workers::default();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < BATCH {
@@ -143,18 +171,16 @@ async fn run(mut rx: mpsc::Receiver<Item>) {
         let Some(last) = claimed.last() else {
             continue;
         };
+        // The config in force is the newest item's.
         let webhooks = last.webhooks.clone();
+        workers.follow(&webhooks);
         let mut sent = vec![false; claimed.len()];
         for w in webhooks.iter() {
-            let mut events = Vec::new();
             for (i, item) in claimed.iter().enumerate() {
                 if wants(w, &item.event) {
-                    events.push(&item.event);
                     sent[i] = true;
+                    workers.hand(w, item.event.clone());
                 }
-            }
-            if !events.is_empty() {
-                send_with_retries(w, &events).await;
             }
         }
         // An event no webhook of the config in force wants any more (a reload removed it) is
@@ -163,6 +189,69 @@ async fn run(mut rx: mpsc::Receiver<Item>) {
         webhook_metrics()
             .with_label_values(&["dropped_undeliverable"])
             .inc_by(unsent);
+    }
+}
+
+/// The worker of each webhook in force: its config and the sending end of its queue.
+#[derive(Default)]
+struct Workers {
+    /// The webhooks the list was last matched to.
+    config: Option<Arc<[Webhook]>>,
+    list: Vec<(Webhook, mpsc::Sender<Event>)>,
+}
+
+impl Workers {
+    /// Keeps the workers of the webhooks still in `webhooks` (a reload that keeps a webhook
+    /// as it was keeps its queue) and lets the others end once their queue is sent.
+    fn follow(&mut self, webhooks: &Arc<[Webhook]>) {
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, webhooks))
+        {
+            return;
+        }
+        // Dropping a sender ends its worker after the events already queued.
+        self.list.retain(|(w, _)| webhooks.contains(w));
+        self.config = Some(webhooks.clone());
+    }
+
+    /// Queues `event` for `w`'s worker (started on first use) without waiting; its full
+    /// queue drops it, counted under its name.
+    fn hand(&mut self, w: &Webhook, event: Event) {
+        let at = match self.list.iter().position(|(o, _)| o == w) {
+            Some(at) => at,
+            None => {
+                let size = test_queue_size().unwrap_or(WEBHOOK_QUEUE);
+                let (tx, rx) = mpsc::channel(size);
+                tokio::spawn(work(w.clone(), rx));
+                self.list.push((w.clone(), tx));
+                self.list.len() - 1
+            }
+        };
+        if self.list[at].1.try_send(event).is_err() {
+            webhook_metrics()
+                .with_label_values(&["dropped_queue_full"])
+                .inc();
+            dropped_metrics()
+                .with_label_values(&[&w.name, "queue_full"])
+                .inc();
+        }
+    }
+}
+
+/// One webhook's worker: sends what its queue holds, in batches, until its queue is closed
+/// (a reload removed the webhook) and empty.
+async fn work(w: Webhook, mut rx: mpsc::Receiver<Event>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(e) => batch.push(e),
+                Err(_) => break,
+            }
+        }
+        send_with_retries(&w, &batch).await;
     }
 }
 
@@ -192,12 +281,14 @@ async fn claim(item: &Item) -> bool {
     }
 }
 
-async fn send_with_retries(w: &Webhook, events: &[&Event]) {
+/// Sends `events` to `w` in one POST, retried with backoff; each attempt within `w.timeout`.
+/// Logs name the webhook, never its URL (whose path or query may hold a token).
+async fn send_with_retries(w: &Webhook, events: &[Event]) {
     let body = serde_json::to_vec(&events.iter().map(|e| e.to_json()).collect::<Vec<_>>())
         .unwrap_or_default();
     let mut wait = FIRST_BACKOFF;
     for attempt in 1..=ATTEMPTS {
-        match tokio::time::timeout(ATTEMPT_TIMEOUT, post(w, &body)).await {
+        match tokio::time::timeout(w.timeout, post(w, &body)).await {
             Ok(Ok(status)) if (200..300).contains(&status) => {
                 webhook_metrics()
                     .with_label_values(&["delivered"])
@@ -205,30 +296,43 @@ async fn send_with_retries(w: &Webhook, events: &[&Event]) {
                 return;
             }
             Ok(Ok(status)) => {
-                tracing::info!(url = %w.url, status, attempt, "webhook receiver refused the events; retrying");
+                tracing::info!(webhook = %w.name, status, attempt, "webhook receiver refused the events; retrying");
             }
             Ok(Err(e)) => {
-                tracing::info!(url = %w.url, error = %e, attempt, "webhook delivery failed; retrying")
+                tracing::info!(webhook = %w.name, error = %e, attempt, "webhook delivery failed; retrying")
             }
-            Err(_) => tracing::info!(url = %w.url, attempt, "webhook delivery timed out; retrying"),
+            Err(_) => {
+                tracing::info!(webhook = %w.name, attempt, "webhook delivery timed out; retrying")
+            }
         }
         if attempt < ATTEMPTS {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(MAX_BACKOFF);
         }
     }
-    tracing::warn!(url = %w.url, events = events.len(), "webhook events dropped after {ATTEMPTS} attempts");
+    tracing::warn!(webhook = %w.name, events = events.len(), "webhook events dropped after {ATTEMPTS} attempts");
     webhook_metrics()
         .with_label_values(&["dropped_undeliverable"])
         .inc_by(events.len() as u64);
+    dropped_metrics()
+        .with_label_values(&[&w.name, "undeliverable"])
+        .inc_by(events.len() as u64);
 }
 
-/// The `X-Floodgate-Signature` value of `body` under `secret`: `sha256=<hex HMAC-SHA256>`.
-pub fn signature(secret: &str, body: &[u8]) -> String {
+/// The `X-Floodgate-Signature` value of `body` sent at `timestamp` (Unix seconds) under
+/// `secret`: `t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>.<body>">`, as Stripe signs.
+/// The timestamp is signed with the body, so that a receiver that checks it is recent cannot
+/// be replayed a captured delivery later.
+pub fn signature(secret: &str, timestamp: u64, body: &[u8]) -> String {
     // HMAC takes a key of any length.
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
     mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    format!(
+        "t={timestamp},v1={}",
+        hex::encode(mac.finalize().into_bytes())
+    )
 }
 
 /// One POST of `body` to `w`: the response's status.
@@ -240,9 +344,14 @@ async fn post(w: &Webhook, body: &[u8]) -> std::io::Result<u16> {
         body.len()
     );
     if let Some(secret) = &w.secret {
+        // Signed at each attempt: a retry carries its own, fresh timestamp.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
         head.push_str(&format!(
             "x-floodgate-signature: {}\r\n",
-            signature(secret, body)
+            signature(secret, now, body)
         ));
     }
     head.push_str("\r\n");
@@ -305,4 +414,20 @@ async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
         .and_then(|s| s.get(..3))
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| std::io::Error::other("no HTTP status line"))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A known answer, computed independently (Python's `hmac`, as the README's receiver
+    /// check does): the timestamp and the body are signed together.
+    #[test]
+    fn the_signature_covers_the_timestamp_and_the_body() {
+        let got = super::signature("whsec", 1_700_000_000, b"[]");
+        assert_eq!(
+            got,
+            "t=1700000000,v1=ab976ebd8648dad322b167e6ad6d1217338a7300f243afc224592c75e7742e51"
+        );
+        assert_ne!(got, super::signature("whsec", 1_700_000_001, b"[]"));
+        assert_ne!(got, super::signature("whsec", 1_700_000_000, b"[ ]"));
+    }
 }

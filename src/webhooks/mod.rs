@@ -8,12 +8,16 @@
 //! instances on one Redis each threshold fires once per counter per window, and "rejected" at
 //! most once. Claimed events are batched into one POST per webhook, signed when the webhook
 //! has a `secret`, and retried with backoff (at least once: receivers de-duplicate by the
-//! event's `id`). A full queue drops the event, counted; a request never waits for any of it.
+//! event's `id`). Each webhook has a bounded queue and a worker of its own, so that a receiver
+//! that never answers delays and drops only its own events. A full queue drops the event,
+//! counted (per webhook, by its name); a request never waits for any of it.
 
 mod deliver;
 mod event;
 
-pub use deliver::{webhook_metrics, QUEUE};
+pub use deliver::{
+    dropped_metrics, signature, webhook_metrics, DEFAULT_TIMEOUT, QUEUE, WEBHOOK_QUEUE,
+};
 pub use event::Event;
 
 use std::sync::Arc;
@@ -47,7 +51,12 @@ impl EventKind {
 /// One `[[webhooks]]`, validated.
 #[derive(Clone, PartialEq)]
 pub struct Webhook {
-    /// The URL as configured (logged: it holds no credentials, validation refuses them).
+    /// Its name in metrics and logs: `name`, or the URL's host (and port when given), never
+    /// the path or query (which may hold a token).
+    pub name: String,
+    /// One delivery attempt's budget (connect, TLS, send, status line).
+    pub timeout: std::time::Duration,
+    /// The URL as configured (not logged: its path or query may hold a token).
     pub url: String,
     /// Host to connect to (and to send as `Host` and the TLS name).
     pub host: String,
@@ -69,7 +78,9 @@ pub struct Webhook {
 impl std::fmt::Debug for Webhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Webhook")
+            .field("name", &self.name)
             .field("url", &self.url)
+            .field("timeout", &self.timeout)
             .field("events", &self.events)
             .field("thresholds", &self.thresholds)
             .field("signed", &self.secret.is_some())

@@ -558,3 +558,4 @@ impl Gateway {
 
 pub mod redis;
 pub mod rls;
+pub mod upgrade;

@@ -258,3 +258,123 @@ window = "1m"
     // A mapped hop is the same client as its IPv4 form.
     assert_eq!(xff("::ffff:203.0.113.2"), 429);
 }
+
+fn protected_config(api: SocketAddr) -> String {
+    format!(
+        r#"{DEMO_KEYS}
+{}
+[[routes]]
+name = "orders"
+match = {{ path_prefix = "/orders" }}
+upstream = "orders"
+auth = "required"
+
+[[routes]]
+name = "reports"
+match = {{ path_prefix = "/debug/reports", methods = ["GET"] }}
+upstream = "orders"
+auth = "required"
+
+[[routes]]
+name = "files"
+match = {{ path_prefix = "/debug/files" }}
+upstream = "orders"
+auth = "none"
+escaped_slashes = "keep"
+
+[[routes]]
+name = "public"
+match = {{ path_prefix = "/" }}
+upstream = "orders"
+auth = "none"
+
+[[rules]]
+name = "gets"
+match = {{ path_prefix = "/debug/counted", methods = ["GET"] }}
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#,
+        orders_upstream(&[api])
+    )
+}
+
+/// With a catch-all route in front of the same upstream, the spellings a backend serves as
+/// a protected route get that route's auth, or a 400: `/orders.json` (Rails' orders index),
+/// `/orders%2F1` and `/orders%3Bx` (backends that decode before routing), and HEAD on a GET
+/// route or rule (every common framework serves HEAD with the GET handler). A route may opt
+/// out of refusing encoded slashes with its own `escaped_slashes`.
+#[test]
+fn spellings_a_backend_serves_as_a_protected_route_are_covered() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&protected_config(api.addr));
+    let key = "\r\nx-api-key: test";
+
+    // A format suffix is the prefix's resource: its auth applies.
+    assert_eq!(get(gw.addr, "/orders.json", "").0, 401);
+    // With the key it passes to the upstream (the demo API has no `/orders.json`: its 404).
+    let (status, answer) = get(gw.addr, "/orders.json", key);
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        !answer.contains("problem+json"),
+        "the upstream's answer: {answer}"
+    );
+    // `/ordersfoo` is another segment: the catch-all's, no key needed (segment-wise prefixes,
+    // as before).
+    let (status, answer) = get(gw.addr, "/ordersfoo", "");
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        !answer.contains("problem+json"),
+        "the upstream's answer: {answer}"
+    );
+    // Encoded `/`, `\` and `;`, in any case, are refused with a problem+json 400.
+    for target in [
+        "/orders%2F1",
+        "/orders%2f1",
+        "/orders%5C1",
+        "/orders%3Bx",
+        "/orders%3bx",
+    ] {
+        let (status, answer) = get(gw.addr, target, "");
+        assert_eq!(status, 400, "{target}: {answer}");
+        assert!(
+            answer.contains("application/problem+json"),
+            "{target}: {answer}"
+        );
+        assert_eq!(body(&answer)["type"], "urn:floodgate:problem:bad-request");
+    }
+    // HEAD is GET to the backend: a GET route covers it, and a GET rule counts it.
+    assert_eq!(
+        raw(gw.addr, "HEAD /debug/reports HTTP/1.1\r\nhost: x").0,
+        401
+    );
+    assert_eq!(get(gw.addr, "/debug/counted", "").0, 200);
+    assert_eq!(
+        raw(gw.addr, "HEAD /debug/counted HTTP/1.1\r\nhost: x").0,
+        429
+    );
+    // A route that keeps encoded slashes as data gets them, as sent (hex upper-cased);
+    // elsewhere they are still refused.
+    let (status, answer) = get(gw.addr, "/debug/files/a%2fb%3Bc", "");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(body(&answer)["path"], "/debug/files/a%2Fb%3Bc");
+    assert_eq!(get(gw.addr, "/debug/other/a%2fb", "").0, 400);
+}
+
+/// A route stricter than the server: `[server] escaped_slashes = "keep"`, and the orders
+/// route refuses them.
+#[test]
+fn a_route_can_refuse_what_the_server_keeps() {
+    let api = OrdersApi::start("orders-1");
+    let config = protected_config(api.addr).replace(
+        "auth = \"required\"\n\n[[routes]]\nname = \"reports\"",
+        "auth = \"required\"\nescaped_slashes = \"reject\"\n\n[[routes]]\nname = \"reports\"",
+    );
+    assert!(config.contains("escaped_slashes = \"reject\""));
+    let gw = Gateway::start_with("escaped_slashes = \"keep\"\n", &config, &[]);
+    assert_eq!(get(gw.addr, "/orders/a%2Fb", "\r\nx-api-key: test").0, 400);
+    let (status, answer) = get(gw.addr, "/debug/a%2Fb", "");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(body(&answer)["path"], "/debug/a%2Fb");
+}

@@ -154,6 +154,10 @@ fn methods_and_paths_a_backend_reads_as_the_protected_route_are_400() {
         b"/x\\..\\debug\\orders",
         b"/debug\\orders",
         b"/debug/%c0%ae%c0%ae/debug/orders",
+        // An encoded `;`: a backend that decodes before it strips path parameters reads
+        // `/debug/orders`.
+        b"/debug/orders%3bx",
+        b"/debug/orders%3Bx",
     ] {
         assert_refused(
             &get(gw.addr, target, b""),
@@ -169,14 +173,13 @@ fn methods_and_paths_a_backend_reads_as_the_protected_route_are_400() {
     // Data stays data, and reaches the upstream as sent.
     for (target, path) in [
         ("/debug/a%20b", "/debug/a%20b"),
-        ("/debug/a%3bb", "/debug/a%3Bb"),
         ("/debug/caf%C3%A9", "/debug/caf%C3%A9"),
     ] {
         let (status, answer) = get(gw.addr, target.as_bytes(), b"");
         assert_eq!(status, 200, "{target}: {answer}");
         assert_eq!(body(&answer)["path"], path);
     }
-    assert_eq!(upstream_attempts(&gw), 3.0);
+    assert_eq!(upstream_attempts(&gw), 2.0);
 }
 
 #[test]

@@ -38,8 +38,8 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let upstreams = upstreams::upstreams(&src, &raw.upstreams, &dir, &mut warnings)?;
     let routes = routes::routes(&src, &raw.routes, &upstreams)?;
     let rules = rules::rules(&src, &raw.rules, &routes)?;
-    let webhooks = webhooks::webhooks(&src, &raw.webhooks)?;
     let rls = rls::rls(&src, &raw.rls, &rules, server.threads, &dir)?;
+    let webhooks = webhooks::webhooks(&src, &raw.webhooks, &own_listeners(&server, &rls))?;
     if rls.is_some() && routes.is_empty() && raw.server.listen.is_none() {
         // A rate-limit service only: no proxy listener unless one is asked for.
         server.listen.clear();
@@ -77,6 +77,23 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         },
         warnings,
     })
+}
+
+/// Every listener of this process with the key that configures it: a webhook must not name
+/// one (each event would be a request to floodgate itself).
+fn own_listeners(
+    server: &super::Server,
+    rls: &Option<crate::rls::limits::Settings>,
+) -> Vec<(std::net::SocketAddr, &'static str)> {
+    let mut own = vec![(server.admin_listen, "server.admin_listen")];
+    own.extend(server.listen.iter().map(|a| (*a, "server.listen")));
+    if let Some(tls) = &server.tls {
+        own.extend(tls.listen.iter().map(|a| (*a, "server.tls.listen")));
+    }
+    if let Some(rls) = rls {
+        own.push((rls.listen, "rls.listen"));
+    }
+    own
 }
 
 #[cfg(test)]

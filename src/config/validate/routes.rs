@@ -37,6 +37,17 @@ pub(super) fn routes(
             Some(a) => src.one_of(a, "route auth", AuthMode::NAMES)?,
             None => AuthMode::Required,
         };
+        let escaped_slashes = r
+            .escaped_slashes
+            .as_ref()
+            .map(|e| {
+                src.one_of(
+                    e,
+                    "escaped_slashes",
+                    crate::request::normalize::EscapedSlashes::NAMES,
+                )
+            })
+            .transpose()?;
         let m = &r.matcher;
         out.push(Route {
             name: name.as_str().into(),
@@ -48,6 +59,7 @@ pub(super) fn routes(
             },
             upstream,
             auth,
+            escaped_slashes,
             requests: Default::default(),
         });
     }

@@ -1,0 +1,157 @@
+"""What every benchmark harness under benches/ needs, written once: loopback ports, the CPU and
+memory a process used (from /proc), a raw RESP client for Redis's INFO (no redis-cli), and the
+signal handling and clean-up around a harness's run.
+
+Each harness imports it with its folder's parent on sys.path:
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import common
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Callable
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def logger(prefix: str) -> Callable[[str], None]:
+    """A `log(msg)` printing `[prefix HH:MM:SS] msg` at once (the runs are long)."""
+    def log(msg: str) -> None:
+        print(f"[{prefix} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    return log
+
+
+def free_port() -> int:
+    """A port free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, limit: float = 30) -> None:
+    """Waits up to `limit` seconds for 127.0.0.1:port to accept; exits the harness if it never
+    does."""
+    end = time.time() + limit
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"port {port} never opened")
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process in KiB (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far, all its threads (zeros if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    return sum(cpu_times(pid))
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all CPUs, /proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def redis_command(port: int, *args: str) -> bytes:
+    """One command's raw RESP answer over a socket of its own: a bulk string's bytes, or the
+    status line of any other answer (bulk strings are all the harnesses ask for)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"".join([f"*{len(args)}\r\n".encode()] +
+                           [f"${len(a)}\r\n{a}\r\n".encode() for a in args]))
+        buf = b""
+        while b"\r\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError("redis closed the connection")
+            buf += chunk
+        head, _, rest = buf.partition(b"\r\n")
+        if not head.startswith(b"$"):
+            return head
+        n = int(head[1:])
+        while len(rest) < n + 2:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return rest[:n]
+
+
+def redis_info(port: int, section: str) -> str:
+    """`INFO section`, as text."""
+    answer = redis_command(port, "INFO", section)
+    if answer.startswith(b"-"):
+        raise RuntimeError(f"redis answered {answer!r}")
+    return answer.decode()
+
+
+def run_harness(run: Callable[[], int], stop: Callable[[], None],
+                log: Callable[[str], None]) -> int:
+    """Runs `run()` with SIGTERM and SIGHUP turned into a clean exit, and `stop()` (which stops
+    every process the harness started) afterwards, whatever happened: its exit status."""
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
+    try:
+        return run()
+    except KeyboardInterrupt:
+        log("interrupted: stopping everything")
+        return 130
+    except RuntimeError as e:
+        log(f"failed: {e}")
+        return 1
+    finally:
+        stop()
+
+
+def redis_commandstats(port: int) -> dict[str, tuple[int, int]]:
+    """(calls, µs spent) per command, from INFO commandstats."""
+    out = {}
+    for line in redis_info(port, "commandstats").splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line.partition(":")
+            f = dict(kv.split("=", 1) for kv in fields.split(","))
+            out[name[len("cmdstat_"):]] = (int(f.get("calls", 0)), int(f.get("usec", 0)))
+    return out
+
+
+def stop_processes(procs, limit: float = 10) -> None:
+    """SIGINT to each process (floodgate then skips its grace period), then SIGKILL to any
+    still running after `limit` seconds."""
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
