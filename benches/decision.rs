@@ -194,6 +194,8 @@ fn store_settings(backend: Backend) -> Store {
         key_prefix: String::new(),
         instances: 1,
         max_keys: 1_000_000,
+        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
+        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
     }
 }
 

@@ -75,6 +75,7 @@ impl Request {
     fn view(&self) -> RequestView<'_> {
         RequestView {
             route: "orders",
+            case_sensitive: true,
             method: &Method::GET,
             path: "/orders/12345",
             query: Some("page=2&sort=desc"),

@@ -183,3 +183,16 @@ local function log_owe(key, now, extra, until_us)
   until_us = math.max(stored, until_us)
   redis.call('SET', key .. ':d', struct.pack('<dd', units, until_us), 'PX', ttl_ms(until_us - now, 0))
 end
+
+-- Whether a charge made at `charged_at` (us, Redis time; 0: unknown) belongs to the current
+-- epoch of `key`: made after the key's last usage reset, whose start <key>:e holds (see
+-- usage.lua). A refund, true-up or lease return of an older charge must not land on the new
+-- counter. A charge in the reset's very microsecond, or of unknown time, counts as older:
+-- dropping a refund costs availability, applying a stale one exactness.
+local function same_epoch(key, charged_at)
+  local started = redis.call('GET', key .. ':e')
+  if not started then
+    return true
+  end
+  return charged_at > (tonumber(started) or 0)
+end

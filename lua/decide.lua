@@ -29,13 +29,14 @@
 --           without reading its state; a key the rule rejects gets the block key, PX block_for.
 --
 -- Every check is decided against the stored state first; only if every one admits is any of
--- them charged (all or nothing). Returns 11 numbers per check, in KEYS order:
+-- them charged (all or nothing). Returns 12 numbers per check, in KEYS order:
 --   allowed (1/0), remaining, reset (wide: us, ns), retry_after (wide, 0 when allowed),
 --   delay (wide), granted (permits charged: cost, or the lease), window_left (us until the
 --   aligned window ends: fixed window and sliding counter, else 0), window_end (us, same
---   algorithms, else 0)
+--   algorithms, else 0), now (us: when this call charged, which a refund, true-up or lease
+--   return names so that it never lands on a counter a usage reset started since)
 -- packed as little-endian doubles in one bulk string (all integers below 2^53, so exact): one
--- reply element instead of 11 per check, cheaper to produce here and to parse in the gateway.
+-- reply element instead of 12 per check, cheaper to produce here and to parse in the gateway.
 
 local algorithms = {
   fixed_window,
@@ -156,6 +157,7 @@ for i, key in ipairs(KEYS) do
   out[#out + 1] = granted
   out[#out + 1] = window_left
   out[#out + 1] = window_end
+  out[#out + 1] = now
 end
 
 if admitted then

@@ -3,23 +3,30 @@
 -- src/limiter/redis/script.rs).
 --
 -- KEYS[i]  the state key a lease was taken from
--- ARGV[i]  packed little-endian '<Bddddd': algorithm code (as decide.lua: 1 fixed window,
+-- ARGV[i]  packed little-endian '<Bdddddd': algorithm code (as decide.lua: 1 fixed window,
 --          3 sliding counter, 4 token bucket, 5 leaky bucket police), permits to give back,
 --          interval (wide: us, ns; the buckets), window (us), window end (us, the windows: the
---          aligned window the lease was charged to)
+--          aligned window the lease was charged to), charged at (us, Redis time of the
+--          earliest call that charged the lease's permits)
 --
 -- A permit is given back by undoing its charge: the window's count goes down (only while the
 -- lease's window is still the current one: a permit of an ended window is worth nothing), and
 -- a bucket's debt shrinks by interval per permit (never below empty). Undoing the charge of a
 -- permit that was never spent leaves the state exactly as if the lease had been smaller.
--- Returns the number of permits given back.
+-- Permits charged before a usage reset of the key are not given back to the new counter
+-- (same_epoch, common.lua). Returns the number of permits given back.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local returned = 0
 for i, key in ipairs(KEYS) do
   local packed = ARGV[i]
-  if packed ~= nil and #packed == 41 then
-    local code, n, int_u, int_n, window, window_end = struct.unpack('<Bddddd', packed)
+  if packed ~= nil and #packed == 49 then
+    local code, n, int_u, int_n, window, window_end, charged_at =
+      struct.unpack('<Bdddddd', packed)
+    if not same_epoch(key, charged_at) then
+      -- Reset since: the permits were charged to the old counter, which is gone.
+      code = 0
+    end
     if code == 1 then
       local stored_end, count = load_fields(key, TAG_FW, 2)
       if stored_end == window_end and window_end > now then

@@ -3,17 +3,18 @@
 -- gcra.lua; see src/limiter/true_up.rs, the reference, and src/limiter/redis/script.rs).
 --
 -- KEYS[i]           the state key the reservation was charged to
--- ARGV[i]           packed little-endian '<Bdddddd': algorithm code (as decide.lua: 1 fixed
+-- ARGV[i]           packed little-endian '<Bddddddd': algorithm code (as decide.lua: 1 fixed
 --                   window, 2 sliding log, 3 sliding counter, 4 token bucket, 5 leaky bucket
 --                   police), refund, extra, interval (wide: us, ns; the buckets), window (us),
 --                   window end (us, the windows: the aligned window the reservation was
---                   charged in)
+--                   charged in), charged at (us, Redis time of the call that charged it)
 -- ARGV[#KEYS + i]   the holder id (16 hex digits) of the call that charged it: the sliding
 --                   log's entries are named by it
 --
 -- A refund undoes the charge; an extra charge adds to it and is never refused (it may pass
 -- the limit: the following requests wait until it drains). Both apply only to the window the
--- reservation was charged in, while it still counts: never to another. Returns the number of
+-- reservation was charged in, while it still counts: never to another, nor to the counter a
+-- usage reset started after the charge (same_epoch, common.lua). Returns the number of
 -- reservations trued up.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -22,9 +23,13 @@ local n_keys = #KEYS
 for i, key in ipairs(KEYS) do
   local packed = ARGV[i]
   local holder = ARGV[n_keys + i]
-  if packed ~= nil and #packed == 49 then
-    local code, refund, extra, int_u, int_n, window, window_end =
-      struct.unpack('<Bdddddd', packed)
+  if packed ~= nil and #packed == 57 then
+    local code, refund, extra, int_u, int_n, window, window_end, charged_at =
+      struct.unpack('<Bddddddd', packed)
+    if not same_epoch(key, charged_at) then
+      -- Reset since: the charge is gone with the old counter.
+      code = 0
+    end
     if code == 1 then
       local stored_end, count = load_fields(key, TAG_FW, 2)
       if stored_end == window_end and window_end > now then

@@ -53,6 +53,12 @@ pub struct Metrics {
     /// `floodgate_memory_store_evictions_total{rule}`: live keys of the rule evicted from the
     /// in-process stores because `max_keys` was reached (incremented by the stores).
     pub memory_evictions: IntCounterVec,
+    /// `floodgate_memory_store_bans`: `block_for` bans held by the in-process stores' ban
+    /// tables (set when `/metrics` is read).
+    pub memory_bans: IntGauge,
+    /// `floodgate_memory_store_bans_dropped_total{how}`: bans the full ban table (`max_bans`)
+    /// did not keep (`refused`) or evicted for another rule's (`evicted`).
+    pub bans_dropped: IntCounterVec,
     /// `floodgate_access_log_dropped_total`: access lines dropped because the writer's queue
     /// was full (see [`crate::request::access_log`]).
     pub access_log_dropped: IntCounter,
@@ -259,6 +265,18 @@ impl Metrics {
                 "floodgate_memory_store_evictions_total",
                 "Live keys evicted from the in-process store because max_keys was reached, by rule.",
                 &["rule"],
+            ),
+            memory_bans: int_gauge(
+                r,
+                "floodgate_memory_store_bans",
+                "block_for bans held by the in-process store (and bans remembered from Redis).",
+            ),
+            bans_dropped: counter_vec_at_zero(
+                r,
+                "floodgate_memory_store_bans_dropped_total",
+                "block_for bans the full ban table (store.max_bans) did not keep (refused) or evicted for another rule's (evicted).",
+                "how",
+                &["refused", "evicted"],
             ),
             access_log_dropped: registered(
                 r,

@@ -127,7 +127,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     }
     // A rate-limit service only ([rls] without listeners or routes) runs no proxy.
     if proxy_listens {
-        server.add_service(proxy);
+        server.add_service(AfterWarmUp {
+            inner: proxy,
+            gateway: gateway.clone(),
+        });
     }
     // Envoy's rate-limit service: a background service that serves on a runtime of its own
     // with `[rls] threads` threads (crate::gateway::rls).
@@ -164,6 +167,49 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         Drain::new(requests().clone(), grace_period),
     ));
     Ok(server)
+}
+
+/// A listening service whose listeners are bound only once the gateway's store is ready (or
+/// its `store.connect_timeout` has passed): see [`Gateway::warm_up`]. The warm-up runs on this
+/// service's runtime, so the store's connection lives where requests are served, as it did when
+/// the first request made it.
+struct AfterWarmUp<S> {
+    inner: S,
+    gateway: Arc<Gateway>,
+}
+
+#[async_trait::async_trait]
+impl<S: pingora::services::Service> pingora::services::Service for AfterWarmUp<S> {
+    async fn start_service(
+        &mut self,
+        fds: Option<pingora::server::ListenFds>,
+        shutdown: pingora::server::ShutdownWatch,
+        listeners_per_fd: usize,
+    ) {
+        self.gateway.warm_up().await;
+        self.inner
+            .start_service(fds, shutdown, listeners_per_fd)
+            .await;
+    }
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn threads(&self) -> Option<usize> {
+        self.inner.threads()
+    }
+
+    fn runtime_opts_override(
+        &self,
+        global: &pingora::server::RuntimeOpts,
+    ) -> Option<pingora::server::RuntimeOpts> {
+        self.inner.runtime_opts_override(global)
+    }
+
+    fn listen_addresses(&self) -> Option<Vec<String>> {
+        self.inner.listen_addresses()
+    }
 }
 
 /// The connection settings the gateway started with (what the listeners are built from).

@@ -52,6 +52,8 @@ fn store_config(backend: Backend, urls: Vec<String>) -> Store {
         key_prefix: PREFIX.into(),
         instances: 1,
         max_keys: 10_000,
+        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
+        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
     }
 }
 

@@ -31,6 +31,8 @@ fn store_config(backend: Backend, urls: Vec<String>) -> Store {
         key_prefix: PREFIX.into(),
         instances: 1,
         max_keys: 10_000,
+        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
+        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
     }
 }
 
@@ -446,6 +448,7 @@ async fn a_year_long_bucket_takes_back_unspent_lease_permits_exactly() {
                 check: c.clone(),
                 permits: 99,
                 window_end_us: grant.window_end_us,
+                charged_at_us: grant.charged_at_us,
             }])
             .await;
         assert_eq!(back, 99, "{name}");

@@ -36,7 +36,7 @@ pub struct Admin {
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let cfg = self.gateway.config.load();
-        if let Some(answer) = gate(session.req_header(), &cfg) {
+        if let Some(answer) = gate(session.req_header(), &cfg, &self.gateway) {
             return answer;
         }
         self.route(session, &cfg).await
@@ -46,7 +46,11 @@ impl ServeHttp for Admin {
 /// What the admin listener answers before any endpoint: liveness to anyone; then the Host
 /// and cross-site guards, the dashboard page (which holds no data) and the token. `None`:
 /// the request may go on to its endpoint.
-fn gate(req: &pingora::http::RequestHeader, cfg: &Config) -> Option<Response<Vec<u8>>> {
+fn gate(
+    req: &pingora::http::RequestHeader,
+    cfg: &Config,
+    gateway: &Gateway,
+) -> Option<Response<Vec<u8>>> {
     let path = req.uri.path();
     let method = &req.method;
     if path == "/healthz" {
@@ -80,10 +84,8 @@ fn gate(req: &pingora::http::RequestHeader, cfg: &Config) -> Option<Response<Vec
     if authorization.is_none() && method == http::Method::GET && path == "/readyz" {
         // A readiness probe (the kubelet's, a load balancer's) cannot send a token: it gets
         // the status alone, the details need the token.
-        return Some(json(
-            StatusCode::OK,
-            &serde_json::json!({ "status": "ready" }),
-        ));
+        let (status, word) = readiness(gateway);
+        return Some(json(status, &serde_json::json!({ "status": word })));
     }
     let presented = authorization
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
@@ -115,15 +117,16 @@ impl Admin {
         match (method.as_str(), path.as_str()) {
             ("GET", "/readyz") => {
                 let st = self.gateway.reload_status();
+                let (status, word) = readiness(&self.gateway);
                 let body = serde_json::json!({
-                    "status": "ready",
+                    "status": word,
                     "config": cfg.path.display().to_string(),
                     "store": store_in_force(&self.gateway, cfg),
                     "routes": cfg.routes.len(),
                     "rules": cfg.rules.len(),
                     "reload": reload_json(&st),
                 });
-                json(StatusCode::OK, &body)
+                json(status, &body)
             }
             ("GET", "/metrics") => {
                 usage::register_metrics();
@@ -137,6 +140,8 @@ impl Admin {
                 let m = metrics();
                 let store = self.gateway.limiter.memory();
                 m.memory_keys.set(store.len() as i64);
+                m.memory_bans
+                    .set(i64::try_from(self.gateway.limiter.bans_held()).unwrap_or(i64::MAX));
                 text(StatusCode::OK, "text/plain; version=0.0.4", m.render())
             }
             ("GET", "/rules") if query.split('&').any(|p| p == "format=markdown") => text(
@@ -154,8 +159,9 @@ impl Admin {
             ("GET", "/usage/thresholds") => usage::thresholds(&self.gateway, cfg).await,
             ("POST", "/usage/reset") | ("POST", "/usage/grant") => {
                 let grant = path == "/usage/grant";
+                let headers = session.req_header().headers.clone();
                 match read_body(session, usage::MAX_BODY).await {
-                    Ok(body) => usage::change(&self.gateway, cfg, &body, grant).await,
+                    Ok(body) => usage::change(&self.gateway, cfg, &headers, &body, grant).await,
                     Err(why) => bad_request(why),
                 }
             }
@@ -528,6 +534,16 @@ fn problem(mut p: Problem) -> Response<Vec<u8>> {
     resp.headers_mut()
         .insert("x-request-id", id.header_value().clone());
     resp
+}
+
+/// What `/readyz` answers: 200 `ready`, or 503 `starting` until the store is ready (see
+/// [`Gateway::is_ready`]).
+fn readiness(gateway: &Gateway) -> (StatusCode, &'static str) {
+    if gateway.is_ready() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
 }
 
 /// The store as `/readyz` shows it: the backend in force (where the counts are kept) and

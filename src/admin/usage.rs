@@ -6,7 +6,8 @@
 //! - `GET /usage/thresholds`: per such rule, how many of the configured identities have used at
 //!   least each webhook threshold (80 % and 100 % without webhooks) of their limit: the
 //!   dashboard's "Quota use".
-//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over.
+//! - `POST /usage/reset` `{"rule", "api_key" | "user" | "plan"}`: the counter starts over, and
+//!   a `block_for` ban of that key is lifted (`"ban_lifted"` in the answer says whether one was).
 //! - `POST /usage/grant` `{"rule", "api_key" | ..., "amount"}`: `amount` more for the current
 //!   window of a fixed-window (or calendar) rule, gone when the window ends.
 //!
@@ -14,9 +15,20 @@
 //! bad amount gets a 4xx problem+json saying which, and changes nothing. Every change is
 //! logged (whether the admin token was used, never the token; the counter before and after)
 //! and counted in `floodgate_usage_changes_total{action}`.
+//!
+//! What a change guarantees (the README's "Usage API" says the same to operators):
+//! - A reset starts a new epoch of the counter: refunds, true-ups and lease returns of
+//!   charges made before it are dropped (see [`UsageChange::Reset`]); this instance's own
+//!   quota lease of the key is forgotten. A grant is a difference that commutes with them.
+//! - A concurrency rule is never reset: its count is the requests running now, and freeing
+//!   their slots would let more run at once than the limit (409).
+//! - A change gets [`CHANGE_TIMEOUT`] (or `store.timeout`, if longer), not the request
+//!   path's deadline. A 503 for a timeout means not applied: the store refuses a change that
+//!   reaches it past its deadline. An `Idempotency-Key` header makes a retry land once.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use http::{HeaderMap, Method, Response, StatusCode};
 use prometheus::{IntCounterVec, Opts};
@@ -26,7 +38,9 @@ use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::limiter::algorithm::MAX_COUNT;
 use crate::limiter::policy::Scope;
-use crate::limiter::store::{StoreError, Usage, UsageChange};
+use crate::limiter::store::{
+    Changed, Replay, StoreError, Usage, UsageCall, UsageChange, MAX_IDEMPOTENCY_KEY,
+};
 use crate::limiter::Check;
 use crate::request::auth::{HeaderText, Identity};
 use crate::request::response::{ceil_secs, Problem};
@@ -34,6 +48,14 @@ use crate::rules::{KeyPart, RequestView, Rule};
 
 /// The largest body `POST /usage/*` reads: a rule name, an identity and a number.
 pub const MAX_BODY: usize = 4096;
+
+/// The least time a reset or grant gives the store: an operator's change is worth waiting
+/// for, unlike a request's decision (`store.timeout`, often 20 ms), and a change that times
+/// out has to be retried.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The header that makes a change's retry land once.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// `floodgate_usage_changes_total{action}`: resets and grants made through the usage API.
 static CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -85,6 +107,7 @@ impl Who {
         let headers = HeaderMap::new();
         let view = RequestView {
             route: "",
+            case_sensitive: true,
             method: &Method::GET,
             path: "/",
             query: None,
@@ -148,24 +171,61 @@ fn resolve(cfg: &Config, field: &str, value: &str) -> Result<Who, Box<Response<V
 }
 
 /// The store `rule` counts in: the in-process one for local rules, the configured one (which
-/// is also in process on the memory backend) for global rules.
+/// is also in process on the memory backend) for global rules. A reset made now also forgets
+/// this instance's quota lease of the key (its permits belong to the old epoch).
 async fn usage_of(
     gateway: &Gateway,
     cfg: &Config,
     rule: &Rule,
     check: &Check,
     change: UsageChange,
-) -> Result<(Usage, Usage), StoreError> {
-    match rule.policy.scope {
-        Scope::Local => Ok(gateway.limiter.memory().usage(check, change)),
+    idempotency_key: Option<&str>,
+) -> Result<Changed, StoreError> {
+    let changed = match rule.policy.scope {
+        Scope::Local => gateway
+            .limiter
+            .memory()
+            .usage(check, change, idempotency_key),
+        Scope::Global => {
+            let timeout = if change == UsageChange::Read {
+                cfg.store.timeout
+            } else {
+                cfg.store.timeout.max(CHANGE_TIMEOUT)
+            };
+            let call = UsageCall {
+                timeout,
+                idempotency_key,
+            };
+            gateway.limiter.store().usage(check, change, call).await?
+        }
+    };
+    if change == UsageChange::Reset && changed.replay == Replay::Fresh {
+        gateway.limiter.forget_lease(check);
+    }
+    Ok(changed)
+}
+
+/// Lifts the `block_for` ban of `check`'s key wherever `rule` keeps it: the shared store's (for
+/// a global rule) and the ones the limiter holds in process (local rules, the memory backend,
+/// and bans remembered from the shared store for an outage). Whether a live ban was lifted.
+async fn lift_ban(
+    gateway: &Gateway,
+    cfg: &Config,
+    rule: &Rule,
+    check: &Check,
+) -> Result<bool, StoreError> {
+    let shared = match rule.policy.scope {
+        Scope::Local => false,
         Scope::Global => {
             gateway
                 .limiter
                 .store()
-                .usage(check, change, cfg.store.timeout)
-                .await
+                .lift_ban(check, cfg.store.timeout)
+                .await?
         }
-    }
+    };
+    let in_process = gateway.limiter.lift_ban(check);
+    Ok(shared || in_process)
 }
 
 fn usage_json(rule: &str, u: &Usage) -> serde_json::Value {
@@ -200,9 +260,9 @@ pub async fn read(gateway: &Gateway, cfg: &Config, query: &str) -> Response<Vec<
         let Some(check) = who.check(rule) else {
             continue;
         };
-        match usage_of(gateway, cfg, rule, &check, UsageChange::Read).await {
-            Ok((u, _)) => rules.push(usage_json(&rule.policy.name, &u)),
-            Err(e) => return store_failed(&e),
+        match usage_of(gateway, cfg, rule, &check, UsageChange::Read, None).await {
+            Ok(c) => rules.push(usage_json(&rule.policy.name, &c.before)),
+            Err(e) => return store_failed(&e, false),
         }
     }
     json(
@@ -258,9 +318,9 @@ pub async fn thresholds(gateway: &Gateway, cfg: &Config) -> Response<Vec<u8>> {
             if !seen.insert(check.counter) {
                 continue;
             }
-            let (u, _) = match usage_of(gateway, cfg, rule, &check, UsageChange::Read).await {
-                Ok(u) => u,
-                Err(e) => return store_failed(&e),
+            let u = match usage_of(gateway, cfg, rule, &check, UsageChange::Read, None).await {
+                Ok(c) => c.before,
+                Err(e) => return store_failed(&e, false),
             };
             for (n, t) in above.iter_mut().zip(&thresholds) {
                 if u.limit > 0 && u.used as f64 >= t * u.limit as f64 {
@@ -295,14 +355,40 @@ pub async fn thresholds(gateway: &Gateway, cfg: &Config) -> Response<Vec<u8>> {
     )
 }
 
-/// `POST /usage/reset` and `POST /usage/grant` (`grant`: with an `amount`).
+/// The `Idempotency-Key` of a change, if it sent one, or a 400 saying what a key may be.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, Box<Response<Vec<u8>>>> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let rule = format!(
+        "the Idempotency-Key header must be one value of 1 to {MAX_IDEMPOTENCY_KEY} characters A-Z, a-z, 0-9, '-', '_', '.' or ':'"
+    );
+    if values.next().is_some() {
+        return Err(bad(rule));
+    }
+    let text = value.to_str().ok().filter(|t| {
+        (1..=MAX_IDEMPOTENCY_KEY).contains(&t.len())
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+    });
+    text.map(Some).ok_or_else(|| bad(rule))
+}
+
+/// `POST /usage/reset` and `POST /usage/grant` (`grant`: with an `amount`), with the request's
+/// `headers` (an `Idempotency-Key`).
 pub async fn change(
     gateway: &Gateway,
     cfg: &Config,
+    headers: &HeaderMap,
     body: &[u8],
     grant: bool,
 ) -> Response<Vec<u8>> {
     let action = if grant { "grant" } else { "reset" };
+    let key = match idempotency_key(headers) {
+        Ok(key) => key,
+        Err(resp) => return *resp,
+    };
     let v: serde_json::Value = match serde_json::from_slice(body) {
         Ok(v @ serde_json::Value::Object(_)) => v,
         _ => {
@@ -355,10 +441,55 @@ pub async fn change(
             rule.policy.limit.algorithm().as_str()
         ));
     }
-    let (before, after) = match usage_of(gateway, cfg, rule, &check, change).await {
-        Ok(both) => both,
-        Err(e) => return store_failed(&e),
+    if !grant && rule.policy.limit.algorithm().capabilities().holds_slots {
+        return *conflict(format!(
+            "rule \"{rule_name}\" is a concurrency rule: its count is the requests running now, and a reset would free their slots while they still run (more would run at once than its limit of {}); nothing was changed: its slots come back as those requests end",
+            rule.policy.limit.limit()
+        ));
+    }
+    let changed = match usage_of(gateway, cfg, rule, &check, change, key).await {
+        Ok(changed) => changed,
+        Err(e) => return store_failed(&e, true),
     };
+    let Changed {
+        before,
+        after,
+        replay,
+    } = changed;
+    if let Replay::Conflict = replay {
+        return *conflict(format!(
+            "this Idempotency-Key was used for another change of rule \"{rule_name}\" for {field} \"{value}\"; nothing was changed: send a new key for a new change"
+        ));
+    }
+    // A reset that left the key banned would answer a full quota while every request is
+    // still refused until the ban ends. Lifting is idempotent, so a replayed reset (whose
+    // first answer may have been lost with the ban still up) lifts it too.
+    let ban_lifted = if grant || rule.policy.limit.block_for().is_zero() {
+        false
+    } else {
+        match lift_ban(gateway, cfg, rule, &check).await {
+            Ok(lifted) => lifted,
+            Err(e) => return store_failed(&e, true),
+        }
+    };
+    if let Replay::Repeated = replay {
+        let mut answer = serde_json::json!({
+            "action": action,
+            field.to_string(): value,
+            "before": usage_json(rule_name, &before),
+            "after": usage_json(rule_name, &after),
+            "replayed": true,
+        });
+        if !grant {
+            answer["ban_lifted"] = ban_lifted.into();
+        }
+        let mut resp = json(StatusCode::OK, &answer);
+        resp.headers_mut().insert(
+            "idempotency-replayed",
+            http::HeaderValue::from_static("true"),
+        );
+        return resp;
+    }
     CHANGES.with_label_values(&[action]).inc();
     let amount = match change {
         UsageChange::Grant(n) => n,
@@ -378,17 +509,20 @@ pub async fn change(
         used_after = after.used,
         remaining_before = before.remaining,
         remaining_after = after.remaining,
+        ban_lifted,
         "usage changed through the admin API"
     );
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "action": action,
-            field.to_string(): value,
-            "before": usage_json(rule_name, &before),
-            "after": usage_json(rule_name, &after),
-        }),
-    )
+    let mut answer = serde_json::json!({
+        "action": action,
+        field.to_string(): value,
+        "before": usage_json(rule_name, &before),
+        "after": usage_json(rule_name, &after),
+        "replayed": false,
+    });
+    if !grant {
+        answer["ban_lifted"] = ban_lifted.into();
+    }
+    json(StatusCode::OK, &answer)
 }
 
 fn example(grant: bool) -> &'static str {
@@ -412,12 +546,34 @@ fn not_found(detail: String) -> Box<Response<Vec<u8>>> {
     )))
 }
 
-/// 503: the store could not answer; nothing is known to have changed.
-fn store_failed(e: &StoreError) -> Response<Vec<u8>> {
+/// 409: the change cannot be made as asked; nothing changed.
+fn conflict(detail: String) -> Box<Response<Vec<u8>>> {
+    Box::new(problem(Problem::new(
+        "urn:floodgate:problem:conflict",
+        "Conflict",
+        409,
+        detail,
+    )))
+}
+
+/// 503: the store could not answer. For a change (`change`) after a timeout that means not
+/// applied (the store refuses a change past its deadline); after another error, a change the
+/// store received may have been applied, which a retry with the same Idempotency-Key makes
+/// harmless.
+fn store_failed(e: &StoreError, change: bool) -> Response<Vec<u8>> {
+    let detail = match (change, e) {
+        (false, _) => format!("the store could not answer ({e}); try again"),
+        (true, StoreError::Timeout) => format!(
+            "the store did not answer in time ({e}); the change was not applied and will not be: try again (with an Idempotency-Key, a retry is applied once)"
+        ),
+        (true, _) => format!(
+            "the store could not answer ({e}); if it received the change it may have applied it: retry with the same Idempotency-Key, which applies it once"
+        ),
+    };
     problem(Problem::new(
         "urn:floodgate:problem:store-unavailable",
         "Service Unavailable",
         503,
-        format!("the store could not answer ({e}); try again"),
+        detail,
     ))
 }

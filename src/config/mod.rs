@@ -222,6 +222,9 @@ pub struct Route {
     /// server's mode refuses is accepted if, spelled under this mode, it is this route's, and a
     /// path the server's mode accepts is refused if this route's refuses it.
     pub escaped_slashes: Option<crate::request::normalize::EscapedSlashes>,
+    /// `case_sensitive = false`: paths match (the route's and its rules' `path` and
+    /// `path_prefix`) ignoring ASCII case, for backends that read `/ORDERS` as `/orders`.
+    pub case_sensitive: bool,
     /// Its `floodgate_requests_total` series, resolved on first use (validation registers
     /// nothing).
     pub requests: crate::metrics::RouteRequests,
@@ -230,7 +233,8 @@ pub struct Route {
 impl Route {
     /// Whether a request (its normalized host and path) fits this route.
     pub fn matches(&self, host: Option<&str>, method: &Method, path: &str) -> bool {
-        self.matcher.matches(host, method, path)
+        self.matcher
+            .matches_case(host, method, path, self.case_sensitive)
     }
 }
 

@@ -216,6 +216,13 @@ pub struct RawStore {
     /// Bound of the in-process store's keys; past it keys are evicted; at least 1.
     #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 1000000))]
     pub max_keys: Option<Spanned<i64>>,
+    /// Bound of the in-process `block_for` ban tables, apart from `max_keys`; at least 1.
+    #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 100000))]
+    pub max_bans: Option<Spanned<i64>>,
+    /// How long a start waits for Redis (connected, scripts loaded) before the listeners
+    /// serve; longer than 0, at most 5m.
+    #[schemars(with = "Option<DurationText>", extend("default" = "3s"))]
+    pub connect_timeout: Option<Spanned<String>>,
 }
 
 /// `[auth]`.
@@ -477,6 +484,11 @@ pub struct RawRoute {
         extend("enum" = names(EscapedSlashes::NAMES))
     )]
     pub escaped_slashes: Option<Spanned<String>>,
+    /// `false`: the route's paths, and the `path` / `path_prefix` of the rules that apply to its
+    /// requests, match ignoring ASCII case (for backends that serve `/Orders` as `/orders`);
+    /// the path is forwarded as the client sent it.
+    #[schemars(extend("default" = true))]
+    pub case_sensitive: Option<bool>,
 }
 
 /// A route's `match`.

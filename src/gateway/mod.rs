@@ -6,10 +6,12 @@
 //!   force, the limits' logic being `crate::rls`'s.
 //! - `pools`: the upstream pools each config generation runs on (the config itself is plain
 //!   data, also built by `check`).
+//! - `startup`: the store made ready before the front doors serve, and readiness.
 
 mod pools;
 pub mod reload;
 pub mod rls;
+mod startup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +40,8 @@ pub struct Gateway {
     status: Mutex<ReloadStatus>,
     /// Serializes reloads so that two triggers at once cannot swap in an older file last.
     reload_lock: tokio::sync::Mutex<()>,
+    /// The start-up warm-up of the store.
+    startup: startup::Startup,
 }
 
 impl Gateway {
@@ -67,6 +71,7 @@ impl Gateway {
                 ..ReloadStatus::default()
             }),
             reload_lock: tokio::sync::Mutex::new(()),
+            startup: startup::Startup::default(),
         }
     }
 

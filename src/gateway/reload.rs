@@ -130,6 +130,11 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     check("store.backend", old.store.backend != new.store.backend);
     check("store.url(s)", old.store.urls != new.store.urls);
     check("store.max_keys", old.store.max_keys != new.store.max_keys);
+    check("store.max_bans", old.store.max_bans != new.store.max_bans);
+    check(
+        "store.connect_timeout",
+        old.store.connect_timeout != new.store.connect_timeout,
+    );
     check(
         "store.key_prefix",
         old.store.key_prefix != new.store.key_prefix,

@@ -147,7 +147,10 @@ impl Limiter {
     /// A limiter for `store`: in-process stores bounded to `max_keys`, and global rules in the
     /// store the backend names ([`backend::open`]; Redis connects in the background).
     pub fn new(store: &Store) -> Self {
-        Limiter::with_shared(store.max_keys, backend::open(store))
+        let limiter = Limiter::with_shared(store.max_keys, backend::open(store));
+        limiter.local.set_max_bans(store.max_bans);
+        limiter.fallback.set_max_bans(store.max_bans);
+        limiter
     }
 
     /// A limiter over `shared` (global rules are decided there; `None`: in the limiter's own
@@ -184,6 +187,13 @@ impl Limiter {
     /// The in-process store (for metrics and tests).
     pub fn memory(&self) -> &MemoryStore {
         &self.local
+    }
+
+    /// Forgets this instance's quota lease of `check`'s key without giving its permits back
+    /// (see [`LeaseTable::forget`]): the usage API reset the key's counter. Returns the
+    /// permits forgotten.
+    pub fn forget_lease(&self, check: &Check) -> u64 {
+        self.leases.forget(check)
     }
 
     /// The store global rules are decided in (the in-process store on the memory backend).
@@ -272,10 +282,37 @@ impl Limiter {
     /// Returns whether they all admit.
     async fn ask_shared(&self, steps: &mut [Step<'_>], store: &Store, slots: &mut Slots) -> bool {
         let clock = &*self.clock;
+        let asked: plan::Asked = steps.iter().map(|s| s.ask.is_some()).collect();
         match shared::call(&self.leases, clock, &self.global, steps, store, slots).await {
-            Ok(admitted) => admitted,
+            Ok(admitted) => {
+                if !admitted {
+                    fallback::remember_bans(&self.fallback, steps, &asked);
+                }
+                admitted
+            }
             Err(e) => fallback::apply(&self.fallback, clock, &e, steps, store.instances, slots),
         }
+    }
+
+    /// `block_for` bans held in process: the in-process store's and those remembered from the
+    /// shared store (ended ones until swept). For metrics: locks each ban table once.
+    pub fn bans_held(&self) -> usize {
+        let remembered = if self.in_process {
+            0
+        } else {
+            self.fallback.blocked_keys()
+        };
+        self.local.blocked_keys() + remembered
+    }
+
+    /// Lifts the `block_for` ban of `check`'s key that this limiter holds in process: the
+    /// in-process store's (local rules, and every rule on the memory backend) and the bans it
+    /// remembers from the shared store for an outage. Whether a live ban was lifted. The
+    /// shared store's own ban is lifted with [`SharedStore::lift_ban`].
+    pub fn lift_ban(&self, check: &Check) -> bool {
+        let local = self.local.lift_ban(check);
+        let remembered = self.fallback.lift_ban(check);
+        local || remembered
     }
 }
 

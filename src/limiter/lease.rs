@@ -137,6 +137,9 @@ struct Entry {
     until: Instant,
     /// The window they were charged to (0 for the buckets): what a return names.
     window_end_us: u64,
+    /// When the store charged the earliest of them (its time, us): a return names it, so
+    /// that it never lands on a counter reset since.
+    charged_at_us: u64,
     /// The check they were leased for (for returns).
     check: Check,
     /// The decision at the last lease: quota, global remaining and reset.
@@ -164,6 +167,8 @@ pub struct Stamp {
     pub window_end_us: u64,
     /// When the lease's permits stop being spendable.
     pub until: Instant,
+    /// When the store charged the earliest of them (its time, us; see [`Grant::charged_at_us`]).
+    pub charged_at_us: u64,
 }
 
 /// What [`LeaseTable::take`] found for one check.
@@ -241,6 +246,7 @@ impl LeaseTable {
             held: 0,
             until: now,
             window_end_us: 0,
+            charged_at_us: 0,
             check: check.clone(),
             last: Decision::unlimited(check.limit.limit()),
             spent: 0,
@@ -265,6 +271,7 @@ impl LeaseTable {
             let stamp = Stamp {
                 window_end_us: e.window_end_us,
                 until: e.until,
+                charged_at_us: e.charged_at_us,
             };
             return Take::Spent(d, stamp);
         }
@@ -345,6 +352,13 @@ impl LeaseTable {
                     if !grant.window_left.is_zero() {
                         valid = valid.min(grant.window_left);
                     }
+                    // The earliest charge of the permits in hand: a return older than a reset
+                    // is dropped, so erring early costs availability, never exactness.
+                    if e.held == 0 || e.charged_at_us == 0 {
+                        e.charged_at_us = grant.charged_at_us;
+                    } else {
+                        e.charged_at_us = e.charged_at_us.min(grant.charged_at_us);
+                    }
                     e.held += extra;
                     e.until = sent + valid;
                     e.window_end_us = grant.window_end_us;
@@ -352,6 +366,7 @@ impl LeaseTable {
                         stamp = Some(Stamp {
                             window_end_us: e.window_end_us,
                             until: e.until,
+                            charged_at_us: grant.charged_at_us,
                         });
                     }
                     e.check = check.clone();
@@ -440,6 +455,21 @@ impl LeaseTable {
         self.closed.store(true, Ordering::Release);
     }
 
+    /// Forgets the lease this instance holds for `check`'s key, without giving its permits
+    /// back: the usage API reset the key's counter, and the permits were charged to the old
+    /// one (a return would now land on the new counter, and spending them would admit more
+    /// than the new counter allows). Requests for the key lease anew from the reset counter.
+    /// Returns the permits forgotten.
+    pub fn forget(&self, check: &Check) -> u64 {
+        let key: Key = (check.rule.clone(), check.counter);
+        let mut shard = self.shard(&key).lock();
+        let Some(e) = shard.get_mut(&key) else {
+            return 0;
+        };
+        e.denied = None;
+        std::mem::take(&mut e.held)
+    }
+
     /// Permits held for `check`'s key right now (tests and `/rules`).
     pub fn held(&self, check: &Check) -> u64 {
         let key: Key = (check.rule.clone(), check.counter);
@@ -455,6 +485,7 @@ impl Entry {
             check: self.check.clone(),
             permits,
             window_end_us: self.window_end_us,
+            charged_at_us: self.charged_at_us,
         }
     }
 
@@ -541,6 +572,51 @@ mod tests {
         // Another rule rejected the request: its permit goes back, uncharged.
         t.put_back(&c);
         assert_eq!(t.held(&c), 4);
+    }
+
+    /// A usage reset forgets the lease in hand: its permits are neither spent nor returned
+    /// (they belong to the counter the reset ended); the next request leases anew. A return
+    /// names the earliest charge of the permits it gives back.
+    #[test]
+    fn a_forgotten_lease_is_neither_spent_nor_returned() {
+        let t = Arc::new(LeaseTable::default());
+        let c = check(3);
+        let now = Instant::now();
+        let (_, guard) = lease(&t, &c, now);
+        let first = Grant {
+            granted: 10,
+            charged_at_us: 500,
+            ..Grant::default()
+        };
+        t.fill(guard, &c, &Decision::unlimited(1000), first, true, now);
+        assert_eq!(t.held(&c), 9);
+        assert_eq!(t.forget(&c), 9);
+        assert_eq!(t.held(&c), 0);
+        assert!(t.due(true, now).is_empty(), "nothing to give back");
+        assert!(matches!(t.take(&c, &AUTO, now), Take::Lease { .. }));
+
+        let c = check(4);
+        let (_, guard) = lease(&t, &c, now);
+        t.fill(guard, &c, &Decision::unlimited(1000), first, false, now);
+        // Refilled while permits are in hand: the return names the earlier charge.
+        let Take::Spent(..) = t.take(&c, &AUTO, now) else {
+            panic!("expected to spend")
+        };
+        let more = Grant {
+            granted: 3,
+            charged_at_us: 900,
+            ..Grant::default()
+        };
+        let guard = RefillGuard {
+            table: t.clone(),
+            key: (c.rule.clone(), c.counter),
+            lease: AUTO,
+            _tx: watch::channel(()).0,
+        };
+        t.fill(guard, &c, &Decision::unlimited(1000), more, false, now);
+        let due = t.due(true, now);
+        assert_eq!((due.len(), due[0].permits), (1, 12));
+        assert_eq!(due[0].charged_at_us, 500);
     }
 
     #[test]

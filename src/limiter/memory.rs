@@ -203,8 +203,15 @@ pub struct MemoryStore {
     /// the rule first stores a key there).
     rule_evictions: Mutex<std::collections::HashMap<Arc<str>, Arc<RuleEvictions>>>,
     max_keys: usize,
-    /// Keys refused by a `block_for` rule until their block ends.
+    /// Keys refused by a `block_for` rule until their ban ends: a table of its own, bounded
+    /// apart from the counters (see `blocks`).
     blocks: blocks::Blocks,
+    /// When a usage reset last started a key over (see [`epochs`]).
+    epochs: epochs::Epochs,
+    /// Usage changes made with an idempotency key (see [`usage`]).
+    idempotent: usage::Remembered,
+    /// Bans not kept (or evicted) because the ban table was full.
+    bans_dropped: AtomicU64,
 }
 
 /// The evictions of one rule: this store's count and the process-wide metric.
@@ -319,7 +326,10 @@ impl MemoryStore {
             evictions: AtomicU64::new(0),
             rule_evictions: Mutex::new(std::collections::HashMap::new()),
             max_keys,
-            blocks: blocks::Blocks::default(),
+            blocks: blocks::Blocks::new(max_keys),
+            epochs: epochs::Epochs::default(),
+            idempotent: usage::Remembered::default(),
+            bans_dropped: AtomicU64::new(0),
         }
     }
 
@@ -337,16 +347,73 @@ impl MemoryStore {
         let block_for = check.limit.block_for();
         let for_ns = algorithm::sat(block_for.as_nanos());
         if for_ns > 0 {
-            let key = (slot.rule, slot.hash);
-            self.blocks.block(key, now, for_ns, self.max_keys);
+            self.ban(slot, now, for_ns);
             decision.retry_after = decision.retry_after.max(block_for);
             decision.reset = decision.reset.max(block_for);
         }
     }
 
-    /// Keys blocked by `block_for` rules now.
+    /// Bans the key of `slot` for `for_ns` from `now`, counting a ban the full table dropped.
+    fn ban(&self, slot: Slot, now: u64, for_ns: u64) {
+        if let Some(dropped) = self.blocks.block((slot.rule, slot.hash), now, for_ns) {
+            self.bans_dropped.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::metrics()
+                .bans_dropped
+                .with_label_values(&[dropped.as_str()])
+                .inc();
+        }
+    }
+
+    /// Keys banned by `block_for` rules now (ended bans included until swept).
     pub fn blocked_keys(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Sets the most bans the store holds at once (`[store] max_bans`; at least 1). A store
+    /// starts with as many as it holds keys.
+    pub fn set_max_bans(&self, max_bans: usize) {
+        self.blocks.set_max(max_bans);
+    }
+
+    /// The most bans the store holds at once.
+    pub fn max_bans(&self) -> usize {
+        self.blocks.max()
+    }
+
+    /// Bans dropped because the ban table was full, since the store was created: new bans not
+    /// kept and live bans evicted for another rule's (see `blocks`).
+    pub fn bans_dropped(&self) -> u64 {
+        self.bans_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Lifts the `block_for` ban of `check`'s key (the usage API's reset); whether a live ban
+    /// was lifted.
+    pub fn lift_ban(&self, check: &Check) -> bool {
+        let slot = self.slot(check);
+        self.blocks
+            .lift((slot.rule, slot.hash), self.clock.now_ns())
+    }
+
+    /// What is left of the `block_for` ban of `check`'s key, if its rule bans and the key is
+    /// banned.
+    pub fn ban_left(&self, check: &Check) -> Option<Duration> {
+        let now = self.clock.now_ns();
+        self.block_left(check, self.slot(check), now)
+            .map(Duration::from_nanos)
+    }
+
+    /// Remembers a ban another store (Redis) answered for `check`'s key: refused for `left`
+    /// from now. What the engine enforces while that store cannot be asked.
+    pub fn remember_ban(&self, check: &Check, left: Duration) {
+        let for_ns = algorithm::sat(left.as_nanos());
+        if for_ns > 0 && !check.limit.block_for().is_zero() {
+            self.ban(self.slot(check), self.clock.now_ns(), for_ns);
+        }
+    }
+
+    /// The decision of `check` while its key is banned for `left` more.
+    pub fn banned(check: &Check, left: Duration) -> Decision {
+        blocks::blocked(check, algorithm::sat(left.as_nanos()))
     }
 
     /// Decides every check of one request atomically: either every rule is charged or none.
@@ -484,8 +551,8 @@ impl MemoryStore {
 
     /// Trues up the reservation `check` made at `charged_at_ns` (see
     /// [`super::true_up`]): refunds or charges on top, in the window it was charged in.
-    /// Returns whether the key still held that charge (evicted, or its window over: nothing
-    /// is done).
+    /// Returns whether the key still held that charge (evicted, its window over, or reset by
+    /// the usage API since: nothing is done).
     pub fn true_up(
         &self,
         check: &Check,
@@ -495,6 +562,10 @@ impl MemoryStore {
         let now = self.clock.now_ns();
         let slot = self.slot(check);
         let mut shard = self.shard(slot.hash).lock();
+        // Read under the shard's lock, which a reset holds while it starts the new epoch.
+        if !self.epochs.current((slot.rule, slot.hash), charged_at_ns) {
+            return false;
+        }
         shard.get_mut(slot).is_some_and(|state| {
             super::true_up::true_up(state, &check.limit, now, charged_at_ns, adjust)
         })
@@ -516,6 +587,8 @@ impl MemoryStore {
             }
         }
         self.blocks.sweep(now);
+        self.epochs.sweep(now);
+        self.idempotent.sweep(now);
     }
 
     /// Keys held, expired ones not yet swept included. Locks each shard in turn: for metrics,
@@ -909,6 +982,7 @@ impl RuleKeys {
 }
 
 mod blocks;
+mod epochs;
 mod shared;
 
 #[cfg(test)]

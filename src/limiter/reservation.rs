@@ -19,7 +19,7 @@ use prometheus::{IntCounterVec, Opts};
 use super::lease::{LeaseTable, Stamp};
 use super::memory::MemoryStore;
 use super::policy::Policy;
-use super::store::{SharedStore, TrueUp};
+use super::store::{Grant, SharedStore, TrueUp};
 use super::true_up::Adjust;
 use super::Check;
 
@@ -145,10 +145,12 @@ enum Held {
         store: Arc<MemoryStore>,
         charged_at_ns: u64,
     },
-    /// The shared store, in the call made under `holder` whose window ends at `window_end_us`.
+    /// The shared store, in the call made under `holder` at `charged_at_us` (the store's
+    /// time) whose window ends at `window_end_us`.
     Shared {
         store: Arc<dyn SharedStore>,
         window_end_us: u64,
+        charged_at_us: u64,
         holder: u64,
     },
     /// A quota lease of this instance (`lease`): the permits were charged to the shared store
@@ -181,12 +183,13 @@ impl Reservation {
         }
     }
 
-    /// A reservation charged to the shared `store` by the call under `holder`.
+    /// A reservation charged to the shared `store` by the call under `holder`, which answered
+    /// `grant` for it.
     pub fn shared(
         rule: Arc<Policy>,
         check: Check,
         store: &Arc<dyn SharedStore>,
-        window_end_us: u64,
+        grant: Grant,
         holder: u64,
     ) -> Self {
         Reservation {
@@ -194,7 +197,8 @@ impl Reservation {
             check,
             held: Held::Shared {
                 store: store.clone(),
-                window_end_us,
+                window_end_us: grant.window_end_us,
+                charged_at_us: grant.charged_at_us,
                 holder,
             },
         }
@@ -334,6 +338,7 @@ async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
             Held::Shared {
                 store,
                 window_end_us,
+                charged_at_us,
                 holder,
             } => {
                 shared.get_or_insert(store);
@@ -341,6 +346,7 @@ async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
                     check: r.check,
                     adjust,
                     window_end_us,
+                    charged_at_us,
                     holder,
                 });
             }
@@ -360,6 +366,7 @@ async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
                     check: r.check,
                     adjust,
                     window_end_us: stamp.window_end_us,
+                    charged_at_us: stamp.charged_at_us,
                     holder: 0,
                 });
             }

@@ -47,4 +47,17 @@ pub struct Store {
     pub instances: u64,
     /// Bound of the in-process store (keys), for memory and the local fallback.
     pub max_keys: usize,
+    /// Bound of the in-process ban tables (`block_for` bans, and bans remembered from Redis),
+    /// apart from `max_keys` so that a flood of counters never evicts a ban.
+    pub max_bans: usize,
+    /// How long a start waits for Redis (connected, scripts loaded, a cluster's slots read)
+    /// before the proxy listeners accept; past it they accept anyway and each rule's
+    /// `on_store_error` applies until Redis answers.
+    pub connect_timeout: Duration,
 }
+
+/// `[store] max_bans` when not set.
+pub const DEFAULT_MAX_BANS: usize = 100_000;
+
+/// `[store] connect_timeout` when not set.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -45,6 +45,10 @@ pub struct Grant {
     /// The end of that window in the store's time (us since the epoch; 0 for the buckets): a
     /// return names it, so that permits are never given back to another window.
     pub window_end_us: u64,
+    /// When the store charged them, in its time (us since the epoch; 0: unknown): a return or
+    /// a true-up names it, so that it never lands on a counter a usage reset started after
+    /// the charge (a new epoch of the counter; see [`UsageChange::Reset`]).
+    pub charged_at_us: u64,
 }
 
 /// Unspent permits of a quota lease, given back by [`SharedStore::give_back`].
@@ -56,6 +60,10 @@ pub struct Return {
     pub permits: u64,
     /// [`Grant::window_end_us`] of the lease.
     pub window_end_us: u64,
+    /// [`Grant::charged_at_us`] of the lease's permits: the earliest, when it was filled more
+    /// than once (a return older than a reset is dropped, so the earliest errs towards
+    /// dropping, which costs availability, never exactness).
+    pub charged_at_us: u64,
 }
 
 /// What the usage API (`/usage`) does to one counter: look, start it over, or give it more.
@@ -63,12 +71,69 @@ pub struct Return {
 pub enum UsageChange {
     /// Only read it.
     Read,
-    /// Start the counter over: as if the identity had sent nothing.
+    /// Start the counter over: as if the identity had sent nothing. This starts a new *epoch*
+    /// of the counter: a refund, true-up or lease return of a charge made before the reset
+    /// is dropped, never applied to the new counter (which would admit more than the limit).
     Reset,
     /// `amount` more for the current window only (fixed windows, calendar periods): the
     /// window's count goes down by it, below zero if need be, and the grant ends with the
-    /// window.
+    /// window. A grant is a difference, which commutes with the differences a refund, a
+    /// true-up or a lease return makes: those of charges made before it still land (an extra
+    /// charge dropped there would be admitted for free), and the grant stays whole.
     Grant(u64),
+}
+
+impl UsageChange {
+    /// The change as the stores remember it under an idempotency key: a retry with the same
+    /// key must ask for the same change.
+    pub fn fingerprint(self) -> (u8, u64) {
+        match self {
+            UsageChange::Read => (0, 0),
+            UsageChange::Reset => (1, 0),
+            UsageChange::Grant(n) => (2, n),
+        }
+    }
+}
+
+/// How long a store remembers the answer to a change made with an `Idempotency-Key`: a retry
+/// within it gets that answer and changes nothing.
+pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest `Idempotency-Key` the usage API accepts (bytes; printable ASCII only).
+pub const MAX_IDEMPOTENCY_KEY: usize = 64;
+
+/// How one usage change is made: its deadline and, optionally, the idempotency key that makes
+/// a retry land once.
+#[derive(Debug, Clone, Copy)]
+pub struct UsageCall<'a> {
+    /// How long the store may take. A store that can, refuses to apply a change that reaches
+    /// it after this (so that a timeout means "not applied", see [`Changed`]).
+    pub timeout: Duration,
+    /// The client's `Idempotency-Key` (validated: at most [`MAX_IDEMPOTENCY_KEY`] bytes of
+    /// `A-Z a-z 0-9 - _ . :`), remembered per counter for [`IDEMPOTENCY_TTL`].
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// Whether a change was made now, or had been made before under the same idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Made now (or a read).
+    Fresh,
+    /// Made before under this key: the answer is the one that change got; nothing changed now.
+    Repeated,
+    /// This key was used for another change of this counter: nothing changed now.
+    Conflict,
+}
+
+/// A usage change's answer: the counter before and after, and whether it was a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changed {
+    /// The counter before the change.
+    pub before: Usage,
+    /// The counter after it.
+    pub after: Usage,
+    /// Made now, or remembered.
+    pub replay: Replay,
 }
 
 /// One counter as the usage API shows it.
@@ -107,6 +172,9 @@ pub struct TrueUp {
     pub adjust: super::true_up::Adjust,
     /// [`Grant::window_end_us`] of the call that charged it (0 for the buckets and the log).
     pub window_end_us: u64,
+    /// [`Grant::charged_at_us`] of the call that charged it: a true-up of a charge older than
+    /// a reset of its counter is dropped.
+    pub charged_at_us: u64,
     /// The holder id the call was made under: names a sliding log's entries.
     pub holder: u64,
 }
@@ -224,16 +292,36 @@ pub trait SharedStore: Send + Sync {
     }
 
     /// The usage API: the counter of `check` (its rule, counter id and numbers; the cost is
-    /// not charged) before and after `change`, made atomically in the store. The default
+    /// not charged) before and after `change`, made atomically in the store, within
+    /// `call.timeout`, once per `call.idempotency_key`. [`StoreError::Timeout`] means the
+    /// change was not applied and will not be (a change that reaches the store past its
+    /// deadline is refused there); after another error a change the store received may have
+    /// been applied, which a retry with the same idempotency key makes harmless. The default
     /// answers that this store keeps no usage.
     async fn usage(
         &self,
         check: &Check,
         change: UsageChange,
-        timeout: Duration,
-    ) -> Result<(Usage, Usage), StoreError> {
-        let _ = (check, change, timeout);
+        call: UsageCall<'_>,
+    ) -> Result<Changed, StoreError> {
+        let _ = (check, change, call);
         Err(StoreError::Failed("this store keeps no usage".into()))
+    }
+
+    /// Lifts the `block_for` ban of `check`'s key (the usage API's reset), within `timeout`:
+    /// whether a live ban was lifted. The default keeps no bans.
+    async fn lift_ban(&self, check: &Check, timeout: Duration) -> Result<bool, StoreError> {
+        let _ = (check, timeout);
+        Ok(false)
+    }
+
+    /// Gets the store ready to decide before the gateway accepts requests: connected, its
+    /// scripts loaded, a cluster's slot map read. Gives up after `deadline`; whether it got
+    /// ready. Called once at start, on the runtime that serves requests. The default is ready
+    /// at once (a store in process).
+    async fn warm_up(&self, deadline: Duration) -> bool {
+        let _ = deadline;
+        true
     }
 
     /// How the store stands right now.
@@ -248,7 +336,8 @@ pub trait SharedStore: Send + Sync {
 /// One answer of a shared store held to what its rule can ever say: a buggy or hostile store,
 /// or a state written by the rule before a reload, cannot hold a request longer than the
 /// rule's `max_delay` (nor any request of a rule that does not shape), tell a client to wait
-/// beyond the rule's [`horizon`], show more quota than the rule has, or lease more permits
+/// beyond the rule's [`horizon`], show more quota than the rule has (beyond what a usage grant
+/// can add, for a rule that takes grants), or lease more permits
 /// than `wanted` (at least the check's cost; 0 for an exact check). The engine applies it to
 /// every answer before using it.
 pub fn bounded(check: &Check, wanted: u64, answer: (Decision, Grant)) -> (Decision, Grant) {
@@ -258,7 +347,14 @@ pub fn bounded(check: &Check, wanted: u64, answer: (Decision, Grant)) -> (Decisi
     d.limit = quota(limit);
     d.reset = d.reset.min(longest);
     if d.allowed {
-        d.remaining = d.remaining.min(d.limit);
+        // A grant (the usage API) leaves more than the limit for the rest of its window: a
+        // rule that takes grants may show up to the most one grant can add on top.
+        let most = if limit.algorithm().capabilities().grant {
+            d.limit.saturating_add(super::algorithm::MAX_COUNT)
+        } else {
+            d.limit
+        };
+        d.remaining = d.remaining.min(most);
         d.retry_after = Duration::ZERO;
         d.delay = if limit.mode() == LeakyMode::Shape {
             d.delay.min(limit.max_delay())

@@ -173,6 +173,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
 
     let view = RequestView {
         route: &route.name,
+        case_sensitive: route.case_sensitive,
         method: req.method,
         path: &path,
         query: req.uri.query(),

@@ -21,13 +21,34 @@ pub struct RequestMatch {
 }
 
 impl RequestMatch {
-    /// Whether a request with this (normalized) host, method and path fits.
+    /// Whether a request with this (normalized) host, method and path fits, paths compared
+    /// exactly.
     pub fn matches(&self, host: Option<&str>, method: &Method, path: &str) -> bool {
-        if self.path.as_deref().is_some_and(|p| p != path) {
-            return false;
+        self.matches_case(host, method, path, true)
+    }
+
+    /// [`Self::matches`], with `path` and `path_prefix` compared ignoring ASCII case unless
+    /// `case_sensitive` (a route's `case_sensitive = false`, for backends that serve `/Orders`
+    /// as `/orders`: a rule on `/orders` must then count `/ORDERS` too).
+    pub fn matches_case(
+        &self,
+        host: Option<&str>,
+        method: &Method,
+        path: &str,
+        case_sensitive: bool,
+    ) -> bool {
+        if let Some(p) = self.path.as_deref() {
+            let same = if case_sensitive {
+                p == path
+            } else {
+                p.eq_ignore_ascii_case(path)
+            };
+            if !same {
+                return false;
+            }
         }
         if let Some(prefix) = &self.path_prefix {
-            if !path_has_prefix(path, prefix) {
+            if !path_has_prefix_case(path, prefix, case_sensitive) {
                 return false;
             }
         }
@@ -71,11 +92,25 @@ impl RequestMatch {
 /// `prefix: /orders` match it. `/orders.json/1` is not covered (no framework reads it as
 /// `/orders/1`).
 pub fn path_has_prefix(path: &str, prefix: &str) -> bool {
+    path_has_prefix_case(path, prefix, true)
+}
+
+/// [`path_has_prefix`], the prefix compared ignoring ASCII case unless `case_sensitive`.
+pub fn path_has_prefix_case(path: &str, prefix: &str, case_sensitive: bool) -> bool {
     if prefix == "/" || prefix.is_empty() {
         return true;
     }
     let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
-    match path.strip_prefix(prefix) {
+    let rest = if case_sensitive {
+        path.strip_prefix(prefix)
+    } else {
+        let n = prefix.len();
+        (path.len() >= n
+            && path.is_char_boundary(n)
+            && path.as_bytes()[..n].eq_ignore_ascii_case(prefix.as_bytes()))
+        .then(|| &path[n..])
+    };
+    match rest {
         Some(rest) => {
             rest.is_empty()
                 || rest.starts_with('/')
@@ -102,6 +137,26 @@ mod tests {
         assert!(path_has_prefix("/v1/orders.xml", "/v1/orders"));
         assert!(!path_has_prefix("/orders.json/1", "/orders"));
         assert!(!path_has_prefix("/ordersx.json", "/orders"));
+    }
+
+    #[test]
+    fn a_case_insensitive_match_ignores_ascii_case_only() {
+        let m = RequestMatch {
+            path_prefix: Some("/orders".into()),
+            ..RequestMatch::default()
+        };
+        assert!(!m.matches(None, &Method::GET, "/Orders/1"));
+        assert!(m.matches_case(None, &Method::GET, "/Orders/1", false));
+        assert!(m.matches_case(None, &Method::GET, "/ORDERS.JSON", false));
+        assert!(!m.matches_case(None, &Method::GET, "/ordersx", false));
+        let exact = RequestMatch {
+            path: Some("/login".into()),
+            ..RequestMatch::default()
+        };
+        assert!(exact.matches_case(None, &Method::POST, "/LogIn", false));
+        assert!(!exact.matches(None, &Method::POST, "/LogIn"));
+        // A multi-byte character where the prefix ends is no match (and no panic).
+        assert!(!path_has_prefix_case("/ordeé", "/order", false));
     }
 
     #[test]

@@ -710,6 +710,7 @@ fn view<'a>(ctx: &'a RequestCtx, req: &'a RequestHeader) -> crate::rules::Reques
     let uri = ctx.forward_target.as_ref().unwrap_or(&req.uri);
     crate::rules::RequestView {
         route: ctx.route().map_or("", |r| &r.name),
+        case_sensitive: ctx.route().is_none_or(|r| r.case_sensitive),
         method: &req.method,
         path: uri.path(),
         query: uri.query(),

@@ -105,6 +105,7 @@ mod tests {
     fn view<'a>(path: &'a str, query: Option<&'a str>, headers: &'a HeaderMap) -> RequestView<'a> {
         RequestView {
             route: "orders",
+            case_sensitive: true,
             method: &Method::GET,
             path,
             query,

@@ -134,6 +134,9 @@ impl KeyPart {
 pub struct RequestView<'a> {
     /// The matched route's name.
     pub route: &'a str,
+    /// Whether the matched route compares paths case-sensitively (`case_sensitive`): rules
+    /// then match its requests' paths the same way.
+    pub case_sensitive: bool,
     /// Method.
     pub method: &'a Method,
     /// Path without query.
@@ -223,7 +226,10 @@ impl Rule {
                 return false;
             }
         }
-        if !m.request.matches(req.host, req.method, req.path) {
+        if !m
+            .request
+            .matches_case(req.host, req.method, req.path, req.case_sensitive)
+        {
             return false;
         }
         if let Some(plan) = &m.plan {
@@ -343,6 +349,7 @@ mod tests {
     ) -> RequestView<'a> {
         RequestView {
             route: "orders",
+            case_sensitive: true,
             method: &Method::GET,
             path: "/orders/1",
             query,

@@ -378,3 +378,39 @@ fn a_route_can_refuse_what_the_server_keeps() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(body(&answer)["path"], "/debug/a%2Fb");
 }
+
+/// A case-insensitive backend serves `/ORDERS` as `/orders`: by default that spelling is not
+/// the orders route's (it falls to the catch-all, as Envoy's and nginx's default matching
+/// would), and with `case_sensitive = false` on the route it is, with the route's auth, and
+/// the rules on its paths count every spelling as one.
+#[test]
+fn a_case_insensitive_route_covers_every_spelling_of_its_paths() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&protected_config(api.addr));
+    // Case-sensitive by default: another resource to floodgate.
+    let (status, answer) = get(gw.addr, "/ORDERS", "");
+    assert_eq!(status, 404, "the catch-all's upstream answer: {answer}");
+    drop(gw);
+
+    let config = protected_config(api.addr)
+        .replace(
+            "name = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\nauth = \"required\"",
+            "name = \"orders\"\nmatch = { path_prefix = \"/orders\" }\nupstream = \"orders\"\nauth = \"required\"\ncase_sensitive = false",
+        )
+        .replace(
+            "match = { path_prefix = \"/debug/counted\", methods = [\"GET\"] }",
+            "match = { path_prefix = \"/orders/counted\", methods = [\"GET\"] }",
+        );
+    assert!(config.contains("case_sensitive = false"), "{config}");
+    let gw = Gateway::start(&config);
+    for spelling in ["/ORDERS", "/Orders/1", "/oRdErS.json"] {
+        let (status, answer) = get(gw.addr, spelling, "");
+        assert_eq!(status, 401, "{spelling}: {answer}");
+    }
+    let key = "\r\nx-api-key: test";
+    // Admitted and counted (the demo API has no such path: its 404).
+    let (status, answer) = get(gw.addr, "/orders/counted", key);
+    assert_eq!(status, 404, "{answer}");
+    let (status, answer) = get(gw.addr, "/ORDERS/Counted", key);
+    assert_eq!(status, 429, "one counter for every spelling: {answer}");
+}

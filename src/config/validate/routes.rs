@@ -60,6 +60,7 @@ pub(super) fn routes(
             upstream,
             auth,
             escaped_slashes,
+            case_sensitive: r.case_sensitive.unwrap_or(true),
             requests: Default::default(),
         });
     }

@@ -9,6 +9,10 @@ use super::source::Src;
 use crate::config::schema::*;
 use crate::config::*;
 
+/// The longest `store.connect_timeout`: a start that waits longer for Redis is a start that
+/// looks hung.
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// `[store]`: the backend and, for Redis, the URL(s) as a Redis client would take them (the
 /// client is built to judge them, and dropped: it connects to nothing).
 pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
@@ -80,6 +84,23 @@ pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
         Some(m) => src.positive(m, "store.max_keys")? as usize,
         None => 1_000_000,
     };
+    let max_bans = match &raw.max_bans {
+        Some(m) => src.positive(m, "store.max_bans")? as usize,
+        None => crate::limiter::settings::DEFAULT_MAX_BANS,
+    };
+    let connect_timeout = match &raw.connect_timeout {
+        Some(t) => {
+            let d = src.duration(t)?;
+            if d.is_zero() || d > MAX_CONNECT_TIMEOUT {
+                return Err(src.err(
+                    t.span(),
+                    "store.connect_timeout must be longer than 0ms and at most 5m",
+                ));
+            }
+            d
+        }
+        None => crate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
+    };
     Ok(Store {
         backend,
         urls,
@@ -90,6 +111,8 @@ pub(super) fn store(src: &Src, raw: &RawStore) -> Result<Store, ConfigError> {
             .unwrap_or_else(|| "floodgate:".to_string()),
         instances,
         max_keys,
+        max_bans,
+        connect_timeout,
     })
 }
 

@@ -236,6 +236,9 @@ async fn serve(
     threads: usize,
     mut shutdown: ShutdownWatch,
 ) {
+    // Descriptors are decided on the store: serve once it is ready (or its start-up deadline
+    // passed), as the proxy does.
+    gateway.warm_up().await;
     let addr = listener.local_addr().ok();
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,

@@ -1,11 +1,16 @@
 //! The failure phase: the store call failed (error, timeout, open circuit), and each rule it
 //! was asking for decides by its `on_store_error`: `open` admits uncounted, `closed` refuses
 //! (the request is answered 503), `local` decides in process with `limit / instances`.
+//!
+//! Bans outlive the outage: every `block_for` ban the shared store answered is remembered in
+//! the fallback store's ban table (bounded by `max_bans`, each with its end), and while the
+//! store fails a key banned there is refused (429, `Retry-After` what is left of the ban)
+//! whatever its rule's `on_store_error`; the `local` fallback adds the bans it decides itself.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::plan::{Checks, Step};
+use super::plan::{Asked, Checks, Step};
 use super::slots::Slots;
 use super::STORE_RETRY_AFTER;
 use crate::limiter::memory::{Clock, MemoryStore};
@@ -25,9 +30,17 @@ pub(super) fn apply(
 ) -> bool {
     let now_s = clock.now_ns() / 1_000_000_000;
     let mut closed = false;
+    let mut banned = false;
     let mut local = Checks::new();
     for step in steps.iter_mut().filter(|s| s.ask.is_some()) {
         step.ask = None;
+        if let Some(left) = fallback.ban_left(step.check) {
+            // Banned when the store last answered: refused until the ban ends, as the store
+            // would, whatever on_store_error says.
+            step.decision = Some(MemoryStore::banned(step.check, left));
+            banned = true;
+            continue;
+        }
         let rule = &step.rule;
         let mode = rule.on_store_error;
         log_store_failure(error, &rule.name, mode.as_str(), now_s);
@@ -50,8 +63,9 @@ pub(super) fn apply(
         }
         step.decision = Some(decision);
     }
-    if closed {
-        // Answered 503 whatever the others say: nothing is decided in process.
+    if closed || banned {
+        // Answered 503 (or 429: a ban) whatever the others say: nothing is decided or charged
+        // in process.
         return false;
     }
     if local.is_empty() {
@@ -70,6 +84,21 @@ pub(super) fn apply(
         step.decision = Some(d);
     }
     admitted
+}
+
+/// Remembers the bans the store's answer holds: each asked step of a `block_for` rule that
+/// the store rejected is banned until its `Retry-After` (what is left of the ban, or, for the
+/// rejection that starts one, at least `block_for`). `asked` flags the steps that joined the
+/// call.
+pub(super) fn remember_bans(fallback: &MemoryStore, steps: &[Step<'_>], asked: &Asked) {
+    for (step, _) in steps.iter().zip(asked).filter(|(_, &asked)| asked) {
+        if step.check.limit.block_for().is_zero() {
+            continue;
+        }
+        if let Some(d) = step.decision.as_ref().filter(|d| !d.allowed) {
+            fallback.remember_ban(step.check, d.retry_after);
+        }
+    }
 }
 
 /// The check with its limit shared out among `instances` gateways (at least 1 each).

@@ -15,6 +15,9 @@ use crate::limiter::{Check, Decision};
 /// so that the futures stay small (moving a future moves all of it).
 pub(super) type Checks = SmallVec<[Check; 4]>;
 
+/// Which steps joined the store call, one flag per step (inline, as [`Checks`]).
+pub(super) type Asked = SmallVec<[bool; 8]>;
+
 /// Which store decides a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Place {
@@ -65,9 +68,9 @@ pub(super) struct Step<'a> {
     pub(super) lease_stamp: Option<crate::limiter::lease::Stamp>,
     /// The store failed and this rule's `on_store_error` decided it.
     pub(super) fell_back: Option<FailureMode>,
-    /// The shared store's call that decided it: its holder id and the end of the window it
-    /// charged (a reservation's true-up names both).
-    pub(super) charged_in: (u64, u64),
+    /// The shared store's call that decided it: its holder id and what it charged (the
+    /// window and the instant, which a reservation's true-up names).
+    pub(super) charged_in: (u64, crate::limiter::store::Grant),
     /// The request's cost was charged to this rule's counter and stays charged even if the
     /// request is refused (by another rule a store decided apart, or by shaping): a refused
     /// request shows what a rule really has left by it.
@@ -110,7 +113,7 @@ impl<'a> Plan<'a> {
                 from_lease: false,
                 lease_stamp: None,
                 fell_back: None,
-                charged_in: (0, 0),
+                charged_in: (0, crate::limiter::store::Grant::default()),
                 charged: false,
             });
         }

@@ -96,8 +96,8 @@ fn reserve(limiter: &Limiter, step: &Step<'_>, slots: &mut Slots) {
             None => return,
         },
         (Place::Shared, None) => {
-            let (holder, window_end_us) = step.charged_in;
-            Reservation::shared(rule, check, &limiter.global, window_end_us, holder)
+            let (holder, grant) = step.charged_in;
+            Reservation::shared(rule, check, &limiter.global, grant, holder)
         }
         (Place::Shared, Some(FailureMode::Local)) => {
             Reservation::memory(rule, check, &limiter.fallback)

@@ -67,7 +67,7 @@ pub(super) async fn call(
             step.lease_stamp = table.fill(*guard, step.check, &decision, grant, admitted, sent);
             step.from_lease = admitted && grant.granted > 0;
         }
-        step.charged_in = (holder, grant.window_end_us);
+        step.charged_in = (holder, grant);
         // A slot of a request the store did not admit whole is given back by the store.
         step.charged = grant.granted > 0 && (admitted || !holds_slots(step.check));
         step.decision = Some(decision);

@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::MemoryStore;
-use crate::limiter::store::{SharedStore, StoreError, StoreStatus, Usage, UsageChange};
+use crate::limiter::store::{
+    Changed, SharedStore, StoreError, StoreStatus, UsageCall, UsageChange,
+};
 use crate::limiter::{Check, Decision};
 
 #[async_trait]
@@ -39,9 +41,18 @@ impl SharedStore for MemoryStore {
         &self,
         check: &Check,
         change: UsageChange,
-        _timeout: Duration,
-    ) -> Result<(Usage, Usage), StoreError> {
-        Ok(MemoryStore::usage(self, check, change))
+        call: UsageCall<'_>,
+    ) -> Result<Changed, StoreError> {
+        Ok(MemoryStore::usage(
+            self,
+            check,
+            change,
+            call.idempotency_key,
+        ))
+    }
+
+    async fn lift_ban(&self, check: &Check, _timeout: Duration) -> Result<bool, StoreError> {
+        Ok(MemoryStore::lift_ban(self, check))
     }
 
     fn status(&self) -> StoreStatus {

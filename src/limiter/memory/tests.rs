@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::limiter::store::UsageChange;
 use crate::limiter::{Algorithm, Limit};
 
 const SEC: u64 = 1_000_000_000;
@@ -445,4 +446,99 @@ fn a_rules_tables_go_when_it_holds_no_key() {
         store.decide(&[check("gone", 1, Algorithm::FixedWindow, 10)])[0].remaining,
         9
     );
+}
+
+/// A reset starts a new epoch: a refund of a charge made before it is dropped (before epochs
+/// it landed on the new counter, which then admitted more than the limit), one made after it
+/// lands; on every algorithm that settles.
+#[test]
+fn refunds_of_charges_before_a_reset_never_land_on_the_new_counter() {
+    use crate::limiter::true_up::Adjust;
+    let refund = Adjust {
+        refund: 1,
+        extra: 0,
+    };
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+    ] {
+        let (store, clock) = store(1_000);
+        let c = check("r", 1, algorithm, 3);
+        let one = std::slice::from_ref(&c);
+        let mut old = Vec::new();
+        for _ in 0..3 {
+            assert_eq!(allowed(&store, one), [true]);
+            old.push(store.now_ns());
+            clock.advance(Duration::from_millis(1));
+        }
+        let changed = store.usage(&c, UsageChange::Reset, None);
+        assert_eq!(changed.before.remaining, 0, "{algorithm:?}");
+        clock.advance(Duration::from_millis(1));
+        for _ in 0..3 {
+            assert_eq!(allowed(&store, one), [true], "{algorithm:?}");
+        }
+        let fresh = store.now_ns();
+        for at in old {
+            assert!(
+                !store.true_up(&c, at, refund),
+                "{algorithm:?}: an old refund"
+            );
+        }
+        assert_eq!(
+            allowed(&store, one),
+            [false],
+            "{algorithm:?}: still 3 counted"
+        );
+        clock.advance(Duration::from_millis(1));
+        assert!(
+            store.true_up(&c, fresh, refund),
+            "{algorithm:?}: a new refund"
+        );
+        assert_eq!(allowed(&store, one), [true], "{algorithm:?}");
+    }
+}
+
+/// The marks of resets are bounded by `max_keys` and forgotten by a sweep once they end.
+#[test]
+fn reset_marks_are_bounded_and_swept() {
+    let (store, clock) = store(4);
+    for key in 0..10 {
+        let c = check("r", key, Algorithm::FixedWindow, 3);
+        store.usage(&c, UsageChange::Reset, None);
+    }
+    assert!(store.epochs.len() <= 4, "{}", store.epochs.len());
+    clock.advance(Duration::from_secs(60) + epochs::KEEP * 2);
+    store.sweep();
+    assert_eq!(store.epochs.len(), 0);
+}
+
+/// A change made with an idempotency key is applied once: a retry answers the first numbers
+/// and changes nothing; the key for another change is a conflict; the table is bounded.
+#[test]
+fn an_idempotent_grant_is_applied_once() {
+    use crate::limiter::store::Replay;
+    let (store, _) = store(1_000);
+    let c = check("r", 1, Algorithm::FixedWindow, 10);
+    assert_eq!(allowed(&store, std::slice::from_ref(&c)), [true]);
+    let first = store.usage(&c, UsageChange::Grant(5), Some("k1"));
+    assert_eq!((first.replay, first.after.used), (Replay::Fresh, -4));
+    let again = store.usage(&c, UsageChange::Grant(5), Some("k1"));
+    assert_eq!(again.replay, Replay::Repeated);
+    assert_eq!(again.after, first.after);
+    let other = store.usage(&c, UsageChange::Grant(6), Some("k1"));
+    assert_eq!(other.replay, Replay::Conflict);
+    let now = store.usage(&c, UsageChange::Read, None);
+    assert_eq!(now.before.used, -4, "applied once");
+    // Another counter's key of the same name is its own.
+    let d = check("r", 2, Algorithm::FixedWindow, 10);
+    assert_eq!(
+        store.usage(&d, UsageChange::Grant(5), Some("k1")).replay,
+        Replay::Fresh
+    );
+    for n in 0..usage::MAX_REMEMBERED + 10 {
+        store.usage(&c, UsageChange::Grant(1), Some(&format!("many-{n}")));
+    }
+    assert!(store.idempotent.len() <= usage::MAX_REMEMBERED);
 }

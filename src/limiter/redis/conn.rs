@@ -202,6 +202,20 @@ impl Conn {
         }
     }
 
+    /// Loads `scripts` on the server, or on every master of a cluster (what the warm-up
+    /// does before the gateway accepts requests).
+    pub(super) async fn load_scripts(&self, scripts: &[&Lua]) -> RedisResult<()> {
+        for script in scripts {
+            self.everywhere(script.load()).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `cmd` on the node holding its key (the server, standalone).
+    pub(super) async fn on_key<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        self.query(cmd).await
+    }
+
     /// Whether this connection can no longer answer and a new one must be built (only ours:
     /// redis-rs's connections reconnect by themselves).
     pub(super) fn is_broken(&self) -> bool {

@@ -67,6 +67,7 @@ pub mod script;
 mod topology;
 mod true_up;
 mod usage;
+mod warm;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -78,7 +79,9 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::store::{Grant, Return, SharedStore, StoreError, StoreStatus, Usage, UsageChange};
+use super::store::{
+    Changed, Grant, Return, SharedStore, StoreError, StoreStatus, UsageCall, UsageChange,
+};
 use super::{Check, Decision};
 use crate::limiter::settings::Store;
 use crate::metrics::metrics;
@@ -603,9 +606,19 @@ impl SharedStore for RedisStore {
         &self,
         check: &Check,
         change: UsageChange,
-        timeout: Duration,
-    ) -> Result<(Usage, Usage), StoreError> {
-        self.inner.usage(check, change, timeout).await
+        call: UsageCall<'_>,
+    ) -> Result<Changed, StoreError> {
+        self.inner.usage(check, change, call).await
+    }
+
+    /// Deletes the key's block key (`<key>:b`, see `lua/decide.lua`).
+    async fn lift_ban(&self, check: &Check, timeout: Duration) -> Result<bool, StoreError> {
+        self.inner.lift_ban(check, timeout).await
+    }
+
+    /// Connects, reads a cluster's slot map and loads the scripts (see `warm`).
+    async fn warm_up(&self, deadline: Duration) -> bool {
+        RedisStore::warm_up(self, deadline).await
     }
 
     fn status(&self) -> StoreStatus {
@@ -815,7 +828,13 @@ impl Inner {
             }
             for &i in &group {
                 let r = returns[i];
-                cmd.arg(&Params::of(&r.check).return_packed(r.permits, r.window_end_us)[..]);
+                cmd.arg(
+                    &Params::of(&r.check).return_packed(
+                        r.permits,
+                        r.window_end_us,
+                        r.charged_at_us,
+                    )[..],
+                );
             }
             let conn = conn.clone();
             async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
@@ -902,6 +921,8 @@ mod tests {
             key_prefix: "p:".into(),
             instances: 1,
             max_keys: 10,
+            max_bans: crate::limiter::settings::DEFAULT_MAX_BANS,
+            connect_timeout: crate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
         };
         let err = RedisStore::new(&store).err().expect("not a Redis URL");
         assert!(!err.to_string().contains("s3cret"), "{err}");

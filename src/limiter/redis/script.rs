@@ -106,7 +106,7 @@ impl Lua {
 pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Numbers per check in the decide script's reply.
-pub(super) const REPLY_FIELDS: usize = 11;
+pub(super) const REPLY_FIELDS: usize = 12;
 
 /// Bytes per check in the decide script's reply: the numbers are little-endian doubles.
 pub(super) const REPLY_BYTES: usize = REPLY_FIELDS * 8;
@@ -122,11 +122,11 @@ pub(super) const PACKED_BYTES: usize = 1 + PACKED_NUMBERS * 8;
 /// end, us) as little-endian doubles.
 pub(super) const CALENDAR_PACKED_BYTES: usize = PACKED_BYTES + 4 * 8;
 
-/// Bytes of one packed lease return (`lua/lease_return.lua`): code, then five doubles.
-pub(super) const RETURN_BYTES: usize = 1 + 5 * 8;
+/// Bytes of one packed lease return (`lua/lease_return.lua`): code, then six doubles.
+pub(super) const RETURN_BYTES: usize = 1 + 6 * 8;
 
-/// Bytes of one packed true-up (`lua/true_up.lua`): code, then six doubles.
-pub(super) const TRUE_UP_BYTES: usize = 1 + 6 * 8;
+/// Bytes of one packed true-up (`lua/true_up.lua`): code, then seven doubles.
+pub(super) const TRUE_UP_BYTES: usize = 1 + 7 * 8;
 
 /// The algorithm's number in `decide.lua`'s `algorithms` table (1-based, as Lua indexes).
 pub(super) fn code(algorithm: Algorithm, mode: LeakyMode) -> u8 {
@@ -214,8 +214,14 @@ impl Params {
     }
 
     /// The window the script returns with a lease, and what a lease return must send: the
-    /// algorithm's code and the numbers `lease_return.lua` needs.
-    pub(super) fn return_packed(&self, permits: u64, window_end_us: u64) -> [u8; RETURN_BYTES] {
+    /// algorithm's code and the numbers `lease_return.lua` needs (the last: when the permits
+    /// were charged, so that a return never lands on a counter reset since).
+    pub(super) fn return_packed(
+        &self,
+        permits: u64,
+        window_end_us: u64,
+        charged_at_us: u64,
+    ) -> [u8; RETURN_BYTES] {
         pack(
             self.code,
             [
@@ -224,17 +230,19 @@ impl Params {
                 self.interval[1],
                 self.window_us,
                 window_end_us.min(MAX_EXACT),
+                charged_at_us.min(MAX_EXACT),
             ],
         )
     }
 
     /// A reservation's true-up as `true_up.lua` reads it: the algorithm's code, the refund,
-    /// the extra charge, the interval, the window and the window the reservation was charged
-    /// in.
+    /// the extra charge, the interval, the window the reservation was charged in, and when
+    /// (a true-up never lands on a counter reset since).
     pub(super) fn true_up_packed(
         &self,
         adjust: crate::limiter::true_up::Adjust,
         window_end_us: u64,
+        charged_at_us: u64,
     ) -> [u8; TRUE_UP_BYTES] {
         pack(
             self.code,
@@ -245,6 +253,7 @@ impl Params {
                 self.interval[1],
                 self.window_us,
                 window_end_us.min(MAX_EXACT),
+                charged_at_us.min(MAX_EXACT),
             ],
         )
     }
@@ -310,6 +319,7 @@ pub(super) fn grant(reply: &[u64; REPLY_FIELDS], charged: bool) -> Grant {
         },
         window_left: Duration::from_micros(reply[9]),
         window_end_us: reply[10],
+        charged_at_us: reply[11],
     }
 }
 
@@ -370,7 +380,7 @@ impl std::ops::Deref for Packed {
 
 /// The gateway's Unix time in ns: only where a calendar rule's periods are computed around,
 /// for the script to choose among by Redis' time.
-fn unix_now_ns() -> u64 {
+pub(super) fn unix_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| sat(d.as_nanos()))
@@ -460,13 +470,13 @@ mod tests {
     #[test]
     fn rejected_decisions_never_say_retry_now() {
         let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
-        let d = p.decision(&[0, 5, 10, 3, 0, 0, 7, 1, 1, 0, 0]);
+        let d = p.decision(&[0, 5, 10, 3, 0, 0, 7, 1, 1, 0, 0, 0]);
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(d.reset, Duration::from_nanos(10_003), "10 us and 3 ns");
         assert_eq!(d.retry_after, Duration::from_nanos(1));
         assert_eq!(d.delay, Duration::ZERO);
-        let d = p.decision(&[1, 5, u64::MAX, 999, 0, 0, 7, 1, 1, 0, 0]);
+        let d = p.decision(&[1, 5, u64::MAX, 999, 0, 0, 7, 1, 1, 0, 0, 0]);
         assert_eq!(d.delay, Duration::from_nanos(7_001));
         assert_eq!(d.reset, Duration::from_nanos(u64::MAX), "saturating");
     }
@@ -479,12 +489,25 @@ mod tests {
             .collect();
         assert_eq!(
             unpack_reply(&packed),
-            [1, 9_007_199_254_740_991, 0, 0, u64::MAX, 0, 0, 0, 0, 0, 0]
+            [
+                1,
+                9_007_199_254_740_991,
+                0,
+                0,
+                u64::MAX,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0
+            ]
         );
         // A short reply never panics: the missing numbers read as 0.
         assert_eq!(
             unpack_reply(&packed[..12]),
-            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
         );
     }
 
@@ -604,6 +627,47 @@ mod tests {
             "struct.unpack('<B{}'",
             "d".repeat((TRUE_UP_BYTES - 1) / 8)
         )));
+    }
+
+    /// Epochs: every script that gives back or trues up names when the charge was made and
+    /// drops it when the key was reset since, with the memory store's rule (a charge in the
+    /// reset's instant counts as older); the usage script marks the reset and answers the
+    /// reply `redis/usage.rs` decodes.
+    #[test]
+    fn settling_scripts_honour_the_epoch_of_a_reset() {
+        let common = include_str!("../../../lua/common.lua");
+        let epoch = between(common, "local function same_epoch", "\nend\n");
+        assert!(epoch.contains("key .. ':e'"), "{epoch}");
+        assert!(
+            epoch.contains("charged_at > (tonumber(started) or 0)"),
+            "{epoch}"
+        );
+        let memory = include_str!("../memory/epochs.rs");
+        assert!(memory.contains("charged_at > m.started"));
+        for (name, lua) in [
+            ("true_up.lua", include_str!("../../../lua/true_up.lua")),
+            (
+                "lease_return.lua",
+                include_str!("../../../lua/lease_return.lua"),
+            ),
+        ] {
+            assert!(
+                lua.contains("if not same_epoch(key, charged_at) then"),
+                "{name} checks the epoch"
+            );
+        }
+        let usage = include_str!("../../../lua/usage.lua");
+        let reset = between(usage, "if op == 'reset' then", "elseif op == 'grant'");
+        assert!(
+            reset.contains("redis.call('SET', key .. ':e', fmt(now)"),
+            "{reset}"
+        );
+        assert_eq!(super::super::usage::REPLY_BYTES, 1 + 6 * 8);
+        assert!(usage.contains("return struct.pack('<B', 0) .. numbers"));
+        assert!(usage.contains("struct.pack('<Bdddddd', 3,"));
+        assert!(usage.contains("#seen == 9 + 48"));
+        // The decide reply's last number is the instant of the charge.
+        assert!(DECIDE_LUA.contains("  out[#out + 1] = now\nend"));
     }
 
     /// The packed check is the size and layout `decide.lua` unpacks, and the reply holds as

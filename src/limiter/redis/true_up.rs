@@ -107,7 +107,11 @@ impl Inner {
                     for &i in group {
                         let u = &ups[i];
                         cmd.arg(
-                            &Params::of(&u.check).true_up_packed(u.adjust, u.window_end_us)[..],
+                            &Params::of(&u.check).true_up_packed(
+                                u.adjust,
+                                u.window_end_us,
+                                u.charged_at_us,
+                            )[..],
                         );
                     }
                     for &i in group {

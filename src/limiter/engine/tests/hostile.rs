@@ -123,6 +123,7 @@ lease = 5
         granted: 1_000_000,
         window_left: decade,
         window_end_us: 0,
+        charged_at_us: 0,
     };
     *fake.answer.lock() = Some(vec![(answered(true, 99, Duration::ZERO), inflated)]);
     let calls = fake.holders.lock().len();
