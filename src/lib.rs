@@ -5,7 +5,7 @@
 //! [`request::proxy`] is the Pingora glue) → [`rules`] and [`limiter`] (the decision's counters
 //! and stores) → [`upstream`] (targets, health, pools). Beside the path: [`config`] (the file as
 //! validated plain data), [`gateway`] (what lives: the config in force, pools, reload),
-//! [`admin`], [`rls`] (Envoy's rate-limit service), [`webhooks`], [`metrics`], [`top`],
+//! [`admin`], [`rls`] (Envoy's rate-limit service), [`telemetry`] (traces), [`webhooks`], [`metrics`], [`top`],
 //! [`text`]. `main`, [`server`], [`shutdown`] and [`logging`] are the binary's wiring.
 
 pub mod admin;
@@ -21,6 +21,7 @@ pub mod rls;
 pub mod rules;
 pub mod server;
 pub mod shutdown;
+pub mod telemetry;
 pub mod text;
 pub mod top;
 pub mod upstream;

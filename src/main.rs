@@ -109,14 +109,24 @@ fn main() -> ExitCode {
                         open_files = n,
                         "open-file limit (RLIMIT_NOFILE) raised to the hard limit"
                     );
-                    let budget = floodgate::connection::set_open_file_limit(n);
-                    if budget < cfg.server.connections.max_connections {
+                    let rls_max = cfg.rls.as_ref().map_or(0, |r| r.serving.max_connections);
+                    let budget = floodgate::connection::set_open_file_limit(n, rls_max);
+                    if budget.clients < cfg.server.connections.max_connections {
                         tracing::warn!(
                             open_files = n,
                             max_connections = cfg.server.connections.max_connections,
-                            client_connections = budget,
+                            client_connections = budget.clients,
                             "the open-file limit allows fewer client connections than \
                              max_connections: past this many, new connections are closed"
+                        );
+                    }
+                    if rls_max > budget.rls {
+                        tracing::warn!(
+                            open_files = n,
+                            rls_max_connections = rls_max,
+                            rls_connections = budget.rls,
+                            "the open-file limit allows fewer rate-limit service connections \
+                             than rls.max_connections: past this many, new ones are closed"
                         );
                     }
                 }

@@ -34,11 +34,12 @@ pub struct Metrics {
     /// `floodgate_connections_open`: client connections open now.
     pub connections_open: IntGauge,
     /// `floodgate_connections_refused_total{reason}` (`max_connections`,
-    /// `max_connections_per_ip`): connections closed at accept because a cap was reached.
+    /// `max_connections_per_ip`, and the rate-limit service's `rls_max_connections`,
+    /// `rls_max_connections_per_ip`): connections closed at accept because a cap was reached.
     pub connections_refused: IntCounterVec,
-    /// `floodgate_connection_timeouts_total{kind}` (`tls`, `header`, `keepalive`, `body`):
-    /// connections closed
-    /// because a request head did not arrive in time.
+    /// `floodgate_connection_timeouts_total{kind}` (`tls`, `header`, `keepalive`, `body`, and
+    /// the rate-limit service's `rls_header`, `rls_request`, `rls_idle`): connections (or, for
+    /// `rls_request`, calls) ended because something did not arrive in time.
     pub connection_timeouts: IntCounterVec,
     /// `floodgate_decision_duration_seconds`: time to decide a request's rules.
     pub decision_seconds: Histogram,
@@ -62,6 +63,10 @@ pub struct Metrics {
     /// `floodgate_access_log_dropped_total`: access lines dropped because the writer's queue
     /// was full (see [`crate::request::access_log`]).
     pub access_log_dropped: IntCounter,
+    /// `floodgate_trace_spans_dropped_total`: finished spans not delivered to the collector
+    /// (the export queue was full, or the export failed or timed out; see
+    /// [`crate::telemetry`]).
+    pub trace_spans_dropped: IntCounter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -213,16 +218,21 @@ impl Metrics {
             connections_refused: counter_vec_at_zero(
                 r,
                 "floodgate_connections_refused_total",
-                "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip).",
+                "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip; rls_max_connections, rls_max_connections_per_ip: the rate-limit service's listener).",
                 "reason",
-                &["max_connections", "max_connections_per_ip"],
+                &[
+                    "max_connections",
+                    "max_connections_per_ip",
+                    "rls_max_connections",
+                    "rls_max_connections_per_ip",
+                ],
             ),
             connection_timeouts: counter_vec_at_zero(
                 r,
                 "floodgate_connection_timeouts_total",
-                "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout).",
+                "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout; rls_header: the rate-limit service's TLS handshake or HTTP/2 preface, rls_request: a call's request message (the call, not the connection, is ended), rls_idle: a connection with no call for idle_timeout).",
                 "kind",
-                &["tls", "header", "keepalive", "body"],
+                &["tls", "header", "keepalive", "body", "rls_header", "rls_request", "rls_idle"],
             ),
             decision_seconds: registered(
                 r,
@@ -283,6 +293,14 @@ impl Metrics {
                 IntCounter::new(
                     "floodgate_access_log_dropped_total",
                     "Access log lines dropped because the log writer fell behind (its queue was full).",
+                )
+                .expect("static metric definition"),
+            ),
+            trace_spans_dropped: registered(
+                r,
+                IntCounter::new(
+                    "floodgate_trace_spans_dropped_total",
+                    "Finished trace spans dropped: the export queue was full, or the collector failed or timed out.",
                 )
                 .expect("static metric definition"),
             ),

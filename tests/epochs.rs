@@ -28,6 +28,8 @@ fn redis_store(backend: Backend, urls: Vec<String>) -> Arc<RedisStore> {
         key_prefix: "fg-epochs:".into(),
         instances: 1,
         max_keys: 10_000,
+        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
+        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
     })
     .expect("store")
 }

@@ -194,6 +194,12 @@ const TABLES: &[Table] = &[
         ],
         always: false,
     },
+    Table {
+        header: "[tracing]",
+        parent: None,
+        base: &[],
+        always: false,
+    },
 ];
 
 /// A value no key of gateway.toml takes: an array holding an empty array. (A table such as

@@ -14,6 +14,7 @@ pub mod duration;
 pub mod error;
 pub mod json_schema;
 pub mod schema;
+pub mod telemetry;
 mod validate;
 pub mod watch;
 
@@ -53,6 +54,9 @@ pub struct Config {
     pub webhooks: Arc<[crate::webhooks::Webhook]>,
     /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
     pub rls: Option<crate::rls::limits::Settings>,
+    /// `[tracing]`: OpenTelemetry spans over OTLP, when the file has the section (none: no
+    /// tracing work at all).
+    pub tracing: Option<telemetry::Settings>,
     /// Digest of the bytes this config was read from (gateway.toml, then the keys file): the
     /// reloader compares files against it to tell a real change from a no-op event.
     pub fingerprint: [u8; 32],

@@ -57,6 +57,52 @@ pub struct RawConfig {
     /// `[rls]`: Envoy's rate-limit service (gRPC) on the same engine.
     #[schemars(with = "Option<RawRls>")]
     pub rls: Option<Spanned<RawRls>>,
+    /// `[tracing]`: OpenTelemetry spans over OTLP.
+    #[schemars(with = "Option<RawTracing>")]
+    pub tracing: Option<Spanned<RawTracing>>,
+}
+
+/// `[tracing]`: OpenTelemetry spans exported over OTLP. Without it, no tracing cost at all.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    /// The collector: `http(s)://host:port` for OTLP/gRPC, or a URL ending in `/v1/traces` for
+    /// OTLP/HTTP (protobuf); no credentials in the URL. Restart to change.
+    #[schemars(with = "Option<String>", extend("default" = "http://127.0.0.1:4317"))]
+    pub otlp_endpoint: Option<Spanned<String>>,
+    /// `"grpc"` or `"http/protobuf"` (default: by the endpoint's path). Restart to change.
+    #[schemars(
+        with = "Option<String>",
+        extend("enum" = ["grpc", "http/protobuf"])
+    )]
+    pub protocol: Option<Spanned<String>>,
+    /// The `service.name` resource attribute, 1 to 255 bytes. Restart to change.
+    #[schemars(with = "Option<String>", length(min = 1, max = 255), extend("default" = "floodgate"))]
+    pub service_name: Option<Spanned<String>>,
+    /// Share of new traces sampled, 0 to 1, parent-based (a sampled parent always is, an
+    /// unsampled one never). Reloaded at once.
+    #[schemars(with = "Option<f64>", range(min = 0.0, max = 1.0), extend("default" = 0.01))]
+    pub sample_ratio: Option<Spanned<f64>>,
+    /// Continue `traceparent` from every client, not only from `trusted_proxies`. Reloaded at
+    /// once.
+    #[schemars(extend("default" = false))]
+    pub trust_incoming: Option<bool>,
+    /// Extra resource attributes (at most 64; keys and values 1 to 255 bytes). Restart to change.
+    #[schemars(with = "Option<std::collections::BTreeMap<String, String>>")]
+    pub resource_attributes: Option<Spanned<std::collections::BTreeMap<String, Spanned<String>>>>,
+    /// One export's deadline; a batch past it is dropped and counted. Restart to change.
+    #[schemars(with = "Option<DurationText>", extend("default" = "10s"))]
+    pub export_timeout: Option<Spanned<String>>,
+    /// Spans waiting for export at most (1 to 1,000,000); past it they are dropped and
+    /// counted. Restart to change.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 1_000_000), extend("default" = 8192))]
+    pub max_queue_size: Option<Spanned<i64>>,
+    /// Spans per export at most (1 to `max_queue_size`). Restart to change.
+    #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 512))]
+    pub max_export_batch_size: Option<Spanned<i64>>,
+    /// How long a batch waits to fill before it is sent. Restart to change.
+    #[schemars(with = "Option<DurationText>", extend("default" = "200ms"))]
+    pub schedule_delay: Option<Spanned<String>>,
 }
 
 /// One `[[webhooks]]`: where quota events are POSTed.
@@ -689,13 +735,31 @@ pub struct RawRls {
     /// The gRPC listener (HTTP/2 cleartext, or TLS with `tls`); a change waits for a restart.
     #[schemars(with = "Option<String>", extend("default" = "127.0.0.1:8081"))]
     pub listen: Option<Spanned<String>>,
-    /// Runtime threads answering the service, 1 to 256 (1: a current-thread runtime). Default:
+    /// Threads answering the service, 1 to 256 (each a current-thread runtime). Default:
     /// `[server] threads`.
     #[schemars(with = "Option<i64>", range(min = 1, max = 256))]
     pub threads: Option<Spanned<i64>>,
     /// `tls = { cert, key }`: the listener speaks TLS (HTTP/2 by ALPN). Default: none.
     #[schemars(with = "Option<RawRlsTls>")]
     pub tls: Option<Spanned<RawRlsTls>>,
+    /// Open connections to the listener at most (its own cap, beside `[server]`'s); at least 1.
+    #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 1000))]
+    pub max_connections: Option<Spanned<i64>>,
+    /// Open connections to the listener at most from one client IP; at least 1.
+    #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 100))]
+    pub max_connections_per_ip: Option<Spanned<i64>>,
+    /// The TLS handshake and the HTTP/2 preface must arrive within this of accept; 1ms to 1h.
+    #[schemars(with = "Option<DurationText>", extend("default" = "10s"))]
+    pub header_timeout: Option<Spanned<String>>,
+    /// A call's request message must arrive within this of its headers; 1ms to 1h.
+    #[schemars(with = "Option<DurationText>", extend("default" = "10s"))]
+    pub request_timeout: Option<Spanned<String>>,
+    /// A connection with no call open for this long is closed (GOAWAY); 1ms to 24h.
+    #[schemars(with = "Option<DurationText>", extend("default" = "5m"))]
+    pub idle_timeout: Option<Spanned<String>>,
+    /// Calls (HTTP/2 streams) one connection may have open at once; 1 to 1000.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 1000), extend("default" = 100))]
+    pub max_streams: Option<Spanned<i64>>,
     /// `[[rls.limits]]`: the descriptors answered.
     #[serde(default)]
     pub limits: Vec<RawRlsLimit>,

@@ -68,6 +68,7 @@ impl Gateway {
             tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
         }
         register_rule_series(&new);
+        crate::telemetry::reconfigure(new.tracing.as_ref());
         // Top clients are kept by rule name: a removed rule's go with it.
         crate::top::top().retain_rules(&new);
         let new = Arc::new(new);
@@ -138,6 +139,11 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     check(
         "store.key_prefix",
         old.store.key_prefix != new.store.key_prefix,
+    );
+    out.extend(
+        crate::telemetry::restart_only_changes(old.tracing.as_ref(), new.tracing.as_ref())
+            .into_iter()
+            .map(str::to_string),
     );
     out
 }

@@ -38,7 +38,7 @@ mod shared;
 mod slots;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::backend;
 use super::lease::{lease_metrics, LeaseTable};
@@ -123,6 +123,20 @@ pub struct Outcome {
     /// The decision asked the shared store (one call, answered or failed); false when every
     /// rule was decided in process or by leased permits in hand.
     pub asked_store: bool,
+    /// The store call, when there was one: when it began and how long it took (answered,
+    /// failed or timed out). Trace spans show it (`crate::telemetry`).
+    pub store_call: Option<StoreCall>,
+}
+
+/// When the shared store was asked and how long its answer (or failure) took.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreCall {
+    /// When the call began.
+    pub start: Instant,
+    /// Until the answer, the error or the timeout.
+    pub took: Duration,
+    /// The call failed (error, timeout, open circuit): `on_store_error` decided.
+    pub failed: bool,
 }
 
 /// The rate limiter: counters and the logic that combines rules.
@@ -212,15 +226,16 @@ impl Limiter {
     pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
         let mut plan = Plan::new(&applying, !self.in_process);
         let mut slots = Slots::default();
-        let (admitted, asked_store) = if plan.has_shared() {
+        let (admitted, store_call) = if plan.has_shared() {
             self.decide_with_store(&mut plan, store, &mut slots).await
         } else {
             // The common, memory-only case: one atomic decision in process.
-            (self.charge_local(&mut plan), false)
+            (self.charge_local(&mut plan), None)
         };
         let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
         let mut outcome = settle::settle(self, plan, admitted, slots);
-        outcome.asked_store = asked_store;
+        outcome.asked_store = store_call.is_some();
+        outcome.store_call = store_call;
         outcome
     }
 
@@ -238,14 +253,14 @@ impl Limiter {
 
     /// With global rules on the shared store: peek at the local rules, spend or take leases,
     /// make the one store call (or fall back), and only then charge the local rules. Returns
-    /// whether every step admits, and whether the store was asked; slots the store or the
+    /// whether every step admits, and the store call if there was one; slots the store or the
     /// fallback took go into `slots`.
     async fn decide_with_store(
         &self,
         plan: &mut Plan<'_>,
         store: &Store,
         slots: &mut Slots,
-    ) -> (bool, bool) {
+    ) -> (bool, Option<StoreCall>) {
         let local: Vec<Check> = plan.local_checks();
         let peeked = if local.is_empty() {
             Vec::new()
@@ -254,17 +269,25 @@ impl Limiter {
         };
         if !peeked.iter().all(|d| d.allowed) {
             plan.put_local(peeked, false);
-            return (false, false);
+            return (false, None);
         }
         let steps = &mut plan.steps;
         let mut admitted = leases::take(&self.leases, &*self.clock, steps, store).await;
         let asks = admitted && shared::asks(steps);
+        let mut call = None;
         if !admitted {
             // Refused in process by a leased rule: nothing is asked or charged, and requests
             // waiting on this one's lease calls go on.
             leases::abandon(steps);
         } else if asks {
-            admitted = self.ask_shared(steps, store, slots).await;
+            let start = Instant::now();
+            let (ok, failed) = self.ask_shared(steps, store, slots).await;
+            admitted = ok;
+            call = Some(StoreCall {
+                start,
+                took: start.elapsed(),
+                failed,
+            });
         }
         let calls = if asks { 1.0 } else { 0.0 };
         lease_metrics().calls_per_request.observe(calls);
@@ -275,12 +298,17 @@ impl Limiter {
         } else {
             plan.put_local(peeked, false);
         }
-        (admitted, asks)
+        (admitted, call)
     }
 
     /// The one store call for the steps that ask, or, when it fails, their `on_store_error`.
-    /// Returns whether they all admit.
-    async fn ask_shared(&self, steps: &mut [Step<'_>], store: &Store, slots: &mut Slots) -> bool {
+    /// Returns whether they all admit, and whether the call failed.
+    async fn ask_shared(
+        &self,
+        steps: &mut [Step<'_>],
+        store: &Store,
+        slots: &mut Slots,
+    ) -> (bool, bool) {
         let clock = &*self.clock;
         let asked: plan::Asked = steps.iter().map(|s| s.ask.is_some()).collect();
         match shared::call(&self.leases, clock, &self.global, steps, store, slots).await {
@@ -288,9 +316,12 @@ impl Limiter {
                 if !admitted {
                     fallback::remember_bans(&self.fallback, steps, &asked);
                 }
-                admitted
+                (admitted, false)
             }
-            Err(e) => fallback::apply(&self.fallback, clock, &e, steps, store.instances, slots),
+            Err(e) => (
+                fallback::apply(&self.fallback, clock, &e, steps, store.instances, slots),
+                true,
+            ),
         }
     }
 

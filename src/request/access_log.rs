@@ -76,12 +76,17 @@ pub struct AccessLine {
     pub slowed: bool,
     /// The request's `x-request-id`.
     pub request_id: RequestId,
+    /// The request's W3C trace id when `[tracing]` is on (all zero: none; shown as `-`).
+    pub trace_id: [u8; 16],
     /// Milliseconds from the request's start to the end of its answer.
     pub latency_ms: f64,
     /// Pingora's error type name, `-` when the exchange succeeded.
     pub error: &'static str,
 }
 
+// Lines travel inline: boxing them would cost an allocation per request, and a flush is sent
+// once per process exit; the queue's slots are ~220 bytes (8192 of them: under 2 MB).
+#[allow(clippy::large_enum_variant)]
 enum Message {
     Line(AccessLine),
     /// Write out everything queued before this, then answer (the exit hook).
@@ -158,9 +163,22 @@ fn emit(line: &AccessLine) {
         rejected_by = limited_by(line, false),
         slowed_by = limited_by(line, true),
         request_id = %line.request_id.as_str(),
+        trace_id = %TraceId(line.trace_id),
         latency_ms = line.latency_ms,
         error = line.error,
     );
+}
+
+/// A trace id as W3C writes it (32 hex digits), `-` for none (all zero, which W3C forbids).
+struct TraceId([u8; 16]);
+
+impl std::fmt::Display for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == [0; 16] {
+            return f.write_str("-");
+        }
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
 }
 
 /// The line's `rejected_by` (`slowed` false) or `slowed_by` (true): its rules, or `-`.

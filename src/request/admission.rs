@@ -42,6 +42,9 @@ pub struct Request<'a> {
     pub peer: IpAddr,
     /// The request id (quoted in every answer's body).
     pub request_id: &'a str,
+    /// The request is traced: admission records its decision for the trace
+    /// ([`Admission::decision`]).
+    pub traced: bool,
 }
 
 /// What to do with a request, and what the proxy needs to know to do it.
@@ -63,6 +66,9 @@ pub struct Admission {
     pub next: Next,
     /// Set when the request is forwarded slowed (`mode = "slow"`): its rate and rules.
     pub slowed: Option<crate::request::throttle::Slowed>,
+    /// The limiter's decision with its times, for the trace: only when the request is traced
+    /// and rules applied.
+    pub decision: Option<Box<crate::telemetry::Decision>>,
 }
 
 /// The verdict.
@@ -91,6 +97,7 @@ impl Admission {
             slots: None,
             next: Next::Answer(Box::new(problem.answer())),
             slowed: None,
+            decision: None,
         }
     }
 }
@@ -166,6 +173,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
             ratelimit: None,
         },
         slowed: None,
+        decision: None,
     };
     if cfg.rules.is_empty() {
         return admission;
@@ -190,6 +198,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         return admission;
     }
     let started = Instant::now();
+    let wall = req.traced.then(std::time::SystemTime::now);
     // Boxed: the decision's future (a kilobyte or more with the Redis store's) would otherwise
     // sit inside every request's admission future, rules or not, and be moved with it.
     let outcome = Box::pin(limiter.decide(applying, &cfg.store)).await;
@@ -214,6 +223,9 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         cfg.server.legacy_headers,
     );
+    if let Some(wall) = wall {
+        admission.decision = Some(Box::new(crate::telemetry::Decision::of(wall, &outcome)));
+    }
     admission.slots = Some(outcome.slots);
     if let Verdict::Slow { rate, rules } = &outcome.verdict {
         admission.slowed = Some(crate::request::throttle::Slowed {

@@ -83,6 +83,8 @@ pub struct RequestCtx {
     /// The request's slot at a `[upstreams.protect]` upstream, held for the whole exchange
     /// (retries included); dropping it gives the slot to the next waiter.
     protect: Option<crate::upstream::protect::Permit>,
+    /// The request's spans, when `[tracing]` is on (`None` otherwise: nothing is built).
+    trace: Option<Box<crate::telemetry::RequestTrace>>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }
@@ -129,6 +131,7 @@ impl ProxyHttp for Proxy {
             body: crate::request::body::Body::default(),
             slow: None,
             protect: None,
+            trace: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
     }
@@ -159,6 +162,17 @@ impl ProxyHttp for Proxy {
         ctx.peer = peer;
         ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let req = session.req_header();
+        if let Some(settings) = &cfg.tracing {
+            ctx.trace = crate::telemetry::RequestTrace::start(
+                settings,
+                &cfg.server.trusted_proxies,
+                peer,
+                &req.method,
+                req.uri.path(),
+                &req.headers,
+                ctx.tls,
+            );
+        }
         let request = admission::Request {
             method: &req.method,
             uri: &req.uri,
@@ -166,8 +180,17 @@ impl ProxyHttp for Proxy {
             headers: &req.headers,
             peer,
             request_id: ctx.request_id.as_str(),
+            traced: ctx.trace.as_ref().is_some_and(|t| t.is_recording()),
         };
         let admitted = admission::admit(&cfg, &self.gateway.limiter, &request).await;
+        if let Some(trace) = &ctx.trace {
+            let route = admitted.route.and_then(|i| cfg.routes.get(i));
+            let key_id = admitted.identity.as_deref().map(|i| i.id.as_str());
+            trace.identified(route.map(|r| &*r.name), admitted.client_ip, key_id);
+            if let Some(d) = &admitted.decision {
+                trace.admission(d);
+            }
+        }
         ctx.client_ip = admitted.client_ip;
         ctx.route = admitted.route;
         ctx.identity = admitted.identity;
@@ -390,7 +413,17 @@ impl ProxyHttp for Proxy {
                 .and_then(|u| u.settings.host_header.as_deref()),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
         };
-        crate::request::forwarding::apply(upstream_request, &forwarded)
+        crate::request::forwarding::apply(upstream_request, &forwarded)?;
+        let upstream = ctx.trace.as_ref().and_then(|_| ctx.upstream().cloned());
+        if let (Some(trace), Some(t), Some(u)) = (&mut ctx.trace, &ctx.target, upstream) {
+            let up = crate::telemetry::Upstream {
+                name: &u.name,
+                addr: t.addr,
+                attempt: ctx.tried.len().saturating_sub(1),
+            };
+            trace.upstream_request(up, upstream_request);
+        }
+        Ok(())
     }
 
     async fn upstream_response_filter(
@@ -400,6 +433,9 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.responded = true;
+        if let Some(trace) = &mut ctx.trace {
+            trace.upstream_status(upstream_response.status.as_u16());
+        }
         crate::request::response_cost::settle_on_status(
             ctx.slots.as_mut(),
             upstream_response.status,
@@ -595,6 +631,15 @@ impl ProxyHttp for Proxy {
         ctx.slots = None;
         ctx.protect = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let error = e.map(|e| e.etype().as_str());
+        let trace_id = match ctx.trace.take() {
+            Some(trace) => {
+                let id = trace.trace_id();
+                trace.finish(status, error);
+                id
+            }
+            None => [0; 16],
+        };
         let req = session.req_header();
         let route = ctx.route();
         match route {
@@ -618,10 +663,11 @@ impl ProxyHttp for Proxy {
             },
             slowed: ctx.slow.is_some(),
             request_id: ctx.request_id.clone(),
+            trace_id,
             latency_ms: ctx
                 .start
                 .map_or(0.0, |s| s.elapsed().as_secs_f64() * 1000.0),
-            error: e.map(|e| e.etype().as_str()).unwrap_or("-"),
+            error: error.unwrap_or("-"),
         });
     }
 }

@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::limiter::policy::Policy;
 
@@ -28,10 +29,50 @@ pub struct Settings {
     pub threads: usize,
     /// `[rls] tls`: the certificate and key the listener serves TLS with.
     pub tls: Option<Tls>,
+    /// The listener's caps and deadlines.
+    pub serving: Serving,
     /// `[[rls.limits]]` in file order.
     pub limits: Vec<Arc<RlsLimit>>,
     /// Indexes into `limits`, most specific first (more fixed values, then file order).
     order: Vec<usize>,
+}
+
+/// What one client of the listener may hold: `[rls] max_connections`,
+/// `max_connections_per_ip`, `header_timeout`, `request_timeout`, `idle_timeout`,
+/// `max_streams` (the defaults are [`Serving::default`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving {
+    /// Open connections at most (also bounded by the open-file budget:
+    /// `crate::connection::set_open_file_limit`).
+    pub max_connections: usize,
+    /// Open connections at most from one IP.
+    pub max_per_ip: usize,
+    /// From accept: the TLS handshake and the 24-byte HTTP/2 preface.
+    pub header_timeout: Duration,
+    /// From a call's headers: its whole request message.
+    pub request_timeout: Duration,
+    /// A connection with no call open this long is closed with GOAWAY.
+    pub idle_timeout: Duration,
+    /// Calls one connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
+    pub max_streams: u32,
+}
+
+impl Default for Serving {
+    /// Envoy opens a few connections per worker thread and keeps them busy: 1,000 connections
+    /// and 100 per IP leave room for many Envoys (and a NAT in front of a few dozen) while one
+    /// client cannot take the port. 100 streams is the HTTP/2 RFC's advice and what Envoy and
+    /// grpc-go clients work within; the 10 s deadlines are the proxy's `header_timeout`; an
+    /// idle connection lasts 5 minutes (Envoy reconnects on its next call).
+    fn default() -> Self {
+        Serving {
+            max_connections: 1000,
+            max_per_ip: 100,
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            max_streams: 100,
+        }
+    }
 }
 
 /// `[rls] tls = { cert, key }`: PEM files, as for `[server.tls]` (they exist: validation).
@@ -94,6 +135,7 @@ impl Settings {
             listen,
             threads: 1,
             tls: None,
+            serving: Serving::default(),
             limits,
             order,
         }

@@ -12,6 +12,7 @@ mod rules;
 mod server;
 mod source;
 mod store;
+mod tracing;
 mod upstreams;
 mod webhooks;
 
@@ -40,6 +41,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let rules = rules::rules(&src, &raw.rules, &routes)?;
     let rls = rls::rls(&src, &raw.rls, &rules, server.threads, &dir)?;
     let webhooks = webhooks::webhooks(&src, &raw.webhooks, &own_listeners(&server, &rls))?;
+    let tracing = tracing::tracing(&src, &raw.tracing)?;
     if rls.is_some() && routes.is_empty() && raw.server.listen.is_none() {
         // A rate-limit service only: no proxy listener unless one is asked for.
         server.listen.clear();
@@ -67,6 +69,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         rules,
         webhooks,
         rls,
+        tracing,
         // The same files, in the same order, as the reloader fingerprints (`watch::files_of`): a
         // keys or token file only when one is named (an extra empty entry made every start
         // reload once).
@@ -102,6 +105,12 @@ mod tests {
     #[test]
     fn every_invalid_fixture_fails_as_it_says() {
         super::fixtures::check_section("file");
+    }
+
+    /// Every invalid `[tracing]` fixture fails with the error, line and column it names.
+    #[test]
+    fn every_invalid_tracing_section_fails_as_it_says() {
+        super::fixtures::check_section("tracing");
     }
 
     /// Every invalid `[[webhooks]]` fixture fails with the error, line and column it names.

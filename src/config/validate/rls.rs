@@ -22,7 +22,7 @@ use super::source::Src;
 use crate::config::schema::*;
 use crate::config::ConfigError;
 use crate::limiter::{Algorithm, Limit};
-use crate::rls::limits::{Entry, RlsLimit, Settings, Tls, MAX_ENTRIES};
+use crate::rls::limits::{Entry, RlsLimit, Serving, Settings, Tls, MAX_ENTRIES};
 use crate::rules::{Policy, Rule};
 
 /// Where the service listens when `[rls]` names no `listen`: loopback, as the admin listener,
@@ -32,6 +32,18 @@ pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
 /// Most `[rls] threads`: past the cores of any machine floodgate runs on, more threads only
 /// cost memory (each has its own stack).
 pub const MAX_THREADS: u64 = 256;
+
+/// Most `[rls] max_streams`: each open call costs memory (a task, its buffers, up to a
+/// 64 KiB flow-control window of request bytes), and Envoy never needs more than a few dozen
+/// at once on one connection.
+pub const MAX_STREAMS: u64 = 1000;
+
+/// Longest `[rls] header_timeout` / `request_timeout`: past it a stalled client holds a
+/// descriptor and a call's memory longer than any real client needs.
+const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Longest `[rls] idle_timeout`.
+const MAX_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// `[rls]`, or `None` when the file has none. `threads` is `[server] threads`, the default of
 /// the service's own; `dir` is where relative TLS paths are found.
@@ -91,6 +103,7 @@ pub(super) fn rls(
         },
         None => threads,
     };
+    settings.serving = serving(src, raw)?;
     settings.tls = match &raw.tls {
         Some(t) => {
             let t = t.get_ref();
@@ -102,6 +115,71 @@ pub(super) fn rls(
         None => None,
     };
     Ok(Some(settings))
+}
+
+/// The listener's caps and deadlines, each bounded (a zero would refuse or cut every client,
+/// a huge one would let one hold the port).
+fn serving(src: &Src, raw: &RawRls) -> Result<Serving, ConfigError> {
+    let d = Serving::default();
+    let timeout = |v: &Option<Spanned<String>>, name: &str, default, max: std::time::Duration| {
+        let Some(t) = v else {
+            return Ok(default);
+        };
+        let got = src.duration(t)?;
+        if got.is_zero() || got > max {
+            let max = if max.as_secs() == 3600 { "1h" } else { "24h" };
+            return Err(src.err(
+                t.span(),
+                format!("rls.{name} must be between 1ms and {max}"),
+            ));
+        }
+        Ok(got)
+    };
+    let count = |v: &Option<Spanned<i64>>, name: &str, default: usize| match v {
+        Some(n) => src
+            .positive(n, &format!("rls.{name}"))
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        None => Ok(default),
+    };
+    let max_streams = match &raw.max_streams {
+        Some(n) => match src.positive(n, "rls.max_streams")? {
+            m if m > MAX_STREAMS => {
+                return Err(src.err(
+                    n.span(),
+                    format!("rls.max_streams is at most {MAX_STREAMS}"),
+                ))
+            }
+            m => m as u32,
+        },
+        None => d.max_streams,
+    };
+    Ok(Serving {
+        max_connections: count(&raw.max_connections, "max_connections", d.max_connections)?,
+        max_per_ip: count(
+            &raw.max_connections_per_ip,
+            "max_connections_per_ip",
+            d.max_per_ip,
+        )?,
+        header_timeout: timeout(
+            &raw.header_timeout,
+            "header_timeout",
+            d.header_timeout,
+            MAX_TIMEOUT,
+        )?,
+        request_timeout: timeout(
+            &raw.request_timeout,
+            "request_timeout",
+            d.request_timeout,
+            MAX_TIMEOUT,
+        )?,
+        idle_timeout: timeout(
+            &raw.idle_timeout,
+            "idle_timeout",
+            d.idle_timeout,
+            MAX_IDLE_TIMEOUT,
+        )?,
+        max_streams,
+    })
 }
 
 /// One limit: its own keys here, its counting options by the rules' code.

@@ -1,7 +1,7 @@
 //! The rate-limit service's listener: bound when the server is built (so that a taken port or
 //! an unreadable certificate fails the start with its error, as the proxy's listeners do), and
-//! served, once Pingora starts its services, on a runtime of its own with `[rls] threads`
-//! worker threads.
+//! served, once Pingora starts its services, on `[rls] threads` threads of its own, each a
+//! current-thread runtime accepting from the same listening socket.
 //!
 //! It is a Pingora service of its own (not a background service) for the zero-downtime
 //! upgrade: it declares its address and puts its socket in Pingora's table of listening
@@ -9,29 +9,31 @@
 //! takes the socket from the table instead of binding (the old one still holds the port).
 //!
 //! Pingora runs a background service on one thread of one runtime, and every call of the
-//! service would be decided there whatever `threads` says: with one hot HTTP/2 connection
-//! from Envoy that one thread was the ceiling. The runtime is work-stealing so that the
-//! streams of Envoy's few connections (hyper runs each stream as a task) spread over every
-//! thread, not only the connections.
+//! service would be decided there whatever `threads` says. One work-stealing runtime of
+//! `threads` workers spreads the streams of one connection over every thread, but each
+//! HTTP/2 stream is a task, and every spawn and wake then goes through the runtime's shared
+//! queues: measured, a local call cost about twice the CPU of a current-thread runtime's.
+//! So each thread runs a current-thread runtime of its own (as Pingora's own services run
+//! here, `work_stealing = false`) and accepts from its copy of the socket: a connection's
+//! calls stay on the thread that accepted it, and Envoy's several connections spread over
+//! the threads. The caps are one table over all of them (`super::conn::Shared`).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use pingora::server::{ListenFds, ShutdownWatch};
-use tonic::transport::{Identity, ServerTlsConfig};
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
 
-use super::{Rls, MAX_STREAMS};
+use super::conn::{self, Shared};
+use super::Rls;
+use crate::connection::ConnectionTable;
 use crate::gateway::Gateway;
 use crate::rls::bounds;
 use crate::rls::limits::Tls;
-
-/// How long a client has to complete its TLS handshake: Envoy does so at once, and a
-/// connection that never does must not hold a descriptor for long.
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The listener and what it is served with.
 pub struct RlsServer {
@@ -41,7 +43,7 @@ pub struct RlsServer {
     /// served.
     listener: Option<std::net::TcpListener>,
     threads: usize,
-    tls: Option<ServerTlsConfig>,
+    tls: Option<TlsAcceptor>,
 }
 
 impl RlsServer {
@@ -99,39 +101,32 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
         .map_err(|e| format!("cannot listen on rls.listen {addr}: {e}"))
 }
 
-/// The TLS settings for `tls`, checked now: a certificate or key that does not load fails the
-/// start with the listeners' message (never the key's bytes).
-fn tls_config(tls: &Tls) -> Result<ServerTlsConfig, String> {
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| {
-            format!(
-                "cannot load TLS certificate or key: {}: {e}",
-                p.to_string_lossy()
-            )
-        })
+/// The TLS acceptor for `tls` (HTTP/2 by ALPN), loaded now: a certificate or key that does
+/// not load fails the start with the listeners' message (never the key's bytes).
+fn tls_config(tls: &Tls) -> Result<TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let failed = |p: &std::path::Path, e: &dyn std::fmt::Display| {
+        format!(
+            "cannot load TLS certificate or key: {}: {e}",
+            p.to_string_lossy()
+        )
     };
-    let identity = Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-    let config = ServerTlsConfig::new()
-        .identity(identity)
-        .timeout(TLS_HANDSHAKE_TIMEOUT);
-    // rustls needs a process-wide crypto provider; Pingora's is ring, as the proxy's TLS uses.
-    pingora::tls::install_default_crypto_provider();
-    tonic::transport::Server::builder()
-        .tls_config(config.clone())
-        .map_err(|e| format!("cannot load TLS certificate or key: {}", source_chain(&e)))?;
-    Ok(config)
-}
-
-/// An error with its causes (tonic's own message is only "transport error").
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
+    let certs = CertificateDer::pem_file_iter(&tls.cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| failed(&tls.cert, &e))?;
+    if certs.is_empty() {
+        return Err(failed(&tls.cert, &"no certificate in the file"));
     }
-    out
+    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| failed(&tls.key, &e))?;
+    // Pingora's provider (ring), as the proxy's TLS uses.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| format!("cannot load TLS certificate or key: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 #[async_trait]
@@ -152,63 +147,69 @@ impl pingora::services::Service for RlsServer {
         };
         // Built here, not at bind: Pingora starts services after a `-d` fork, which threads
         // started before it would not survive.
-        if self.threads == 1 {
-            // One thread: a current-thread runtime of its own, as Pingora's own services run
-            // here (`work_stealing = false`). A work-stealing runtime of one worker costs a
-            // call about twice the CPU (measured: 19.3 against 9.3 µs per local call), since
-            // hyper spawns a task per HTTP/2 stream and every spawn and wake goes through the
-            // runtime's shared queues.
-            let (done, finished) = tokio::sync::oneshot::channel::<()>();
-            let (gateway, tls) = (self.gateway.clone(), self.tls.clone());
+        let shared = shared(self.gateway.clone(), self.tls.clone());
+        let threads = self.threads;
+        let scheme = if self.tls.is_some() {
+            "TLS"
+        } else {
+            "cleartext"
+        };
+        tracing::info!(listen = %self.addr, threads, scheme, "rate-limit service (envoy.service.ratelimit.v3) listening");
+        // Every thread has started (and so has its name) before any accepts: none serves
+        // until all are spawned, and none if one could not be.
+        let go = Arc::new(Go::default());
+        let mut finished = Vec::with_capacity(threads);
+        // The socket itself (its descriptor is the one in Pingora's table, handed on at the
+        // next upgrade) goes to the last thread, copies to the others.
+        let mut listener = Some(listener);
+        for i in 0..threads {
+            let socket = match &listener {
+                Some(l) if i + 1 < threads => l.try_clone(),
+                _ => listener
+                    .take()
+                    .ok_or_else(|| std::io::ErrorKind::NotFound.into()),
+            };
+            let socket = match socket {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot share the rate-limit service's socket");
+                    break;
+                }
+            };
+            let (done, wait) = tokio::sync::oneshot::channel::<()>();
+            let (shared, shutdown, go) = (shared.clone(), shutdown.clone(), go.clone());
             let spawned = std::thread::Builder::new()
                 .name("floodgate-rls".into())
                 .spawn(move || {
-                    match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt.block_on(serve(gateway, listener, tls, 1, shutdown)),
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot start the rate-limit service's thread")
+                    if go.wait() {
+                        match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(rt) => rt.block_on(serve(shared, socket, shutdown)),
+                            Err(e) => {
+                                tracing::error!(error = %e, "cannot start a rate-limit service thread")
+                            }
                         }
                     }
                     let _ = done.send(());
                 });
             match spawned {
-                Ok(_) => {
-                    let _ = finished.await;
-                }
+                Ok(_) => finished.push(wait),
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot start the rate-limit service's thread")
+                    tracing::error!(error = %e, "cannot start a rate-limit service thread");
+                    break;
                 }
             }
-            return;
         }
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.threads)
-            .thread_name("floodgate-rls")
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the rate-limit service's threads");
-                return;
-            }
-        };
-        let served = runtime.spawn(serve(
-            self.gateway.clone(),
-            listener,
-            self.tls.clone(),
-            self.threads,
-            shutdown,
-        ));
-        if let Err(e) = served.await {
-            tracing::error!(error = %e, "the rate-limit service stopped");
+        let all = finished.len() == threads;
+        go.set(all);
+        if !all {
+            tracing::error!("the rate-limit service is not served: a thread could not start");
         }
-        // Not dropped here: dropping a runtime from async code panics; its threads end as
-        // they finish what they hold.
-        runtime.shutdown_background();
+        for wait in finished {
+            let _ = wait.await;
+        }
     }
 
     fn name(&self) -> &str {
@@ -227,19 +228,60 @@ impl pingora::services::Service for RlsServer {
     }
 }
 
-/// Serves the service on `listener` until `shutdown` flips (SIGTERM, or the end of an
-/// upgrade's handover).
-async fn serve(
-    gateway: Arc<Gateway>,
-    listener: std::net::TcpListener,
-    tls: Option<ServerTlsConfig>,
-    threads: usize,
-    mut shutdown: ShutdownWatch,
-) {
+/// The service threads' start signal: `true` serve, `false` end (another thread could not
+/// start). Waited on by plain threads before their runtime exists, so a std lock.
+#[derive(Default)]
+struct Go {
+    state: std::sync::Mutex<Option<bool>>,
+    changed: std::sync::Condvar,
+}
+
+impl Go {
+    fn set(&self, serve: bool) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(serve);
+        self.changed.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(serve) = *state {
+                return serve;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// What every thread of the service shares: one connection table, so that the caps hold
+/// over all of them.
+fn shared(gateway: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Shared> {
+    let serving = gateway
+        .config
+        .load()
+        .rls
+        .as_ref()
+        .map(|r| r.serving.clone())
+        .unwrap_or_default();
+    let service = RateLimitServiceServer::new(Rls {
+        gateway: gateway.clone(),
+    })
+    .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
+    Arc::new(Shared {
+        gateway,
+        service,
+        tls,
+        table: ConnectionTable::uncounted(),
+        serving,
+    })
+}
+
+/// Serves the service on this thread's copy of the listening socket until `shutdown` flips
+/// (SIGTERM, or the end of an upgrade's handover).
+async fn serve(shared: Arc<Shared>, listener: std::net::TcpListener, shutdown: ShutdownWatch) {
     // Descriptors are decided on the store: serve once it is ready (or its start-up deadline
     // passed), as the proxy does.
-    gateway.warm_up().await;
-    let addr = listener.local_addr().ok();
+    shared.gateway.warm_up().await;
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -247,29 +289,5 @@ async fn serve(
             return;
         }
     };
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let service = RateLimitServiceServer::new(Rls { gateway })
-        .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
-    let mut server = tonic::transport::Server::builder().max_concurrent_streams(MAX_STREAMS);
-    let scheme = if tls.is_some() { "TLS" } else { "cleartext" };
-    if let Some(tls) = tls {
-        server = match server.tls_config(tls) {
-            Ok(s) => s,
-            Err(e) => {
-                // The same bytes were loaded at bind: this is the type's own guard.
-                tracing::error!(error = %source_chain(&e), "cannot serve the rate-limit service over TLS");
-                return;
-            }
-        };
-    }
-    tracing::info!(listen = ?addr, threads, scheme, "rate-limit service (envoy.service.ratelimit.v3) listening");
-    let served = server
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = shutdown.changed().await;
-        })
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %source_chain(&e), "the rate-limit service stopped");
-    }
+    conn::serve(shared, listener, shutdown).await;
 }

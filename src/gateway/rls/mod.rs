@@ -1,6 +1,7 @@
 //! The gRPC service Envoy calls (`envoy.service.ratelimit.v3.RateLimitService`) and the
 //! listener it is served on (`listener`: a Pingora service with a runtime of its own, stopped
-//! with the rest of the process and handed over on `--upgrade`).
+//! with the rest of the process and handed over on `--upgrade`; `conn`: its connections'
+//! caps and deadlines; `call`: each call's, before tonic decodes it).
 //!
 //! Each call reads the config in force (so a reload swaps the limits as it swaps rules),
 //! checks the request's bounds, plans its descriptors as checks, and asks the engine once for
@@ -20,12 +21,11 @@ use crate::metrics::metrics;
 use crate::rls::metrics::rls_metrics;
 use crate::rls::{answer, bounds, plan};
 
+mod call;
+mod conn;
 mod listener;
-pub use listener::{RlsServer, TLS_HANDSHAKE_TIMEOUT};
-
-/// Streams one HTTP/2 connection may have open at once: Envoy multiplexes its calls over a
-/// few connections, and this bounds what one client can make the service hold.
-pub const MAX_STREAMS: u32 = 1024;
+pub use call::{MAX_OPEN_CALLS, MAX_PENDING_BYTES};
+pub use listener::RlsServer;
 
 /// The `ShouldRateLimit` handler.
 #[derive(Clone)]
@@ -43,8 +43,9 @@ impl RateLimitService for Rls {
         // A graceful stop (SIGTERM, an upgrade's end) waits for the calls in flight as it
         // does for proxied requests.
         let _in_flight = crate::shutdown::requests().enter();
+        let trace = self.trace(&request);
         let req = request.into_inner();
-        let answered = self.answer(&req).await;
+        let answered = self.answer(&req, trace.as_deref()).await;
         let counted = &rls_metrics().answered;
         let result = match &answered {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => &counted.over_limit,
@@ -53,12 +54,56 @@ impl RateLimitService for Rls {
             Err(_) => &counted.invalid,
         };
         result.inc();
+        if let Some(trace) = trace {
+            let (status, overall) = match &answered {
+                Ok(r) if r.overall_code == Code::OverLimit as i32 => (0, Some("OVER_LIMIT")),
+                Ok(_) => (0, Some("OK")),
+                Err(s) => (s.code() as i32, None),
+            };
+            trace.finish_rls(status, overall);
+        }
         answered.map(Response::new)
     }
 }
 
 impl Rls {
-    async fn answer(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    /// The call's server span when `[tracing]` is on, continuing the trace context Envoy sent
+    /// in the call's metadata (from a trusted peer). Only `traceparent` and `tracestate` are
+    /// copied out of the metadata.
+    fn trace(
+        &self,
+        request: &Request<RateLimitRequest>,
+    ) -> Option<Box<crate::telemetry::RequestTrace>> {
+        let cfg = self.gateway.config.load();
+        let settings = cfg.tracing.as_ref()?;
+        let mut headers = http::HeaderMap::new();
+        for name in [
+            crate::telemetry::propagation::TRACEPARENT,
+            crate::telemetry::propagation::TRACESTATE,
+        ] {
+            for v in request.metadata().get_all(name.as_str()).iter() {
+                if let Ok(v) = http::HeaderValue::from_bytes(v.as_bytes()) {
+                    headers.append(name.clone(), v);
+                }
+            }
+        }
+        let peer = request
+            .remote_addr()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        crate::telemetry::RequestTrace::start_rls(
+            settings,
+            &cfg.server.trusted_proxies,
+            peer,
+            &headers,
+            &request.get_ref().domain,
+        )
+    }
+
+    async fn answer(
+        &self,
+        req: &RateLimitRequest,
+        trace: Option<&crate::telemetry::RequestTrace>,
+    ) -> Result<RateLimitResponse, Status> {
         bounds::check(req)?;
         let cfg = self.gateway.config.load_full();
         let Some(settings) = &cfg.rls else {
@@ -71,7 +116,13 @@ impl Rls {
             return Ok(all_ok(req));
         }
         let started = Instant::now();
+        let wall = trace
+            .filter(|t| t.is_recording())
+            .map(|_| std::time::SystemTime::now());
         let outcome = Box::pin(self.gateway.limiter.decide(planned.applying(), &cfg.store)).await;
+        if let (Some(trace), Some(wall)) = (trace, wall) {
+            trace.admission(&crate::telemetry::Decision::of(wall, &outcome));
+        }
         metrics()
             .decision_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -79,6 +79,7 @@ pub(super) fn settle(
         shadow_rejected,
         slots,
         asked_store: false,
+        store_call: None,
     }
 }
 

@@ -139,6 +139,7 @@ impl Fixture {
             headers: &r.headers,
             peer: r.peer,
             request_id: "req-1",
+            traced: false,
         };
         admit(&self.cfg, &self.limiter, &request).await
     }
@@ -461,6 +462,7 @@ async fn a_target_that_is_not_utf8_is_400() {
         headers: &r.headers,
         peer: r.peer,
         request_id: "req-1",
+        traced: false,
     };
     let a = admit(&f.cfg, &f.limiter, &request).await;
     assert!(bad_request_detail(&a).contains("UTF-8"));

@@ -1,0 +1,363 @@
+//! The rate-limit service's connections, accepted by floodgate itself (not by tonic's
+//! server, which bounds none of this) and served by hyper's HTTP/2 server with tonic's
+//! service (`super::call`) behind it:
+//! - each connection takes a slot of the listener's own [`ConnectionTable`]
+//!   (`[rls] max_connections`, `max_connections_per_ip`, and the open-file budget that the
+//!   proxy's connections share: `crate::connection::set_open_file_limit`), or is closed at
+//!   accept (counted in `floodgate_connections_refused_total{reason="rls_..."}`);
+//! - the TLS handshake (with `[rls] tls`) and the 24-byte HTTP/2 preface must arrive within
+//!   `header_timeout` of accept;
+//! - a connection with no call open for `idle_timeout` is closed with GOAWAY (HTTP/2 PINGs do
+//!   not keep it open: they are answered, but only a call counts as use; Envoy opens a new
+//!   connection for its next call);
+//! - at most `max_streams` calls at once per connection, each with its message due within
+//!   `request_timeout` (`super::call`).
+
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{watch, Notify};
+use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsAcceptor;
+
+use super::call::Calls;
+use crate::connection::{rls_budget, ConnectionTable};
+use crate::gateway::Gateway;
+use crate::metrics::metrics;
+use crate::rls::limits::Serving;
+
+/// HTTP/2's connection preface (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// Flow-control window of one call: a whole largest message (64 KiB and its prefix) need
+/// not wait for a window update, and a stalled call holds no more.
+const STREAM_WINDOW: u32 = 128 << 10;
+
+/// Flow-control window of a connection: what a client may send unread over all its calls.
+const CONNECTION_WINDOW: u32 = 1 << 20;
+
+/// Largest header block of a call: gRPC's headers are a few hundred bytes.
+const MAX_HEADER_LIST: u32 = 16 << 10;
+
+/// How long a closing connection (GOAWAY sent) may take to finish its calls past
+/// `request_timeout` before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// What every accept loop of the listener shares: the caps hold over all of them.
+pub struct Shared {
+    /// The config in force (caps and deadlines are read at each accept).
+    pub gateway: Arc<Gateway>,
+    /// tonic's service for the calls.
+    pub service: RateLimitServiceServer<super::Rls>,
+    /// With `[rls] tls`: the handshake.
+    pub tls: Option<TlsAcceptor>,
+    /// The listener's open connections.
+    pub table: Arc<ConnectionTable>,
+    /// The caps and deadlines at start, used if a reload removes `[rls]`.
+    pub serving: Serving,
+}
+
+impl Shared {
+    /// The caps and deadlines in force.
+    fn serving(&self) -> Serving {
+        self.gateway
+            .config
+            .load()
+            .rls
+            .as_ref()
+            .map_or_else(|| self.serving.clone(), |r| r.serving.clone())
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown` flips, then closes every connection it
+/// accepted with GOAWAY and returns once they have finished their calls.
+pub async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    mut shutdown: ShutdownWatch,
+) {
+    let (stop, stopping) = watch::channel(false);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => admit(&shared, tcp, peer.ip().to_canonical(), &stopping),
+                Err(e) => {
+                    // Out of descriptors or memory for a moment: wait instead of spinning on
+                    // the same error.
+                    tracing::debug!(error = %e, "rate-limit service: accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    drop(stopping);
+    stop.closed().await;
+}
+
+/// Takes a slot for the connection and serves it in a task of its own, or closes it.
+fn admit(
+    shared: &Arc<Shared>,
+    tcp: tokio::net::TcpStream,
+    ip: IpAddr,
+    stopping: &watch::Receiver<bool>,
+) {
+    let accepted = Instant::now();
+    let serving = shared.serving();
+    let max = serving.max_connections.min(rls_budget());
+    let slot = match shared.table.admit_within(ip, max, serving.max_per_ip) {
+        Ok(slot) => slot,
+        Err(why) => {
+            metrics()
+                .connections_refused
+                .with_label_values(&[why.rls_label()])
+                .inc();
+            return;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    let shared = shared.clone();
+    let mut stopping = stopping.clone();
+    tokio::spawn(async move {
+        let _slot = slot;
+        let deadline = accepted + serving.header_timeout;
+        let Some(tls) = &shared.tls else {
+            let io = Preface::new(tcp, deadline);
+            serve_h2(&shared, io, &serving, &mut stopping).await;
+            return;
+        };
+        let handshake = tokio::time::timeout_at(deadline, tls.accept(tcp));
+        let stream = tokio::select! {
+            done = handshake => done,
+            _ = stopping.wait_for(|s| *s) => return,
+        };
+        match stream {
+            Ok(Ok(stream)) => {
+                serve_h2(
+                    &shared,
+                    Preface::new(stream, deadline),
+                    &serving,
+                    &mut stopping,
+                )
+                .await;
+            }
+            // A scanner or a client of the wrong protocol: routine, not an error line each.
+            Ok(Err(e)) => tracing::debug!(error = %e, "rate-limit service: TLS handshake failed"),
+            Err(_) => {
+                metrics()
+                    .connection_timeouts
+                    .with_label_values(&["rls_header"])
+                    .inc();
+            }
+        }
+    });
+}
+
+/// Serves one connection's HTTP/2 until the client closes it, it stays idle, or the service
+/// stops.
+async fn serve_h2<IO>(
+    shared: &Shared,
+    io: IO,
+    serving: &Serving,
+    stopping: &mut watch::Receiver<bool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new());
+    let calls = Calls {
+        service: shared.service.clone(),
+        request_timeout: serving.request_timeout,
+        activity: activity.clone(),
+    };
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(serving.max_streams)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_header_list_size(MAX_HEADER_LIST);
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), calls));
+    let mut idle = pin!(activity.idle(serving.idle_timeout));
+    let mut closing: Option<Pin<Box<Sleep>>> = None;
+    loop {
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "rate-limit service connection ended");
+                }
+                return;
+            }
+            () = &mut idle, if closing.is_none() => {
+                metrics()
+                    .connection_timeouts
+                    .with_label_values(&["rls_idle"])
+                    .inc();
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Box::pin(tokio::time::sleep(serving.request_timeout + CLOSE_GRACE)));
+            }
+            _ = stopping.wait_for(|s| *s), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Box::pin(tokio::time::sleep(serving.request_timeout + CLOSE_GRACE)));
+            }
+            () = async { closing.as_mut().expect("armed").await }, if closing.is_some() => return,
+        }
+    }
+}
+
+/// A connection's open calls and when the last one ended, for its idle timeout.
+pub struct Activity {
+    open: AtomicUsize,
+    /// When the last call ended, in ms since `base`.
+    last_ms: AtomicU64,
+    base: Instant,
+    ended: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            open: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+            base: Instant::now(),
+            ended: Notify::new(),
+        }
+    }
+
+    /// A call begins; it ends when the guard drops.
+    pub fn enter(self: &Arc<Self>) -> OpenGuard {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        OpenGuard(self.clone())
+    }
+
+    /// Resolves once no call has been open for `timeout`.
+    async fn idle(&self, timeout: Duration) {
+        loop {
+            if self.open.load(Ordering::Acquire) > 0 {
+                self.ended.notified().await;
+                continue;
+            }
+            let last = self.last_ms.load(Ordering::Acquire);
+            let due = self.base + Duration::from_millis(last) + timeout;
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {
+                    if self.open.load(Ordering::Acquire) == 0
+                        && self.last_ms.load(Ordering::Acquire) == last
+                    {
+                        return;
+                    }
+                }
+                () = self.ended.notified() => {}
+            }
+        }
+    }
+}
+
+/// One open call of a connection (see [`Activity::enter`]).
+pub struct OpenGuard(Arc<Activity>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let a = &self.0;
+        let ms = u64::try_from(a.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        a.last_ms.store(ms, Ordering::Release);
+        a.open.fetch_sub(1, Ordering::AcqRel);
+        a.ended.notify_one();
+    }
+}
+
+/// A connection's IO whose reads fail once `deadline` passes before the HTTP/2 preface's 24
+/// bytes have arrived (counted as `floodgate_connection_timeouts_total{kind="rls_header"}`);
+/// after them, the plain IO.
+struct Preface<IO> {
+    inner: IO,
+    read: usize,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl<IO> Preface<IO> {
+    fn new(inner: IO, deadline: Instant) -> Self {
+        Preface {
+            inner,
+            read: 0,
+            timer: Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Preface<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let Some(timer) = this.timer.as_mut() else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                this.read += buf.filled().len() - before;
+                if this.read >= PREFACE_LEN {
+                    // The timer is freed: a served connection holds none.
+                    this.timer = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if timer.as_mut().poll(cx).is_ready() => {
+                metrics()
+                    .connection_timeouts
+                    .with_label_values(&["rls_header"])
+                    .inc();
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "HTTP/2 preface not received within rls.header_timeout",
+                )))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Preface<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
