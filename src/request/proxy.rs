@@ -80,6 +80,9 @@ pub struct RequestCtx {
     body: crate::request::body::Body,
     /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
     slow: Option<crate::request::throttle::Throttle>,
+    /// The request's slot at a `[upstreams.protect]` upstream, held for the whole exchange
+    /// (retries included); dropping it gives the slot to the next waiter.
+    protect: Option<crate::upstream::protect::Permit>,
     /// The request's spans, when `[tracing]` is on (`None` otherwise: nothing is built).
     trace: Option<Box<crate::telemetry::RequestTrace>>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
@@ -127,6 +130,7 @@ impl ProxyHttp for Proxy {
             cost: None,
             body: crate::request::body::Body::default(),
             slow: None,
+            protect: None,
             trace: None,
             _in_flight: crate::shutdown::requests().enter(),
         }
@@ -207,7 +211,10 @@ impl ProxyHttp for Proxy {
                     slow.body_deadline = Some(Instant::now() + timeout);
                 }
                 let problem = match ctx.body.read_ahead(session, timeout).await? {
-                    ReadAhead::Forward => return Ok(false),
+                    ReadAhead::Forward => match take_turn(ctx, session.req_header()).await {
+                        None => return Ok(false),
+                        Some(shed) => shed,
+                    },
                     ReadAhead::TimedOut => {
                         count_body_timeout();
                         Problem::body_timeout()
@@ -446,6 +453,9 @@ impl ProxyHttp for Proxy {
         if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
             let took = start.elapsed();
             upstream.pool().duration.observe(took.as_secs_f64());
+            if let Some(permit) = &ctx.protect {
+                permit.sample(took);
+            }
             if let Some(t) = &ctx.target {
                 let status = upstream_response.status.as_u16();
                 t.count(&upstream.name, Some(status), Some(took));
@@ -619,6 +629,7 @@ impl ProxyHttp for Proxy {
         crate::request::response_cost::settle_costs(ctx.slots.as_mut(), ctx.cost.take()).await;
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.slots = None;
+        ctx.protect = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let error = e.map(|e| e.etype().as_str());
         let trace_id = match ctx.trace.take() {
@@ -712,8 +723,38 @@ impl Drop for InFlight {
 /// ([`crate::rules::key`]): the normalized path (a re-spelled path hashes the same), decoded
 /// query values, capped values.
 fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8> {
+    crate::rules::key::hash_key(parts, &view(ctx, req))
+}
+
+/// `[upstreams.protect]`: a turn at the upstream, or the 503 that refuses one. The rules have
+/// charged the request already: its response-aware (`count`) rules settle on this 503, and its
+/// concurrency slots are given back at once.
+async fn take_turn(ctx: &mut RequestCtx, req: &RequestHeader) -> Option<Problem> {
+    let upstream = ctx.upstream()?.clone();
+    let turn = crate::request::forwarding::take_turn(&upstream, |p| {
+        crate::upstream::protect::tenant(p, &view(ctx, req))
+    })
+    .await;
+    match turn {
+        crate::request::forwarding::Turn::Unguarded => None,
+        crate::request::forwarding::Turn::Go(permit) => {
+            ctx.protect = Some(permit);
+            None
+        }
+        crate::request::forwarding::Turn::Shed(mut problem) => {
+            let status = http::StatusCode::SERVICE_UNAVAILABLE;
+            crate::request::response_cost::settle_on_status(ctx.slots.as_mut(), status).await;
+            ctx.slots = None;
+            problem.request_id = Some(ctx.request_id.as_str().to_owned());
+            Some(*problem)
+        }
+    }
+}
+
+/// What key parts read of a request on its way upstream (the normalized target).
+fn view<'a>(ctx: &'a RequestCtx, req: &'a RequestHeader) -> crate::rules::RequestView<'a> {
     let uri = ctx.forward_target.as_ref().unwrap_or(&req.uri);
-    let view = crate::rules::RequestView {
+    crate::rules::RequestView {
         route: ctx.route().map_or("", |r| &r.name),
         case_sensitive: ctx.route().is_none_or(|r| r.case_sensitive),
         method: &req.method,
@@ -723,6 +764,5 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
         headers: &req.headers,
         ip: ctx.client_ip,
         identity: ctx.identity.as_deref(),
-    };
-    crate::rules::key::hash_key(parts, &view)
+    }
 }

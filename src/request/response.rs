@@ -201,6 +201,24 @@ impl Problem {
         p
     }
 
+    /// 503: the upstream is at its adaptive concurrency limit and the request got no turn
+    /// (`reason`: it waited `queue_timeout`, or the queue was full); nothing was sent.
+    pub fn upstream_overloaded(upstream: &str, reason: &str, retry_after: u64) -> Self {
+        let why = if reason == "queue_full" {
+            "its queue is full"
+        } else {
+            "no turn came in time"
+        };
+        let mut p = Problem::new(
+            "urn:floodgate:problem:upstream-overloaded",
+            "Service Unavailable",
+            503,
+            format!("upstream \"{upstream}\" is at its concurrency limit and {why}"),
+        );
+        p.retry_after = Some(retry_after.max(1));
+        p
+    }
+
     /// 500: the gateway itself failed.
     pub fn internal() -> Self {
         Problem::new(

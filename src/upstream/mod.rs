@@ -24,6 +24,7 @@
 pub mod discovery;
 pub mod health;
 pub mod metrics;
+pub mod protect;
 pub mod service;
 pub mod settings;
 pub mod tls;
@@ -189,6 +190,9 @@ pub struct Pool {
     pub group_key: u64,
     /// `floodgate_upstream_duration_seconds{upstream}`, resolved once (not per request).
     pub duration: prometheus::Histogram,
+    /// The adaptive concurrency limit and fair queue (`[upstreams.protect]`), kept across
+    /// reloads.
+    pub protect: Option<Arc<protect::Guard>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -228,7 +232,15 @@ impl Pool {
         let duration = crate::metrics::metrics()
             .upstream_seconds
             .with_label_values(&[&*name]);
+        let protect = match &settings.protect {
+            Some(p) => Some(protect::attach(&name, p)),
+            None => {
+                protect::forget(&name);
+                None
+            }
+        };
         let pool = Pool {
+            protect,
             duration,
             group_key,
             name,
@@ -454,6 +466,7 @@ impl Pools {
     /// Forgets the state of upstreams no longer configured.
     pub fn retain(&self, names: &BTreeSet<&str>) {
         self.shared.lock().retain(|k, _| names.contains(&**k));
+        protect::retain(names);
     }
 }
 
@@ -508,6 +521,15 @@ pub fn summary(settings: &Settings) -> String {
             p.consecutive_failures
         ));
     }
+    if let Some(p) = &settings.protect {
+        out.push_str(&format!(
+            ", adaptive limit {}..{} (queue {}, {})",
+            p.min_limit,
+            p.max_limit,
+            p.max_queue,
+            humantime(p.queue_timeout)
+        ));
+    }
     out
 }
 
@@ -558,6 +580,7 @@ pub fn status_json(pools: impl IntoIterator<Item = Arc<Pool>>) -> serde_json::Va
                 "balance": pool.settings.balance.as_str(),
                 "tls": pool.settings.tls.is_some(),
                 "health_check": pool.settings.health_check.as_ref().map(|h| h.kind.as_str()),
+                "protect": pool.protect.as_ref().map(|g| g.status_json()),
                 "targets": targets,
             })
         })
@@ -601,6 +624,7 @@ mod tests {
                 consecutive_failures: 2,
                 eject: Duration::from_secs(60),
             }),
+            protect: None,
         })
     }
 

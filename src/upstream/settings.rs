@@ -172,6 +172,25 @@ pub struct Passive {
     pub eject: Duration,
 }
 
+/// `[upstreams.protect]`: an adaptive concurrency limit with a weighted fair queue of tenants
+/// in front of it (see [`super::protect`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Protect {
+    /// Who a tenant is: key parts read as a rule's `key` reads them.
+    pub fair_by: Vec<KeyPart>,
+    /// Shares under contention: for a key part, the weight of each of its values (default 1;
+    /// a request matching several takes the largest).
+    pub weights: Vec<(KeyPart, Vec<(String, u32)>)>,
+    /// The limit never goes below this.
+    pub min_limit: u32,
+    /// Nor above this.
+    pub max_limit: u32,
+    /// The longest wait for a turn; then 503.
+    pub queue_timeout: Duration,
+    /// Requests waiting, over all tenants; more are shed.
+    pub max_queue: usize,
+}
+
 /// A validated `[[upstreams]]` table, less its name.
 #[derive(Debug)]
 pub struct Settings {
@@ -208,6 +227,8 @@ pub struct Settings {
     pub health_check: Option<HealthCheck>,
     /// Passive outlier detection, if any.
     pub passive: Option<Passive>,
+    /// The adaptive concurrency limit and fair queue, if any.
+    pub protect: Option<Protect>,
 }
 
 impl Settings {

@@ -86,6 +86,10 @@ fn upstream_settings(
         None => None,
     };
     let passive = passive(src, u)?;
+    let protect = match &u.protect {
+        Some(p) => Some(protect(src, p.get_ref())?),
+        None => None,
+    };
     Ok(Settings {
         targets,
         balance,
@@ -127,6 +131,112 @@ fn upstream_settings(
         )?,
         health_check,
         passive,
+        protect,
+    })
+}
+
+/// A key part as a rule's `key` names it (for `fair_by` and `weights`).
+fn key_part(
+    src: &Src,
+    text: &str,
+    span: std::ops::Range<usize>,
+    what: &str,
+) -> Result<KeyPart, ConfigError> {
+    KeyPart::parse(text).map_err(|_| {
+        src.err(
+            span,
+            format!(
+                "{what} \"{text}\" is not one of ip, api_key, user, plan, route, method, path, \"header:NAME\", \"query:NAME\""
+            ),
+        )
+    })
+}
+
+/// The largest `max_limit`, `max_queue` and weight accepted: bounds a careless value
+/// cannot turn into unbounded memory or an overflowing virtual clock.
+const MAX_LIMIT: i64 = 100_000;
+const MAX_WEIGHT: i64 = 1000;
+const MAX_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `[upstreams.protect]`: the adaptive concurrency limit and its fair queue.
+fn protect(src: &Src, p: &RawProtect) -> Result<Protect, ConfigError> {
+    let mut fair_by = Vec::new();
+    match &p.fair_by {
+        Some(list) => {
+            if list.get_ref().is_empty() {
+                return Err(src.err(list.span(), "fair_by needs at least one key part"));
+            }
+            for part in list.get_ref() {
+                fair_by.push(key_part(src, part.get_ref(), part.span(), "fair_by part")?);
+            }
+        }
+        None => fair_by.push(KeyPart::ApiKey),
+    }
+    let mut weights = Vec::new();
+    if let Some(w) = &p.weights {
+        for (part, table) in w.get_ref() {
+            let kp = key_part(src, part, table.span(), "weights key part")?;
+            let mut values = Vec::new();
+            for (value, weight) in table.get_ref() {
+                match *weight.get_ref() {
+                    n @ 1..=MAX_WEIGHT => values.push((value.clone(), n as u32)),
+                    _ => {
+                        return Err(src.err(
+                            weight.span(),
+                            format!("weight of {part} \"{value}\" must be a whole number from 1 to {MAX_WEIGHT}"),
+                        ))
+                    }
+                }
+            }
+            weights.push((kp, values));
+        }
+    }
+    let bounded = |v: &Option<Spanned<i64>>, default: i64, what: &str| match v {
+        Some(n) if (1..=MAX_LIMIT).contains(n.get_ref()) => Ok(*n.get_ref() as u32),
+        Some(n) => Err(src.err(
+            n.span(),
+            format!("{what} must be a whole number from 1 to {MAX_LIMIT}"),
+        )),
+        None => Ok(default as u32),
+    };
+    let min_limit = bounded(&p.min_limit, 4, "min_limit")?;
+    let max_limit = bounded(&p.max_limit, 1000, "max_limit")?;
+    if min_limit > max_limit {
+        let span = p
+            .min_limit
+            .as_ref()
+            .or(p.max_limit.as_ref())
+            .map(Spanned::span)
+            .unwrap_or_default();
+        return Err(src.err(
+            span,
+            format!("min_limit ({min_limit}) is above max_limit ({max_limit})"),
+        ));
+    }
+    let max_queue = bounded(&p.max_queue, 1000, "max_queue")? as usize;
+    let queue_timeout = src.nonzero_duration_or(
+        &p.queue_timeout,
+        Duration::from_millis(500),
+        "queue_timeout",
+    )?;
+    if queue_timeout > MAX_QUEUE_TIMEOUT {
+        let span = p
+            .queue_timeout
+            .as_ref()
+            .map(Spanned::span)
+            .unwrap_or_default();
+        return Err(src.err(
+            span,
+            "queue_timeout must be at most 60s (a longer wait holds the client's connection for nothing)",
+        ));
+    }
+    Ok(Protect {
+        fair_by,
+        weights,
+        min_limit,
+        max_limit,
+        queue_timeout,
+        max_queue,
     })
 }
 

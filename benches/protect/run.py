@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""Adaptive concurrency with fair sharing (`[upstreams.protect]`): a flooding tenant and two
+quiet ones in front of an upstream of fixed capacity, side by side in one run for floodgate
+without `protect`, floodgate with it, and Envoy with `envoy.filters.http.adaptive_concurrency`.
+
+Usage: run.py --floodgate target/release/floodgate [--envoy PATH] [--seconds 10] [--slots 16]
+              [--service-ms 20] [--noisy 128] [--quiet 4] [--out target/bench]
+
+Starts (all on loopback, all stopped at the end):
+- an upstream (this script with --serve-upstream, its own process): `--slots` requests served
+  at once, `--service-ms` each; the rest wait inside it, as a real server's backlog does. It
+  samples the requests inside every 5 ms (mean, max) and counts completions;
+  `GET /control?slots=N` changes its capacity while it runs.
+- the system under test in front of it (one worker thread each);
+- tenants in a closed loop over HTTP/1.1 keep-alive: one noisy tenant (plan free, --noisy
+  connections) and two quiet ones (plan pro, --quiet connections each).
+
+Runs: the quiet tenants alone (the baseline p99), then each system with all three tenants,
+then floodgate with `protect` and Envoy again with the capacity halved halfway: how long until
+every one-second window of the quiet tenants is back within target (p99 within 2x the
+baseline, at least 99.5% served). Writes
+protect.md and protect.json to --out and prints the table.
+"""
+import argparse, asyncio, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "load"))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, limit=30):
+    end = time.time() + limit
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"port {port} never opened")
+
+
+# ---- the upstream (its own process) ----
+
+class Capacity:
+    def __init__(self, slots):
+        self.slots, self.busy, self.inside, self.done = slots, 0, 0, 0
+        self.cond = asyncio.Condition()
+        self.samples, self.peak = [], 0
+
+    async def serve(self, service):
+        self.inside += 1
+        self.peak = max(self.peak, self.inside)
+        async with self.cond:
+            await self.cond.wait_for(lambda: self.busy < self.slots)
+            self.busy += 1
+        try:
+            await asyncio.sleep(service)
+        finally:
+            async with self.cond:
+                self.busy -= 1
+                self.cond.notify_all()
+            self.inside -= 1
+            self.done += 1
+
+
+async def upstream_main(port, slots, service_ms):
+    cap = Capacity(slots)
+    service = service_ms / 1000
+
+    async def sampler():
+        while True:
+            cap.samples.append(cap.inside)
+            await asyncio.sleep(0.005)
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line = head.split(b"\r\n", 1)[0].decode()
+                path = line.split(" ")[1]
+                length = 0
+                for h in head.split(b"\r\n")[1:]:
+                    if h.lower().startswith(b"content-length:"):
+                        length = int(h.split(b":")[1])
+                if length:
+                    await reader.readexactly(length)
+                if path.startswith("/control"):
+                    if "slots=" in path:
+                        async with cap.cond:
+                            cap.slots = int(path.split("slots=")[1])
+                            cap.cond.notify_all()
+                    if "reset" in path:
+                        cap.samples, cap.peak, cap.done = [], 0, 0
+                    s = cap.samples or [0]
+                    body = json.dumps({"mean": sum(s) / len(s), "max": max(s), "peak": cap.peak,
+                                       "done": cap.done, "slots": cap.slots}).encode()
+                else:
+                    await cap.serve(service)
+                    body = b'{"ok":true}'
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    asyncio.ensure_future(sampler())
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+# ---- the clients ----
+
+async def control(port, query):
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(f"GET /control?{query} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    head = await r.readuntil(b"\r\n\r\n")
+    n = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+    body = await r.readexactly(n)
+    w.close()
+    return json.loads(body)
+
+
+async def client(port, key, tenant, until, out):
+    """One connection in a closed loop; appends (tenant, t_done, latency_s, status)."""
+    req = f"GET /orders HTTP/1.1\r\nhost: bench\r\nx-api-key: {key}\r\n\r\n".encode()
+    conn = None
+    while time.monotonic() < until:
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection("127.0.0.1", port)
+            r, w = conn
+            t0 = time.monotonic()
+            w.write(req)
+            head = await r.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length, close = 0, False
+            for h in head.split(b"\r\n")[1:]:
+                hl = h.lower()
+                if hl.startswith(b"content-length:"):
+                    length = int(h.split(b":")[1])
+                elif hl.startswith(b"connection:") and b"close" in hl:
+                    close = True
+            if length:
+                await r.readexactly(length)
+            t1 = time.monotonic()
+            out.append((tenant, t1, t1 - t0, status))
+            if close:
+                w.close()
+                conn = None
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+            if conn:
+                conn[1].close()
+            conn = None
+            await asyncio.sleep(0.01)
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p / 100))]
+
+
+async def drive(port, up_port, seconds, noisy, quiet, halve_at=None, slots=16):
+    await control(up_port, "reset=1&slots=%d" % slots)
+    out = []
+    start = time.monotonic()
+    until = start + seconds
+    tasks = []
+    for i in range(noisy):
+        tasks.append(asyncio.ensure_future(client(port, "noisy-secret", "noisy", until, out)))
+    for q in ("quiet-a", "quiet-b"):
+        for i in range(quiet):
+            tasks.append(asyncio.ensure_future(client(port, f"{q}-secret", q, until, out)))
+    if halve_at is not None:
+        await asyncio.sleep(halve_at)
+        await control(up_port, "slots=%d" % (slots // 2))
+    await asyncio.gather(*tasks)
+    up = await control(up_port, "")
+    await control(up_port, "slots=%d" % slots)
+    return start, out, up
+
+
+def summarize(start, out, up, seconds, slots, service_ms, warmup=1.0):
+    rows = {}
+    for tenant in ("noisy", "quiet-a", "quiet-b"):
+        mine = [o for o in out if o[0] == tenant and o[1] - start >= warmup]
+        ok = [o[2] for o in mine if o[3] == 200]
+        rows[tenant] = {
+            "requests": len(mine),
+            "success": (len(ok) / len(mine)) if mine else None,
+            "p50_ms": (pct(ok, 50) or 0) * 1000 if ok else None,
+            "p99_ms": (pct(ok, 99) or 0) * 1000 if ok else None,
+        }
+    capacity = slots * 1000 / service_ms
+    return {"tenants": rows, "upstream_in_flight_mean": up["mean"], "upstream_in_flight_max": up["max"],
+            "goodput": up["done"] / seconds / capacity}
+
+
+def recovery(start, out, halve_at, seconds, target_ms):
+    """Seconds after the halving until every later 1 s window of the quiet tenants is within
+    target: p99 at most `target_ms` and at least 99.5% of their requests served."""
+    windows = []
+    t = halve_at
+    while t + 1 <= seconds:
+        lat = [o[2] for o in out if o[0] != "noisy" and o[3] == 200 and t <= o[1] - start < t + 1]
+        fails = [o for o in out if o[0] != "noisy" and o[3] != 200 and t <= o[1] - start < t + 1]
+        p99 = (pct(lat, 99) or 0) * 1000 if lat else None
+        windows.append((t - halve_at, p99, len(fails)))
+        t += 1
+    back = None
+    def good(p99, fails, t):
+        n = len([o for o in out if o[0] != "noisy" and t <= o[1] - start < t + 1])
+        return p99 is not None and p99 <= target_ms and fails <= 0.005 * max(n, 1)
+    for i, (at, p99, fails) in enumerate(windows):
+        if all(good(p, f, halve_at + a) for a, p, f in windows[i:]):
+            back = at
+            break
+    return back, windows
+
+
+# ---- the systems ----
+
+def floodgate_config(port, admin, up_port, protect):
+    keys = "".join(
+        f'[[auth.keys]]\nid = "{k}"\nsecret = "{k}-secret"\nuser = "{k}"\nplan = "{plan}"\n'
+        for k, plan in (("noisy", "free"), ("quiet-a", "pro"), ("quiet-b", "pro")))
+    p = ""
+    if protect:
+        p = ('[upstreams.protect]\nfair_by = ["api_key"]\n'
+             'weights = { plan = { pro = 4, free = 1 } }\nmin_limit = 4\nmax_limit = 1000\n'
+             'queue_timeout = "500ms"\nmax_queue = 1000\n')
+    return (f'[server]\nlisten = ["127.0.0.1:{port}"]\nadmin_listen = "127.0.0.1:{admin}"\n'
+            f'threads = 1\naccess_log = false\nmax_connections = 10000\nmax_connections_per_ip = 10000\n\n'
+            f'[auth]\n{keys}\n[[upstreams]]\nname = "orders"\ntargets = ["127.0.0.1:{up_port}"]\n'
+            f'timeout = "60s"\n{p}\n[[routes]]\nname = "orders"\nupstream = "orders"\nauth = "required"\n')
+
+
+def envoy_config(port, admin, up_port):
+    big = 1_000_000
+    return f"""admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: bench
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: upstream, timeout: 60s}}
+          http_filters:
+          - name: envoy.filters.http.adaptive_concurrency
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.adaptive_concurrency.v3.AdaptiveConcurrency
+              gradient_controller_config:
+                sample_aggregate_percentile: {{value: 90}}
+                concurrency_limit_params:
+                  concurrency_update_interval: 0.1s
+                min_rtt_calc_params:
+                  interval: 10s
+                  request_count: 50
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    connect_timeout: 1s
+    type: STATIC
+    circuit_breakers:
+      thresholds:
+      - {{max_connections: {big}, max_pending_requests: {big}, max_requests: {big}}}
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up_port}}}}}}}
+"""
+
+
+def start_system(kind, args, up_port, tmp):
+    port, admin = free_port(), free_port()
+    log = open(os.path.join(tmp, f"{kind}.log"), "w")
+    if kind.startswith("floodgate"):
+        cfg = os.path.join(tmp, f"{kind}.toml")
+        with open(cfg, "w") as f:
+            f.write(floodgate_config(port, admin, up_port, kind == "floodgate-protect"))
+        cmd = [args.floodgate, "-c", cfg, "--pid-file", os.path.join(tmp, f"{kind}.pid"),
+               "--upgrade-sock", os.path.join(tmp, f"{kind}.sock")]
+    else:
+        cfg = os.path.join(tmp, "envoy.yaml")
+        with open(cfg, "w") as f:
+            f.write(envoy_config(port, admin, up_port))
+        cmd = [args.envoy, "-c", cfg, "--concurrency", "1", "--log-level", "error",
+               "--base-id", str(os.getpid() % 60000)]
+    p = subprocess.Popen(cmd, stdout=log, stderr=log)
+    wait_port(port)
+    return p, port
+
+
+def stop(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--floodgate")
+    ap.add_argument("--envoy")
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--service-ms", type=float, default=20)
+    ap.add_argument("--noisy", type=int, default=128)
+    ap.add_argument("--quiet", type=int, default=4)
+    ap.add_argument("--out", default="target/bench")
+    ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_upstream:
+        asyncio.run(upstream_main(args.serve_upstream, args.slots, args.service_ms))
+        return
+    if not args.floodgate:
+        raise SystemExit("--floodgate is required")
+    if not args.envoy:
+        try:
+            from run import find_envoy  # benches/load/run.py
+            args.envoy = find_envoy()
+        except Exception:
+            args.envoy = shutil.which("envoy")
+    tmp = tempfile.mkdtemp(prefix="floodgate-bench-protect-")
+    up_port = free_port()
+    up = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-upstream", str(up_port),
+                           "--slots", str(args.slots), "--service-ms", str(args.service_ms)])
+    results = {"seconds": args.seconds, "slots": args.slots, "service_ms": args.service_ms,
+               "noisy": args.noisy, "quiet": args.quiet, "runs": {}}
+    try:
+        wait_port(up_port)
+        systems = ["floodgate", "floodgate-protect"] + (["envoy"] if args.envoy else [])
+        # The quiet tenants alone, through floodgate without protect: the baseline.
+        p, port = start_system("floodgate", args, up_port, tmp)
+        try:
+            s, out, u = asyncio.run(drive(port, up_port, args.seconds, 0, args.quiet, slots=args.slots))
+            results["baseline"] = summarize(s, out, u, args.seconds, args.slots, args.service_ms)
+        finally:
+            stop(p)
+        base = max(results["baseline"]["tenants"][t]["p99_ms"] or 0 for t in ("quiet-a", "quiet-b"))
+        target = 2 * base
+        for kind in systems:
+            p, port = start_system(kind, args, up_port, tmp)
+            try:
+                s, out, u = asyncio.run(drive(port, up_port, args.seconds, args.noisy, args.quiet,
+                                              slots=args.slots))
+                results["runs"][kind] = summarize(s, out, u, args.seconds, args.slots, args.service_ms)
+                if kind != "floodgate":
+                    secs = max(args.seconds * 2, 20)
+                    half = secs / 2
+                    s, out, u = asyncio.run(drive(port, up_port, secs, args.noisy, args.quiet,
+                                                  halve_at=half, slots=args.slots))
+                    back, windows = recovery(s, out, half, secs, target)
+                    results["runs"][kind]["halved"] = {"seconds": secs, "back_within_s": back,
+                                                       "windows": windows}
+            finally:
+                stop(p)
+    finally:
+        up.kill()
+        up.wait()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "protect.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    md = table(results, target)
+    with open(os.path.join(args.out, "protect.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if unit == "%":
+        return f"{v * 100:.1f}%"
+    return f"{v:.0f}{unit}" if v >= 10 else f"{v:.1f}{unit}"
+
+
+def table(r, target):
+    b = r["baseline"]["tenants"]
+    lines = [f"Upstream: {r['slots']} slots of {r['service_ms']:.0f} ms, {r['seconds']:.0f} s per run; "
+             f"noisy tenant {r['noisy']} connections (free), two quiet tenants {r['quiet']} each (pro). "
+             f"Quiet tenants alone: p99 {fmt(b['quiet-a']['p99_ms'], ' ms')} / {fmt(b['quiet-b']['p99_ms'], ' ms')} "
+             f"(target with the flood: at most {target:.0f} ms).", "",
+             "| system | quiet p50 / p99 | quiet served | noisy p50 / p99 | noisy served | upstream in flight mean / max | goodput | quiet p99 back in target after halving |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind, v in r["runs"].items():
+        t = v["tenants"]
+        q = [t["quiet-a"], t["quiet-b"]]
+        halved = v.get("halved")
+        back = "-" if not halved else (f"{halved['back_within_s']:.0f} s" if halved["back_within_s"] is not None else "not within the run")
+        lines.append(
+            f"| {kind} | {fmt(q[0]['p50_ms'])}/{fmt(q[0]['p99_ms'])} ms, {fmt(q[1]['p50_ms'])}/{fmt(q[1]['p99_ms'])} ms "
+            f"| {fmt(q[0]['success'], '%')}, {fmt(q[1]['success'], '%')} "
+            f"| {fmt(t['noisy']['p50_ms'])}/{fmt(t['noisy']['p99_ms'])} ms | {fmt(t['noisy']['success'], '%')} "
+            f"| {v['upstream_in_flight_mean']:.1f} / {v['upstream_in_flight_max']} | {fmt(v['goodput'], '%')} | {back} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

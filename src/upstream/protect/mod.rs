@@ -1,0 +1,396 @@
+//! `[upstreams.protect]` at run time: an adaptive concurrency limit per upstream ([`limit`])
+//! and, in front of it, a weighted fair queue of tenants ([`queue`]).
+//!
+//! Below the limit a request takes a slot with one compare-and-swap and goes on: no lock, no
+//! tenant lookup, no allocation. At the limit it waits in the fair queue; a slot given back
+//! goes straight to the next waiter in fair order. A request that waits past `queue_timeout`,
+//! or is shed from a full queue, is answered 503 `upstream-overloaded` by the proxy. The slot
+//! ([`Permit`]) is held for the whole exchange, retries on other targets included, and is
+//! given back when dropped, however the exchange ends.
+//!
+//! The limit learns from floodgate's own exchanges with the upstream (time to the response
+//! header, [`Permit::sample`]). Each gateway instance learns its own: each sees the latency
+//! its traffic causes, and instances behind one balancer settle on shares of the upstream's
+//! capacity without talking (as TCP flows share a link). Coordinating would buy fairness
+//! between tenants across instances (a tenant pinned to one instance competes only there),
+//! at a store round trip per request; it is not done.
+//!
+//! A [`Guard`] lives as long as its upstream stays configured: a reload keeps the learned
+//! limit and the waiting requests, and applies the new bounds.
+
+pub mod limit;
+pub mod metrics;
+pub mod queue;
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use super::settings::Protect;
+use crate::rules::RequestView;
+use limit::Gradient;
+use queue::{FairQueue, Pushed};
+
+/// Why a request was refused a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// It waited `queue_timeout` for a turn.
+    Timeout,
+    /// The queue was full and its tenant was the furthest over its due.
+    QueueFull,
+}
+
+impl Shed {
+    /// The `reason` label of `floodgate_upstream_shed_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shed::Timeout => "queue_timeout",
+            Shed::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// What a waiter is told.
+enum Turn {
+    Go,
+    Shed(Shed),
+}
+
+/// The locked part: the controller and the queue.
+struct Inner {
+    gradient: Gradient,
+    queue: FairQueue<oneshot::Sender<Turn>>,
+    queue_timeout: Duration,
+}
+
+/// The guard of one upstream.
+pub struct Guard {
+    name: Arc<str>,
+    limit: AtomicU32,
+    in_flight: AtomicU32,
+    queued: AtomicU32,
+    /// Requests refused, by reason (also counted in the metric).
+    shed: [AtomicU64; 2],
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("name", &self.name)
+            .field("limit", &self.limit())
+            .finish()
+    }
+}
+
+/// A request in the queue. Dropped before its answer is read (its client left), it leaves the
+/// queue, or gives back the slot it was handed.
+struct Waiting {
+    guard: Arc<Guard>,
+    ticket: queue::Ticket,
+    rx: oneshot::Receiver<Turn>,
+    done: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut inner = self.guard.inner.lock();
+        if inner.queue.remove(self.ticket).is_some() {
+            self.guard
+                .queued
+                .store(inner.queue.len() as u32, Ordering::SeqCst);
+            return;
+        }
+        drop(inner);
+        if let Ok(Turn::Go) = self.rx.try_recv() {
+            self.guard.release();
+        }
+    }
+}
+
+/// One request's slot at the upstream; dropping it gives the slot back (to the next waiter).
+pub struct Permit {
+    guard: Arc<Guard>,
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Permit")
+    }
+}
+
+impl Permit {
+    /// Feeds the limit one exchange's latency (request sent to response header).
+    pub fn sample(&self, took: Duration) {
+        self.guard.sample(took, Instant::now());
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.guard.release();
+    }
+}
+
+impl Guard {
+    fn new(name: Arc<str>, p: &Protect, now: Instant) -> Guard {
+        let gradient = Gradient::new(p.min_limit, p.max_limit, now);
+        Guard {
+            name,
+            limit: AtomicU32::new(gradient.limit()),
+            in_flight: AtomicU32::new(0),
+            queued: AtomicU32::new(0),
+            shed: [AtomicU64::new(0), AtomicU64::new(0)],
+            inner: Mutex::new(Inner {
+                gradient,
+                queue: FairQueue::new(p.max_queue),
+                queue_timeout: p.queue_timeout,
+            }),
+        }
+    }
+
+    fn configure(&self, p: &Protect) {
+        let mut inner = self.inner.lock();
+        inner.gradient.set_bounds(p.min_limit, p.max_limit);
+        inner.queue.set_max_len(p.max_queue);
+        inner.queue_timeout = p.queue_timeout;
+        self.limit.store(inner.gradient.limit(), Ordering::SeqCst);
+        self.dispatch(&mut inner, Instant::now());
+    }
+
+    /// The limit now.
+    pub fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Requests holding a slot.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for one.
+    pub fn queued(&self) -> u32 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Takes a slot if one is free below the limit: the one atomic of the uncontended path.
+    fn try_take(&self) -> bool {
+        let limit = self.limit.load(Ordering::SeqCst);
+        self.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// A slot at once when the upstream is below its limit and nobody waits (a newcomer does
+    /// not pass those who wait).
+    pub fn try_enter(self: &Arc<Self>) -> Option<Permit> {
+        (self.queued.load(Ordering::SeqCst) == 0 && self.try_take()).then(|| Permit {
+            guard: self.clone(),
+        })
+    }
+
+    /// Waits for a turn as `tenant` of `weight`, at most the queue timeout.
+    pub async fn wait(self: &Arc<Self>, tenant: u64, weight: u32) -> Result<Permit, Shed> {
+        let (tx, rx) = oneshot::channel();
+        let now = Instant::now();
+        let (ticket, timeout) = {
+            let mut inner = self.inner.lock();
+            let ticket = match inner.queue.push(tenant, weight, tx, now) {
+                Pushed::Refused(_) => {
+                    drop(inner);
+                    return Err(self.count_shed(Shed::QueueFull));
+                }
+                Pushed::Queued { ticket, evicted } => {
+                    if let Some(e) = evicted {
+                        let _ = e.send(Turn::Shed(Shed::QueueFull));
+                    }
+                    ticket
+                }
+            };
+            self.queued
+                .store(inner.queue.len() as u32, Ordering::SeqCst);
+            // A slot may have come free between the fast path and the lock.
+            self.dispatch(&mut inner, now);
+            (ticket, inner.queue_timeout)
+        };
+        let mut waiting = Waiting {
+            guard: self.clone(),
+            ticket,
+            rx,
+            done: false,
+        };
+        let turn = match tokio::time::timeout(timeout, &mut waiting.rx).await {
+            Ok(Ok(turn)) => turn,
+            // The sender goes only with the guard's queue, which lives as long as we do.
+            Ok(Err(_)) => Turn::Shed(Shed::Timeout),
+            Err(_) => {
+                let mut inner = self.inner.lock();
+                if inner.queue.remove(ticket).is_some() {
+                    self.queued
+                        .store(inner.queue.len() as u32, Ordering::SeqCst);
+                    Turn::Shed(Shed::Timeout)
+                } else {
+                    // Served or shed (under the lock) as the timer fired: the answer is there.
+                    drop(inner);
+                    waiting.rx.try_recv().unwrap_or(Turn::Shed(Shed::Timeout))
+                }
+            }
+        };
+        waiting.done = true;
+        match turn {
+            Turn::Go => Ok(Permit {
+                guard: self.clone(),
+            }),
+            Turn::Shed(why) => Err(self.count_shed(why)),
+        }
+    }
+
+    fn count_shed(&self, why: Shed) -> Shed {
+        self.shed[why as usize].fetch_add(1, Ordering::Relaxed);
+        metrics::shed(&self.name, why);
+        why
+    }
+
+    /// Hands free slots to waiters in fair order.
+    fn dispatch(&self, inner: &mut Inner, now: Instant) {
+        while !inner.queue.is_empty() && self.try_take() {
+            let timeout = inner.queue_timeout;
+            let next = inner.queue.pop(now, timeout, |late| {
+                let _ = late.send(Turn::Shed(Shed::Timeout));
+            });
+            match next {
+                Some(tx) => {
+                    if tx.send(Turn::Go).is_err() {
+                        // Its client left while it waited: the slot goes to the next.
+                        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                None => {
+                    self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+        self.queued
+            .store(inner.queue.len() as u32, Ordering::SeqCst);
+    }
+
+    fn release(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.queued.load(Ordering::SeqCst) > 0 {
+            let mut inner = self.inner.lock();
+            self.dispatch(&mut inner, Instant::now());
+        }
+    }
+
+    fn sample(&self, took: Duration, now: Instant) {
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        if let Some(limit) = inner.gradient.sample(took, in_flight, now) {
+            // A lower limit takes effect as slots come back: none is taken from a request.
+            let grew = limit > self.limit.swap(limit, Ordering::SeqCst);
+            if grew {
+                self.dispatch(&mut inner, now);
+            }
+        }
+    }
+
+    /// Requests refused for `why` since the guard was made.
+    pub fn shed_count(&self, why: Shed) -> u64 {
+        self.shed[why as usize].load(Ordering::Relaxed)
+    }
+
+    /// The guard's state for `/upstreams`, `/stats` and the dashboard.
+    pub fn status_json(&self) -> serde_json::Value {
+        let (min_rtt, tenants, probing) = {
+            let inner = self.inner.lock();
+            (
+                inner.gradient.min_rtt(),
+                inner.queue.tenants(),
+                inner.gradient.probing(),
+            )
+        };
+        serde_json::json!({
+            "limit": self.limit(),
+            "probing": probing,
+            "in_flight": self.in_flight(),
+            "queued": self.queued(),
+            "queued_tenants": tenants,
+            "min_rtt_ms": min_rtt.map(|d| d.as_secs_f64() * 1000.0),
+            "shed": {
+                "queue_timeout": self.shed_count(Shed::Timeout),
+                "queue_full": self.shed_count(Shed::QueueFull),
+            },
+        })
+    }
+}
+
+/// The tenant a request belongs to under `p` (a hash of its `fair_by` parts) and its weight.
+pub fn tenant(p: &Protect, view: &RequestView<'_>) -> (u64, u32) {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for part in &p.fair_by {
+        match crate::rules::key::read(part, view) {
+            Some(v) => {
+                1u8.hash(&mut h);
+                v.as_bytes().hash(&mut h);
+            }
+            None => 0u8.hash(&mut h),
+        }
+    }
+    let weight = p
+        .weights
+        .iter()
+        .filter_map(|(part, table)| {
+            let v = crate::rules::key::read(part, view)?;
+            let v = v.as_bytes();
+            table
+                .iter()
+                .find(|(name, _)| name.as_bytes() == v)
+                .map(|(_, w)| *w)
+        })
+        .max()
+        .unwrap_or(1);
+    (h.finish(), weight)
+}
+
+/// Every upstream's guard by name: what a reload keeps.
+fn guards() -> &'static Mutex<HashMap<Arc<str>, Arc<Guard>>> {
+    static G: LazyLock<Mutex<HashMap<Arc<str>, Arc<Guard>>>> = LazyLock::new(|| {
+        metrics::register();
+        Mutex::new(HashMap::new())
+    });
+    &G
+}
+
+/// The guard of upstream `name` for settings `p`: the one in force, with the new bounds, or
+/// a new one starting at `min_limit`.
+pub fn attach(name: &Arc<str>, p: &Protect) -> Arc<Guard> {
+    let mut map = guards().lock();
+    if let Some(g) = map.get(name) {
+        g.configure(p);
+        return g.clone();
+    }
+    let g = Arc::new(Guard::new(name.clone(), p, Instant::now()));
+    metrics::export(name);
+    map.insert(name.clone(), g.clone());
+    g
+}
+
+/// Forgets the guard of upstream `name` (it no longer has `protect`).
+pub fn forget(name: &str) {
+    guards().lock().remove(name);
+}
+
+/// Forgets the guards of upstreams that are gone or no longer have `protect`.
+pub fn retain(names: &BTreeSet<&str>) {
+    guards().lock().retain(|k, _| names.contains(&**k));
+}

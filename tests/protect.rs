@@ -1,0 +1,235 @@
+//! `[upstreams.protect]` end to end through the binary: an Orders API of fixed capacity
+//! (`--capacity`, requests beyond it wait inside it), one tenant flooding it and one quiet
+//! tenant. The flood is held to the adaptive limit and shed with 503 `upstream-overloaded`;
+//! the quiet tenant is served throughout; a reload keeps the learned limit.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// The Orders API serves this many at once.
+const CAPACITY: &str = "4";
+/// And never sees more than this from the gateway.
+const MAX_LIMIT: u64 = 6;
+
+fn config(upstream: std::net::SocketAddr, queue_timeout: &str) -> String {
+    format!(
+        r#"
+[auth]
+[[auth.keys]]
+id = "noisy"
+secret = "noisy-secret"
+user = "noisy"
+plan = "free"
+[[auth.keys]]
+id = "quiet"
+secret = "quiet-secret"
+user = "quiet"
+plan = "pro"
+
+[[upstreams]]
+name = "orders"
+targets = ["{upstream}"]
+[upstreams.protect]
+fair_by = ["api_key"]
+weights = {{ plan = {{ pro = 4, free = 1 }} }}
+min_limit = 1
+max_limit = {MAX_LIMIT}
+queue_timeout = "{queue_timeout}"
+max_queue = 16
+
+[[routes]]
+name = "orders"
+upstream = "orders"
+auth = "required"
+"#
+    )
+}
+
+async fn upstream_peak(c: &reqwest::Client, api: &OrdersApi, reset: bool) -> u64 {
+    let q = if reset { "?reset=1" } else { "" };
+    get_json(c, format!("http://{}/debug/load{q}", api.addr)).await["peak"]
+        .as_u64()
+        .expect("peak")
+}
+
+async fn protect_status(c: &reqwest::Client, gw: &Gateway) -> Value {
+    get_json(c, gw.admin_url("/stats")).await["upstreams"][0]["protect"].clone()
+}
+
+#[tokio::test]
+async fn a_flood_is_held_to_the_limit_and_a_quiet_tenant_is_served() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", CAPACITY]);
+    let mut gw = Gateway::start(&config(api.addr, "1s"));
+    let c = client();
+    let url = gw.url("/orders?delay_ms=50");
+    upstream_peak(&c, &api, true).await;
+
+    // The flood: 48 connections in a closed loop (bounded in count), pacing themselves by
+    // Retry-After's order of magnitude when shed so the test does not spin the CPU.
+    let stop = Arc::new(AtomicBool::new(false));
+    let shed = Arc::new(AtomicU64::new(0));
+    let served = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let mut flood = Vec::new();
+    for _ in 0..48 {
+        let (c, url, stop, shed, served, bad) = (
+            c.clone(),
+            url.clone(),
+            stop.clone(),
+            shed.clone(),
+            served.clone(),
+            bad.clone(),
+        );
+        flood.push(tokio::spawn(async move {
+            for _ in 0..400 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(r) = c.get(&url).header("x-api-key", "noisy-secret").send().await else {
+                    continue;
+                };
+                let status = r.status().as_u16();
+                let retry_after = r.headers().get("retry-after").is_some();
+                let body: Value = r.json().await.unwrap_or(Value::Null);
+                match status {
+                    200 => {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    503 if body["type"] == "urn:floodgate:problem:upstream-overloaded"
+                        && retry_after =>
+                    {
+                        shed.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => bad.lock().push(format!("{status} {body}")),
+                }
+            }
+        }));
+    }
+
+    // The flood is under way once the queue has been full.
+    eventually(Duration::from_secs(20), "the flood is shed", || async {
+        (shed.load(Ordering::Relaxed) > 0).then_some(())
+    })
+    .await;
+
+    // The quiet tenant, one request at a time: every one is served.
+    let mut quiet = Vec::new();
+    for _ in 0..30 {
+        let r = c
+            .get(&url)
+            .header("x-api-key", "quiet-secret")
+            .send()
+            .await
+            .expect("quiet request");
+        quiet.push(r.status().as_u16());
+    }
+    let during = protect_status(&c, &gw).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in flood {
+        t.await.unwrap();
+    }
+    assert!(
+        quiet.iter().all(|s| *s == 200),
+        "the quiet tenant was refused: {quiet:?}"
+    );
+    assert!(
+        bad.lock().is_empty(),
+        "unexpected answers: {:?}",
+        bad.lock()
+    );
+    assert!(served.load(Ordering::Relaxed) > 0, "the flood got nothing");
+    let peak = upstream_peak(&c, &api, false).await;
+    assert!(
+        peak <= MAX_LIMIT,
+        "the upstream held {peak} requests, over max_limit {MAX_LIMIT}"
+    );
+    assert!(during["queued"].as_u64().is_some(), "{during}");
+
+    // Exported: the limit, the sheds by reason (the flood filled the queue).
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    let limit = metric_value(
+        &metrics,
+        "floodgate_upstream_concurrency_limit{upstream=\"orders\"}",
+    )
+    .expect("the limit gauge");
+    assert!((1.0..=MAX_LIMIT as f64).contains(&limit), "limit {limit}");
+    let full = metric_value(
+        &metrics,
+        "floodgate_upstream_shed_total{reason=\"queue_full\",upstream=\"orders\"}",
+    )
+    .expect("the shed counter");
+    assert!(full > 0.0, "{metrics}");
+
+    // Idle: every slot is back, nobody waits.
+    let idle = eventually(Duration::from_secs(10), "slots given back", || async {
+        let p = protect_status(&c, &gw).await;
+        (p["in_flight"] == 0 && p["queued"] == 0).then_some(p)
+    })
+    .await;
+
+    // A reload that keeps the upstream keeps the learned limit (no traffic moves it now).
+    let learned = idle["limit"].as_u64().unwrap();
+    std::fs::write(gw.dir.path().join("gateway.toml"), {
+        let text = std::fs::read_to_string(gw.dir.path().join("gateway.toml")).unwrap();
+        text.replace("queue_timeout = \"1s\"", "queue_timeout = \"900ms\"")
+    })
+    .unwrap();
+    let r = c.post(gw.admin_url("/reload")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let after = protect_status(&c, &gw).await;
+    assert_eq!(after["limit"].as_u64(), Some(learned), "{after}");
+    gw.stop();
+}
+
+#[tokio::test]
+async fn a_request_that_waits_past_queue_timeout_gets_503_with_retry_after() {
+    // Capacity 1, limit pinned at 1: the second request waits for the first (2 s) and gives
+    // up after 200 ms.
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
+    let body =
+        config(api.addr, "200ms").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let gw = Gateway::start(&body);
+    let c = client();
+    let slow = {
+        let (c, url) = (c.clone(), gw.url("/orders?delay_ms=2000"));
+        tokio::spawn(async move {
+            c.get(url)
+                .header("x-api-key", "noisy-secret")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the slow request holds the slot",
+        || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
+    )
+    .await;
+    let r = c
+        .get(gw.url("/orders"))
+        .header("x-api-key", "quiet-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "urn:floodgate:problem:upstream-overloaded");
+    assert_eq!(slow.await.unwrap().unwrap(), 200);
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "floodgate_upstream_shed_total{reason=\"queue_timeout\",upstream=\"orders\"}"
+        ),
+        Some(1.0)
+    );
+}
