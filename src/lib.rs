@@ -26,13 +26,3 @@ pub mod text;
 pub mod top;
 pub mod upstream;
 pub mod webhooks;
-
-// The request path's modules under their former top-level names, for code written before they
-// moved into `request/` and `text/`; removed once nothing names them.
-#[doc(hidden)]
-pub use request::{
-    access_log, admission, auth, body, client, forwarding, header_policy, matching, normalize,
-    proxy, query, response, response_cost, throttle,
-};
-#[doc(hidden)]
-pub use text::{log_safe, names};

@@ -6,9 +6,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
 
-use floodgate::admission::{admit, Request};
 use floodgate::config::Config;
 use floodgate::limiter::engine::Limiter;
+use floodgate::request::admission::{admit, Request};
 use floodgate::telemetry::RequestTrace;
 use http::{HeaderMap, Method, Uri};
 

@@ -108,20 +108,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     let id = req.request_id;
 
     if req.method == http::Method::CONNECT {
-        // Not proxied (a tunnel to anywhere). Pingora would refuse it with a bare 405 of its
-        // own; it lets CONNECT through to here (`allow_connect_method_proxying`) so that HTTP/1.1
-        // and HTTP/2 get floodgate's answer. The connection closes: what follows a CONNECT is
-        // meant for a tunnel, not a next request.
-        let mut admission = Admission::answer(
-            ip,
-            None,
-            crate::request::response::method_not_allowed("CONNECT"),
-            id,
-        );
-        if let Next::Answer(answer) = &mut admission.next {
-            answer.close = true;
-        }
-        return admission;
+        return refuse_connect(ip, id);
     }
     if let Err(detail) = refuse_spellings(cfg, req) {
         return Admission::answer(ip, None, Problem::bad_request(detail), id);
@@ -197,6 +184,50 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     if applying.is_empty() {
         return admission;
     }
+    let charged = charge(cfg, limiter, req, &view, applying).await;
+    admission.slots = Some(charged.slots);
+    admission.slowed = charged.slowed;
+    admission.decision = charged.decision;
+    admission.next = charged.next;
+    admission
+}
+
+/// What the rules' part of a decision adds to an [`Admission`].
+struct Charged {
+    slots: Slots,
+    slowed: Option<crate::request::throttle::Slowed>,
+    decision: Option<Box<crate::telemetry::Decision>>,
+    next: Next,
+}
+
+/// A CONNECT is not proxied (a tunnel to anywhere). Pingora would refuse it with a bare 405 of
+/// its own; it lets CONNECT through to here (`allow_connect_method_proxying`) so that HTTP/1.1
+/// and HTTP/2 get floodgate's answer. The connection closes: what follows a CONNECT is meant
+/// for a tunnel, not a next request.
+fn refuse_connect(ip: IpAddr, id: &str) -> Admission {
+    let mut admission = Admission::answer(
+        ip,
+        None,
+        crate::request::response::method_not_allowed("CONNECT"),
+        id,
+    );
+    if let Next::Answer(answer) = &mut admission.next {
+        answer.close = true;
+    }
+    admission
+}
+
+/// The rules' part of the decision, for a routed and identified request that some rules apply
+/// to: the limiter decides them, and what it decided is recorded (metrics, `/top`, webhooks,
+/// shadow rejections, the trace's decision) and becomes the answer or the forwarding.
+async fn charge(
+    cfg: &Config,
+    limiter: &Limiter,
+    req: &Request<'_>,
+    view: &RequestView<'_>,
+    applying: Vec<(Arc<Policy>, Check)>,
+) -> Charged {
+    let id = req.request_id;
     let started = Instant::now();
     let wall = req.traced.then(std::time::SystemTime::now);
     // Boxed: the decision's future (a kilobyte or more with the Redis store's) would otherwise
@@ -207,13 +238,13 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         .observe(started.elapsed().as_secs_f64());
     // Who is being limited, for `GET /top` and the dashboard (bounded memory, no allocation
     // for a client already tracked).
-    crate::top::record(cfg, &view, &outcome);
+    crate::top::record(cfg, view, &outcome);
     // Quota webhooks: candidate events queued without waiting.
     crate::webhooks::observe(
         &cfg.webhooks,
         limiter.store(),
         cfg.store.timeout,
-        &view,
+        view,
         &outcome,
     );
     for name in &outcome.shadow_rejected {
@@ -223,18 +254,20 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         cfg.server.legacy_headers,
     );
-    if let Some(wall) = wall {
-        admission.decision = Some(Box::new(crate::telemetry::Decision::of(wall, &outcome)));
-    }
-    admission.slots = Some(outcome.slots);
-    if let Verdict::Slow { rate, rules } = &outcome.verdict {
-        admission.slowed = Some(crate::request::throttle::Slowed {
+    let decision = wall.map(|wall| Box::new(crate::telemetry::Decision::of(wall, &outcome)));
+    let slowed = match &outcome.verdict {
+        Verdict::Slow { rate, rules } => Some(crate::request::throttle::Slowed {
             rate: *rate,
             rules: rules.join(","),
-        });
+        }),
+        _ => None,
+    };
+    Charged {
+        slots: outcome.slots,
+        slowed,
+        decision,
+        next: next_for(outcome.verdict, ratelimit, id),
     }
-    admission.next = next_for(outcome.verdict, ratelimit, id);
-    admission
 }
 
 /// The caller's identity on `route`: `None` when the route reads no key, or an optional key
