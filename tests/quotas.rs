@@ -927,13 +927,13 @@ async fn each_threshold_fires_once_across_three_instances_signed_and_without_sec
     }
 }
 
-/// The README's receiver check (the ```python block of "Webhooks"), run as written by python3
-/// on a captured delivery: it accepts it now, and refuses it with the body changed or when
-/// replayed past its 5-minute tolerance.
+/// The manual's receiver check (the ```python block of "Webhooks" in docs/operations.md), run
+/// as written by python3 on a captured delivery: it accepts it now, and refuses it with the
+/// body changed or when replayed past its 5-minute tolerance.
 fn readme_receiver_check(header: &str, body: &str, t: u64) {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let section = &readme[readme.find("### Webhooks").expect("a Webhooks section")..];
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .expect("docs/operations.md");
+    let section = &guide[guide.find("## Webhooks").expect("a Webhooks section")..];
     let snippet = section
         .split("```python\n")
         .nth(1)
