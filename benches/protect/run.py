@@ -21,29 +21,14 @@ every one-second window of the quiet tenants is back within target (p99 within 2
 baseline, at least 99.5% served). Writes
 protect.md and protect.json to --out and prints the table.
 """
-import argparse, asyncio, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+import argparse, asyncio, json, os, shutil, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "load"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+import common  # noqa: E402  (benches/common.py: ports, process stopping)
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, limit=30):
-    end = time.time() + limit
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
+free_port = common.free_port
+wait_port = common.wait_port
 
 
 # ---- the upstream (its own process) ----
@@ -317,13 +302,8 @@ def start_system(kind, args, up_port, tmp):
 
 
 def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    """SIGINT, then SIGKILL after 10 s (benches/common.py's stop_processes)."""
+    common.stop_processes([p])
 
 
 def main():
