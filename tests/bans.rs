@@ -21,25 +21,15 @@ const TOKEN: &str = "bans-admin-token-7";
 
 /// One admin request by hand (`Host: localhost`, the admin token, a JSON body): (status, body).
 fn admin(gw: &Gateway, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut conn = TcpStream::connect(gw.admin).expect("admin listener");
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
+    let (status, _, json) = common::admin_request(
+        gw.admin,
+        TOKEN,
+        method,
+        path,
+        &[],
+        body,
+        Duration::from_secs(10),
     );
-    conn.write_all(head.as_bytes()).unwrap();
-    conn.write_all(body.as_bytes()).unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let json = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!({ "raw": body }));
     (status, json)
 }
 

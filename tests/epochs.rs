@@ -176,31 +176,16 @@ fn admin(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(gw.admin).expect("admin listener");
-    conn.set_read_timeout(Some(Duration::from_secs(15)))
-        .unwrap();
     let method = if body.is_empty() { "GET" } else { "POST" };
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).unwrap();
-    conn.write_all(body.as_bytes()).unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let json = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!({ "raw": body }));
-    (status, head.to_ascii_lowercase(), json)
+    common::admin_request(
+        gw.admin,
+        TOKEN,
+        method,
+        path,
+        headers,
+        body,
+        Duration::from_secs(15),
+    )
 }
 
 fn gateway_with(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {

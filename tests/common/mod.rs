@@ -559,3 +559,40 @@ impl Gateway {
 pub mod redis;
 pub mod rls;
 pub mod upgrade;
+
+/// One admin request by hand on a connection of its own (`Host: localhost`, `Bearer token`, a
+/// JSON content type, `headers` added, `connection: close`), read until the server closes:
+/// (status, the response head in lower case, the body as JSON or `{"raw": body}`).
+pub fn admin_request(
+    admin: SocketAddr,
+    token: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    read_timeout: Duration,
+) -> (u16, String, serde_json::Value) {
+    use std::io::Read;
+    let mut conn = TcpStream::connect(admin).expect("admin listener");
+    conn.set_read_timeout(Some(read_timeout)).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(body.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let json = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!({ "raw": body }));
+    (status, head.to_ascii_lowercase(), json)
+}
