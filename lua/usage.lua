@@ -10,11 +10,14 @@
 -- ARGV[4]  the change's idempotency key ('' for none)
 -- ARGV[5]  the change's deadline (us since the epoch, the gateway's clock; 0 for none)
 -- ARGV[6]  how long an idempotency key's answer is remembered, ms
+-- ARGV[7]  the channel a reset is published on ('' for none)
 --
 -- A read decides a request of cost 0 without charging it. A reset deletes the state (the
 -- counter starts over) and starts a new epoch: <key>:e holds the instant it started, and
 -- true_up.lua and lease_return.lua drop what was charged before it (see same_epoch in
--- common.lua). A grant lowers the current window's count of a fixed window (or calendar
+-- common.lua). A reset is published on ARGV[7] as '<key> <epoch start, us>', so that every
+-- instance forgets the quota lease permits it holds of the old epoch (they would otherwise be
+-- spent on top of the new counter). A grant lowers the current window's count of a fixed window (or calendar
 -- period) by the amount, below zero if need be; it expires with the window.
 -- A reset or grant that arrives past its deadline is not applied (the gateway has answered
 -- that the store timed out). One made with an idempotency key is remembered in
@@ -98,6 +101,10 @@ if op == 'reset' then
   -- The new epoch's start, kept while a reservation or lease of the old one may still
   -- settle: two windows (the sliding counter's charge counts that long) and an hour more.
   redis.call('SET', key .. ':e', fmt(now), 'PX', ttl_ms(2 * window, 0) + 3600000)
+  local channel = ARGV[7] or ''
+  if channel ~= '' then
+    redis.call('PUBLISH', channel, key .. ' ' .. fmt(now))
+  end
 elseif op == 'grant' then
   if code ~= 1 then
     return redis.error_reply('floodgate: grants apply to fixed windows only')

@@ -147,6 +147,10 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         gateway.limiter.returner(),
     ));
     server.add_service(background_service(
+        "counter reset listener",
+        gateway.limiter.reset_listener(),
+    ));
+    server.add_service(background_service(
         "upstreams",
         crate::upstream::service::UpstreamService::new(gateway.clone()),
     ));

@@ -452,3 +452,107 @@ async fn a_concurrency_reset_is_refused_on_redis() {
     let redis = RedisServer::start();
     a_concurrency_reset_is_refused_on(&store(&redis.url(), "250ms", "")).await;
 }
+
+/// A metric of `gw` (0 when it is not listed).
+fn metric_of(gw: &Gateway, series: &str) -> f64 {
+    let (_, _, m) = admin(gw, "/metrics", &[], "");
+    metric_value(m["raw"].as_str().unwrap_or_default(), series).unwrap_or(0.0)
+}
+
+/// Two gateways on one store, limit 100 an hour, `lease = 50` held for an hour: gateway A
+/// leases and spends one permit, holding the rest; then a reset is made through gateway B.
+/// A hears it from the store and drops the permits of the old epoch, so at most 100 requests
+/// are admitted over both in the window after the reset (before: A spent the permits it held
+/// on top of the new counter's 100).
+async fn a_reset_voids_every_instance_lease_on(store: &str) {
+    let api = OrdersApi::start("orders");
+    let rules = r#"
+[[rules]]
+name = "leased"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
+lease = 50
+lease_ttl = "1h"
+on_store_error = "closed"
+"#;
+    let store = format!("{store}instances = 2\n");
+    let a = gateway_with(api.addr, &store, rules);
+    let b = gateway_with(api.addr, &store, rules);
+    for gw in [&a, &b] {
+        eventually(GENEROUS, "listening for resets", || async {
+            (metric_of(gw, "floodgate_store_resets_listening") == 1.0).then_some(())
+        })
+        .await;
+    }
+    let first = hammer(&[&a], 1, 1, "/orders", &[KEY]).await;
+    assert_eq!(first.get(&200), Some(&1), "{first:?}");
+    let leased = used(&b, "leased");
+    assert!(leased > 1, "A holds a lease: {leased} charged");
+    let (status, _, v) = admin(
+        &b,
+        "/usage/reset",
+        &[],
+        r#"{"rule":"leased","api_key":"acme-prod"}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    eventually(GENEROUS, "A hears the reset", || async {
+        (metric_of(&a, "floodgate_store_resets_heard_total") >= 1.0).then_some(())
+    })
+    .await;
+    let after = hammer(&[&a, &b], 200, 4, "/orders", &[KEY]).await;
+    let admitted = after.get(&200).copied().unwrap_or(0);
+    assert!(
+        (50..=100).contains(&admitted),
+        "admitted after the reset (limit 100): {after:?}"
+    );
+    assert!(used(&b, "leased") <= 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_voids_every_instance_lease_on_redis() {
+    let redis = RedisServer::start();
+    a_reset_voids_every_instance_lease_on(&store(&redis.url(), "250ms", "")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_voids_every_instance_lease_in_a_cluster() {
+    let cluster = RedisCluster::start();
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let store = format!(
+        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
+        urls.join(", ")
+    );
+    a_reset_voids_every_instance_lease_on(&store).await;
+}
+
+/// After a Redis restart with no proxied traffic, the usage API reconnects by itself (before:
+/// every reset answered 503 until a request came), and the reset listener subscribes again:
+/// a reset made after the restart is heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_api_and_the_reset_listener_come_back_after_a_redis_restart() {
+    let mut redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let gw = gateway_with(api.addr, &store(&redis.url(), "250ms", ""), DAILY);
+    eventually(GENEROUS, "listening for resets", || async {
+        (metric_of(&gw, "floodgate_store_resets_listening") == 1.0).then_some(())
+    })
+    .await;
+    redis.restart();
+    eventually(
+        Duration::from_secs(15),
+        "a reset after the restart",
+        || async {
+            let (status, _, _) = admin(
+                &gw,
+                "/usage/reset",
+                &[],
+                r#"{"rule":"daily","api_key":"acme-prod"}"#,
+            );
+            (status == 200 && metric_of(&gw, "floodgate_store_resets_heard_total") >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+}

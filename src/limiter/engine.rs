@@ -48,7 +48,7 @@ use super::settings::Store;
 use super::store::SharedStore;
 use super::{Check, Decision};
 
-pub use background::{Returner, Sweeper, SWEEP_EVERY};
+pub use background::{ResetListener, Returner, Sweeper, SWEEP_EVERY};
 pub use shaping::MAX_WAITING_PER_RULE;
 pub use slots::Slots;
 

@@ -140,6 +140,9 @@ struct Entry {
     /// When the store charged the earliest of them (its time, us): a return names it, so
     /// that it never lands on a counter reset since.
     charged_at_us: u64,
+    /// The start of the counter's latest epoch heard of (its time, us; 0: none): permits
+    /// charged before it are never spent, refunded into the lease or kept from a grant.
+    reset_us: u64,
     /// The check they were leased for (for returns).
     check: Check,
     /// The decision at the last lease: quota, global remaining and reset.
@@ -247,6 +250,7 @@ impl LeaseTable {
             until: now,
             window_end_us: 0,
             charged_at_us: 0,
+            reset_us: 0,
             check: check.clone(),
             last: Decision::unlimited(check.limit.limit()),
             spent: 0,
@@ -339,6 +343,13 @@ impl LeaseTable {
                     } else {
                         grant.granted
                     };
+                    // Charged before a reset heard meanwhile: the request itself was decided
+                    // before it, but the rest belongs to the old epoch.
+                    let extra = if grant.charged_at_us < e.reset_us {
+                        0
+                    } else {
+                        extra
+                    };
                     m.permits
                         .with_label_values(&[&check.rule, "leased"])
                         .inc_by(grant.granted);
@@ -397,7 +408,11 @@ impl LeaseTable {
         let key: Key = (check.rule.clone(), check.counter);
         let mut shard = self.shard(&key).lock();
         match shard.get_mut(&key) {
-            Some(e) if e.window_end_us == stamp.window_end_us && e.until == stamp.until => {
+            Some(e)
+                if e.window_end_us == stamp.window_end_us
+                    && e.until == stamp.until
+                    && stamp.charged_at_us >= e.reset_us =>
+            {
                 e.held = e.held.saturating_add(permits);
                 e.spent = e.spent.saturating_sub(permits);
                 e.unreported = e.unreported.saturating_sub(permits);
@@ -466,6 +481,25 @@ impl LeaseTable {
         let Some(e) = shard.get_mut(&key) else {
             return 0;
         };
+        e.denied = None;
+        std::mem::take(&mut e.held)
+    }
+
+    /// Forgets the permits this instance holds of the counter `counter` of `rule` that were
+    /// charged before `at_us` (the store's time): another instance (or this one) reset the
+    /// counter then, and those permits belong to the old epoch. A grant or refund of the old
+    /// epoch arriving later is dropped too. Permits leased after the reset are kept. Returns
+    /// the permits forgotten.
+    pub fn forget_before(&self, rule: &str, counter: u64, at_us: u64) -> u64 {
+        let key: Key = (Arc::from(rule), counter);
+        let mut shard = self.shard(&key).lock();
+        let Some(e) = shard.get_mut(&key) else {
+            return 0;
+        };
+        e.reset_us = e.reset_us.max(at_us);
+        if e.charged_at_us >= at_us {
+            return 0;
+        }
         e.denied = None;
         std::mem::take(&mut e.held)
     }
@@ -617,6 +651,47 @@ mod tests {
         let due = t.due(true, now);
         assert_eq!((due.len(), due[0].permits), (1, 12));
         assert_eq!(due[0].charged_at_us, 500);
+    }
+
+    /// A reset heard from the store (another instance's) drops the permits charged before it
+    /// and keeps those charged after it; a lease call that was in flight across it keeps
+    /// only the request's own permit, and a refund of the old epoch is not taken back in.
+    #[test]
+    fn a_heard_reset_drops_only_what_was_charged_before_it() {
+        let t = Arc::new(LeaseTable::default());
+        let c = check(5);
+        let now = Instant::now();
+        let at = |granted, charged_at_us| Grant {
+            granted,
+            charged_at_us,
+            ..Grant::default()
+        };
+        let d = Decision::unlimited(1000);
+        let (_, guard) = lease(&t, &c, now);
+        t.fill(guard, &c, &d, at(10, 500), true, now);
+        let Take::Spent(_, old_stamp) = t.take(&c, &AUTO, now) else {
+            panic!("expected to spend")
+        };
+        assert_eq!(
+            t.forget_before(&c.rule, c.counter, 400),
+            0,
+            "leased after it"
+        );
+        assert_eq!(t.held(&c), 8);
+        assert_eq!(t.forget_before(&c.rule, c.counter, 600), 8);
+        assert_eq!(t.held(&c), 0);
+        assert!(!t.refund(&c, 1, old_stamp), "a refund of the old epoch");
+        assert_eq!(t.held(&c), 0);
+        // A lease asked before the reset and answered after it was heard.
+        let (_, guard) = lease(&t, &c, now);
+        t.fill(guard, &c, &d, at(10, 550), true, now);
+        assert_eq!(t.held(&c), 0, "only the request's own permit");
+        // Leased in the new epoch: spent as usual.
+        let (_, guard) = lease(&t, &c, now);
+        t.fill(guard, &c, &d, at(10, 700), true, now);
+        assert_eq!(t.held(&c), 9);
+        assert_eq!(t.forget_before("other-rule", c.counter, 900), 0);
+        assert_eq!(t.held(&c), 9);
     }
 
     #[test]

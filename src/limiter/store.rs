@@ -125,6 +125,18 @@ pub enum Replay {
     Conflict,
 }
 
+/// A counter reset made by any instance (the usage API), as the store announced it: each
+/// instance forgets the quota lease permits of that counter charged before `at_us`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeardReset {
+    /// The rule's name.
+    pub rule: String,
+    /// The counter ([`Check::counter`]).
+    pub counter: u64,
+    /// When the new epoch started, in the store's time (us since the Unix epoch).
+    pub at_us: u64,
+}
+
 /// A usage change's answer: the counter before and after, and whether it was a replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Changed {
@@ -306,6 +318,14 @@ pub trait SharedStore: Send + Sync {
     ) -> Result<Changed, StoreError> {
         let _ = (check, change, call);
         Err(StoreError::Failed("this store keeps no usage".into()))
+    }
+
+    /// Listens for counter resets made by any instance, calling `heard` for each, until the
+    /// future is dropped (it reconnects by itself). A store that only this instance uses (the
+    /// default) never hears one: this instance forgets its own lease where it resets.
+    async fn hear_resets(&self, heard: &(dyn Fn(HeardReset) + Send + Sync)) {
+        let _ = heard;
+        std::future::pending::<()>().await
     }
 
     /// Lifts the `block_for` ban of `check`'s key (the usage API's reset), within `timeout`:

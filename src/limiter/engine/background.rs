@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::Limiter;
 use crate::limiter::lease::{LeaseTable, RETURN_EVERY};
 use crate::limiter::memory::{Clock, MemoryStore};
-use crate::limiter::store::SharedStore;
+use crate::limiter::store::{HeardReset, SharedStore};
 
 impl Limiter {
     /// A background service that gives back the unspent permits of ended quota leases, in one
@@ -24,6 +24,15 @@ impl Limiter {
     /// may have changed). Returns how many the store took back.
     pub async fn return_leases(&self) -> u64 {
         give_back(&self.leases, &self.global, &*self.clock, true).await
+    }
+
+    /// A background service that listens for counter resets announced by the shared store
+    /// (made by any instance) and forgets this instance's lease permits of the old epochs.
+    pub fn reset_listener(&self) -> ResetListener {
+        ResetListener {
+            table: self.leases.clone(),
+            shared: self.global.clone(),
+        }
     }
 
     /// A background service that sweeps idle keys out of the in-process stores.
@@ -74,6 +83,27 @@ impl pingora::services::background::BackgroundService for Returner {
                     give_back(table, shared, clock, false).await;
                 }
             }
+        }
+    }
+}
+
+/// Background service that applies resets heard from the shared store to the lease table
+/// (see [`Limiter::reset_listener`]).
+pub struct ResetListener {
+    table: Arc<LeaseTable>,
+    shared: Arc<dyn SharedStore>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for ResetListener {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let table = &self.table;
+        let heard = |r: HeardReset| {
+            table.forget_before(&r.rule, r.counter, r.at_us);
+        };
+        tokio::select! {
+            _ = shutdown.changed() => {}
+            _ = self.shared.hear_resets(&heard) => {}
         }
     }
 }

@@ -33,14 +33,16 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const CLUSTER_RETRIES: u32 = 1;
 
 /// Backoff between background connection attempts while Redis cannot be reached.
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(1);
+pub(super) const RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub(super) const RECONNECT_MAX: Duration = Duration::from_secs(1);
 
 /// Where to connect.
 #[derive(Clone)]
 pub(super) enum Target {
     Single(Box<redis::Client>),
-    Cluster(Box<ClusterClient>),
+    /// The cluster client, and one plain client per seed: the reset listener subscribes
+    /// through one of them (a cluster delivers every `PUBLISH` to every node).
+    Cluster(Box<ClusterClient>, Arc<[redis::Client]>),
     /// The URL(s) could not be turned into a client: why (never the URL itself).
     Broken(Arc<str>),
 }
@@ -142,7 +144,23 @@ impl RedisClient {
                             ),
                         )
                     })?;
-                Target::Cluster(Box::new(client))
+                let seeds = urls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, url)| {
+                        redis::Client::open(url.as_str()).map_err(|e| {
+                            at(
+                                Some(i),
+                                format!(
+                                    "store URL #{} is not a valid Redis URL ({})",
+                                    i + 1,
+                                    redis_reason(&e)
+                                ),
+                            )
+                        })
+                    })
+                    .collect::<Result<Arc<[_]>, _>>()?;
+                Target::Cluster(Box::new(client), seeds)
             }
             Backend::Memory => {
                 return Err(at(
@@ -349,7 +367,7 @@ async fn connect(target: &Target) -> RedisResult<Conn> {
                 .await
                 .map(Conn::Single)
         }
-        Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+        Target::Cluster(client, _) => client.get_async_connection().await.map(Conn::Cluster),
         Target::Broken(why) => Err((
             ErrorKind::InvalidClientConfig,
             "the Redis store could not be built",

@@ -62,6 +62,7 @@ mod cluster;
 mod conn;
 mod nodes;
 mod probe;
+mod resets;
 pub mod resp;
 pub mod script;
 mod topology;
@@ -80,7 +81,8 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::store::{
-    Changed, Grant, Return, SharedStore, StoreError, StoreStatus, UsageCall, UsageChange,
+    Changed, Grant, HeardReset, Return, SharedStore, StoreError, StoreStatus, UsageCall,
+    UsageChange,
 };
 use super::{Check, Decision};
 use crate::limiter::settings::Store;
@@ -429,7 +431,7 @@ impl Inner {
         keys: &[String],
         groups: &[Vec<usize>],
     ) -> (Vec<&'t Arc<Node>>, Vec<usize>) {
-        let clustered = matches!(self.target, Target::Cluster(_));
+        let clustered = matches!(self.target, Target::Cluster(..));
         let mut nodes: Vec<&Arc<Node>> = Vec::with_capacity(1);
         let guard_of = groups
             .iter()
@@ -616,6 +618,11 @@ impl SharedStore for RedisStore {
         self.inner.lift_ban(check, timeout).await
     }
 
+    /// Subscribes to the store's reset channel (see `resets`).
+    async fn hear_resets(&self, heard: &(dyn Fn(HeardReset) + Send + Sync)) {
+        self.inner.hear_resets(heard).await
+    }
+
     /// Connects, reads a cluster's slot map and loads the scripts (see `warm`).
     async fn warm_up(&self, deadline: Duration) -> bool {
         RedisStore::warm_up(self, deadline).await
@@ -648,7 +655,7 @@ impl Inner {
 
     /// Indexes of `keys` grouped by what one script call may touch (see [`cluster::groups`]).
     fn groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
-        cluster::groups(matches!(self.target, Target::Cluster(_)), keys)
+        cluster::groups(matches!(self.target, Target::Cluster(..)), keys)
     }
 
     /// The connection, waiting for the first one to be established (the caller bounds the
@@ -791,6 +798,14 @@ impl Inner {
     fn keep_topology_fresh(self: &Arc<Self>) {
         if !self.refreshing.swap(true, Ordering::AcqRel) {
             tokio::spawn(topology::refresh_loop(Arc::downgrade(self)));
+        }
+    }
+
+    /// Starts a fresh connection in the background when ours broke (it does not reconnect
+    /// by itself): the usage API's calls come without requests, whose failures would.
+    fn reconnect_if_broken(self: &Arc<Self>) {
+        if self.conn.borrow().as_ref().is_some_and(Conn::is_broken) {
+            self.spawn_connect();
         }
     }
 

@@ -8,6 +8,7 @@
 //! (NTP keeps them within milliseconds). An idempotency key is remembered beside the counter
 //! (same hash tag, so the same slot) for [`IDEMPOTENCY_TTL`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::script::{unix_now_ns, Params, MAX_EXACT, USAGE};
@@ -30,7 +31,7 @@ impl Inner {
     /// tag, so the same node), within `timeout`. Whether a ban was live (the key expires with
     /// the ban, so one that exists is live).
     pub(super) async fn lift_ban(
-        &self,
+        self: &Arc<Self>,
         check: &Check,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
@@ -46,14 +47,16 @@ impl Inner {
         };
         let deleted = tokio::time::timeout(timeout, call)
             .await
-            .map_err(|_| StoreError::Timeout)??;
+            .map_err(|_| StoreError::Timeout)
+            .and_then(|r| r)
+            .inspect_err(|_| self.reconnect_if_broken())?;
         Ok(deleted > 0)
     }
 
     /// The counter of `check` before and after `change`, within `call.timeout`, once per
     /// `call.idempotency_key`.
     pub(super) async fn usage(
-        &self,
+        self: &Arc<Self>,
         check: &Check,
         change: UsageChange,
         call: UsageCall<'_>,
@@ -74,7 +77,8 @@ impl Inner {
             .arg(&Params::of(check).packed()[..])
             .arg(call.idempotency_key.unwrap_or(""))
             .arg(deadline_us)
-            .arg(ttl_ms);
+            .arg(ttl_ms)
+            .arg(self.resets_channel());
         let call_redis = async {
             let conn = self.connection().await?;
             conn.eval::<Vec<u8>>(&USAGE, &cmd)
@@ -85,7 +89,9 @@ impl Inner {
         // truth either way.
         let reply = tokio::time::timeout(call.timeout + CLOCK_GRACE, call_redis)
             .await
-            .map_err(|_| StoreError::Timeout)??;
+            .map_err(|_| StoreError::Timeout)
+            .and_then(|r| r)
+            .inspect_err(|_| self.reconnect_if_broken())?;
         decode(check, &reply)
     }
 }
