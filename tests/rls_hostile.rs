@@ -358,26 +358,38 @@ async fn silent_half_sent_and_stalled_clients_are_cut_off_and_busy_ones_are_not(
             .ok();
     }
     busy.await.expect("the busy client was served throughout");
-    // A connection that only PINGs holds no call: closed (GOAWAY) after idle_timeout too.
+    // A connection kept warm with PINGs (as Envoy's `connection_keepalive` does) stays open
+    // past the idle timeout and still serves a call; once the PINGs stop, it is closed
+    // (GOAWAY) after idle_timeout.
     let tcp = TcpStream::connect(gw.rls).await.unwrap();
-    let (c, mut connection) = h2::client::handshake(tcp).await.unwrap();
+    let (mut warm, mut connection) = h2::client::handshake(tcp).await.unwrap();
     let mut ping = connection.ping_pong().expect("ping handle");
     let driver = tokio::spawn(connection);
     let pinger = tokio::spawn(async move {
-        for _ in 0..20 {
-            if ping.ping(h2::Ping::opaque()).await.is_err() {
-                break;
-            }
+        // 5 s of PINGs every 300 ms: more than twice the idle timeout (2 s).
+        for _ in 0..17 {
+            ping.ping(h2::Ping::opaque())
+                .await
+                .expect("a PING answered");
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     });
+    pinger
+        .await
+        .expect("every PING was answered on the open connection");
+    assert!(!driver.is_finished(), "the warm connection was closed");
+    let (status, code) = h2_call(&mut warm, gw.rls, "warm").await;
+    assert_eq!(
+        (status, code),
+        (0, Some(OK)),
+        "a call on the warm connection"
+    );
     tokio::time::timeout(Duration::from_secs(10), driver)
         .await
-        .expect("a PING-only connection is closed after idle_timeout")
+        .expect("a connection whose PINGs stopped is closed after idle_timeout")
         .unwrap()
         .ok();
-    pinger.abort();
-    drop(c);
+    drop(warm);
     for kind in ["rls_header", "rls_request", "rls_idle"] {
         let n = metric(
             gw.admin,

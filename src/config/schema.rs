@@ -754,7 +754,8 @@ pub struct RawRls {
     /// A call's request message must arrive within this of its headers; 1ms to 1h.
     #[schemars(with = "Option<DurationText>", extend("default" = "10s"))]
     pub request_timeout: Option<Spanned<String>>,
-    /// A connection with no call open for this long is closed (GOAWAY); 1ms to 24h.
+    /// A connection with no call open and no PING from the client for this long is closed
+    /// (GOAWAY); 1ms to 24h.
     #[schemars(with = "Option<DurationText>", extend("default" = "5m"))]
     pub idle_timeout: Option<Spanned<String>>,
     /// Calls (HTTP/2 streams) one connection may have open at once; 1 to 1000.

@@ -51,7 +51,8 @@ pub struct Serving {
     pub header_timeout: Duration,
     /// From a call's headers: its whole request message.
     pub request_timeout: Duration,
-    /// A connection with no call open this long is closed with GOAWAY.
+    /// A connection with no call open and no PING from the client this long is closed with
+    /// GOAWAY.
     pub idle_timeout: Duration,
     /// Calls one connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
     pub max_streams: u32,

@@ -7,9 +7,9 @@
 //!   accept (counted in `floodgate_connections_refused_total{reason="rls_..."}`);
 //! - the TLS handshake (with `[rls] tls`) and the 24-byte HTTP/2 preface must arrive within
 //!   `header_timeout` of accept;
-//! - a connection with no call open for `idle_timeout` is closed with GOAWAY (HTTP/2 PINGs do
-//!   not keep it open: they are answered, but only a call counts as use; Envoy opens a new
-//!   connection for its next call);
+//! - a connection with no call open and no PING from the client for `idle_timeout` is closed
+//!   with GOAWAY (an Envoy that keeps its connection warm with PINGs keeps it; see
+//!   `super::pings`);
 //! - at most `max_streams` calls at once per connection, each with its message due within
 //!   `request_timeout` (`super::call`).
 
@@ -31,6 +31,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 
 use super::call::Calls;
+use super::pings::PingCounter;
 use crate::connection::table::{rls_budget, ConnectionTable};
 use crate::gateway::Gateway;
 use crate::metrics::metrics;
@@ -139,9 +140,10 @@ fn admit(
     tokio::spawn(async move {
         let _slot = slot;
         let deadline = accepted + serving.header_timeout;
+        let activity = Arc::new(Activity::new());
         let Some(tls) = &shared.tls else {
-            let io = Preface::new(tcp, deadline);
-            serve_h2(&shared, io, &serving, &mut stopping, connect_info).await;
+            let io = Preface::new(tcp, deadline, activity.clone());
+            serve_h2(&shared, io, activity, &serving, &mut stopping, connect_info).await;
             return;
         };
         let handshake = tokio::time::timeout_at(deadline, tls.accept(tcp));
@@ -153,7 +155,8 @@ fn admit(
             Ok(Ok(stream)) => {
                 serve_h2(
                     &shared,
-                    Preface::new(stream, deadline),
+                    Preface::new(stream, deadline, activity.clone()),
+                    activity,
                     &serving,
                     &mut stopping,
                     connect_info,
@@ -177,13 +180,13 @@ fn admit(
 async fn serve_h2<IO>(
     shared: &Shared,
     io: IO,
+    activity: Arc<Activity>,
     serving: &Serving,
     stopping: &mut watch::Receiver<bool>,
     connect_info: tonic::transport::server::TcpConnectInfo,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new());
     let calls = Calls {
         service: shared.service.clone(),
         request_timeout: serving.request_timeout,
@@ -225,10 +228,11 @@ async fn serve_h2<IO>(
     }
 }
 
-/// A connection's open calls and when the last one ended, for its idle timeout.
+/// A connection's open calls and when the last one ended (or the client last PINGed), for
+/// its idle timeout.
 pub struct Activity {
     open: AtomicUsize,
-    /// When the last call ended, in ms since `base`.
+    /// When the last call ended or the last PING arrived, in ms since `base`.
     last_ms: AtomicU64,
     base: Instant,
     ended: Notify,
@@ -250,7 +254,18 @@ impl Activity {
         OpenGuard(self.clone())
     }
 
-    /// Resolves once no call has been open for `timeout`.
+    /// The client sent a PING: the connection is in use (kept warm) now.
+    fn pinged(&self) {
+        self.touch();
+    }
+
+    /// Records now as the last use.
+    fn touch(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Resolves once no call has been open, and no PING arrived, for `timeout`.
     async fn idle(&self, timeout: Duration) {
         loop {
             if self.open.load(Ordering::Acquire) > 0 {
@@ -279,8 +294,7 @@ pub struct OpenGuard(Arc<Activity>);
 impl Drop for OpenGuard {
     fn drop(&mut self) {
         let a = &self.0;
-        let ms = u64::try_from(a.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        a.last_ms.store(ms, Ordering::Release);
+        a.touch();
         a.open.fetch_sub(1, Ordering::AcqRel);
         a.ended.notify_one();
     }
@@ -288,19 +302,31 @@ impl Drop for OpenGuard {
 
 /// A connection's IO whose reads fail once `deadline` passes before the HTTP/2 preface's 24
 /// bytes have arrived (counted as `floodgate_connection_timeouts_total{kind="rls_header"}`);
-/// after them, the plain IO.
+/// after them, the plain IO. Every read is also scanned for the client's PINGs, which mark
+/// the connection's `activity`.
 struct Preface<IO> {
     inner: IO,
     read: usize,
     timer: Option<Pin<Box<Sleep>>>,
+    pings: PingCounter,
+    activity: Arc<Activity>,
 }
 
 impl<IO> Preface<IO> {
-    fn new(inner: IO, deadline: Instant) -> Self {
+    fn new(inner: IO, deadline: Instant, activity: Arc<Activity>) -> Self {
         Preface {
             inner,
             read: 0,
             timer: Some(Box::pin(tokio::time::sleep_until(deadline))),
+            pings: PingCounter::default(),
+            activity,
+        }
+    }
+
+    /// Scans bytes just received for PINGs.
+    fn scan(&mut self, received: &[u8]) {
+        if self.pings.feed(received) > 0 {
+            self.activity.pinged();
         }
     }
 }
@@ -314,6 +340,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Preface<IO> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            this.scan(&buf.filled()[before..]);
+        }
         let Some(timer) = this.timer.as_mut() else {
             return polled;
         };

@@ -24,6 +24,7 @@ use crate::rls::{answer, bounds, plan};
 mod call;
 mod conn;
 mod listener;
+mod pings;
 pub use call::{MAX_OPEN_CALLS, MAX_PENDING_BYTES};
 pub use listener::RlsServer;
 
