@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{gateway, hammer, store, RedisCluster, RedisServer};
+use common::redis::{gateway, hammer, store, store_settings, RedisCluster, RedisServer};
 use common::*;
 use floodgate::config::{Backend, Store};
 use floodgate::limiter::algorithm::{self, State};
@@ -45,16 +45,7 @@ fn check(rule: &str, counter: u64, limit: &Limit) -> Check {
 }
 
 fn store_config(backend: Backend, urls: Vec<String>) -> Store {
-    Store {
-        backend,
-        urls,
-        timeout: Duration::from_millis(250),
-        key_prefix: PREFIX.into(),
-        instances: 1,
-        max_keys: 10_000,
-        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
-        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
-    }
+    store_settings(backend, urls, Duration::from_millis(250), PREFIX)
 }
 
 /// The reference: `algorithm::decide` on one key at a time, charged when admitted.
