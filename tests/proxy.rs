@@ -44,24 +44,14 @@ async fn routes_auth_and_404() {
     let c = client();
 
     // Valid hashed key through the configured header.
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "test").await;
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("x-request-id").is_some());
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["orders"][0]["id"], 1);
 
     // Plaintext (`secret =`) key through Authorization: Bearer.
-    let r = c
-        .get(gw.url("/orders/2"))
-        .bearer_auth("partner")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_token(&c, gw.url("/orders/2"), "partner").await;
     assert_eq!(r.status(), 200);
 
     // Missing key: 401 problem+json with a challenge.
@@ -76,12 +66,7 @@ async fn routes_auth_and_404() {
     assert_eq!(p["status"], 401);
 
     // Unknown key: 401 with invalid_token.
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "wrong")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "wrong").await;
     assert_eq!(r.status(), 401);
     assert!(r.headers()["www-authenticate"]
         .to_str()
@@ -91,12 +76,7 @@ async fn routes_auth_and_404() {
     // Optional route: anonymous passes, a wrong key does not.
     let r = c.get(gw.url("/debug/headers")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let r = c
-        .get(gw.url("/debug/headers"))
-        .header("x-api-key", "wrong")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/debug/headers"), "wrong").await;
     assert_eq!(r.status(), 401);
 
     // Route with auth = "none" and a method filter.
@@ -309,12 +289,7 @@ async fn round_robin_skips_refusing_targets_and_reports_502_504() {
     let c = client();
     let mut served = std::collections::BTreeMap::new();
     for _ in 0..12 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         assert_eq!(
             r.status(),
             200,
@@ -332,24 +307,14 @@ async fn round_robin_skips_refusing_targets_and_reports_502_504() {
 
     // Every target down: 502 problem+json.
     let gw = Gateway::start(&base(&[dead]));
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "test").await;
     assert_eq!(r.status(), 502);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     drop(gw);
 
     // A slow upstream past read_timeout (2s in the harness): 504.
     let gw = Gateway::start(&base(&[a.addr]));
-    let r = c
-        .get(gw.url("/orders?delay_ms=5000"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders?delay_ms=5000"), "test").await;
     assert_eq!(r.status(), 504);
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["status"], 504);
@@ -364,12 +329,7 @@ async fn h2c_on_plain_listener() {
         .http2_prior_knowledge()
         .build()
         .unwrap();
-    let r = c
-        .get(gw.url("/orders/1"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders/1"), "test").await;
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
     assert_eq!(r.status(), 200);
     let r = c.get(gw.url("/orders/1")).send().await.unwrap();

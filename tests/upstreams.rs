@@ -333,12 +333,7 @@ async fn a_killed_target_is_taken_out_and_comes_back() {
     wait_health(&c, &gw, a.addr, true).await;
     let mut by_a = 0;
     for _ in 0..10 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         assert_eq!(r.status(), 200);
         by_a += usize::from(r.headers()["x-served-by"] == "orders-a");
     }
@@ -363,12 +358,7 @@ async fn passive_ejection_of_a_target_answering_500() {
     let c = client();
     let mut statuses = Vec::new();
     for _ in 0..30 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         statuses.push(r.status().as_u16());
     }
     let errors = statuses.iter().filter(|s| **s == 500).count();
@@ -511,12 +501,7 @@ async fn every_target_down_is_503_with_retry_after() {
         "a target failing its check is out; none left: 503",
     )
     .await;
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "test").await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
     assert_eq!(r.headers()["content-type"], "application/problem+json");
@@ -747,12 +732,7 @@ async fn total_timeout_and_retries_only_for_idempotent_methods() {
     assert_eq!(p["type"], "urn:floodgate:problem:upstream");
 
     for _ in 0..6 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         assert_eq!(
             r.status(),
             200,

@@ -331,6 +331,29 @@ pub async fn get_text(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> String
         .expect("body")
 }
 
+/// `GET url` with API key `key` in `x-api-key`, the header the demo keys are read from.
+pub async fn get_with_key(
+    c: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    key: &str,
+) -> reqwest::Response {
+    c.get(url)
+        .header("x-api-key", key)
+        .send()
+        .await
+        .expect("GET")
+}
+
+/// `GET url` with `token` as a bearer token (the admin token, or an API key read from
+/// `Authorization`).
+pub async fn get_with_token(
+    c: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    token: &str,
+) -> reqwest::Response {
+    c.get(url).bearer_auth(token).send().await.expect("GET")
+}
+
 /// `GET url` and its body as JSON.
 pub async fn get_json(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_json::Value {
     c.get(url)
