@@ -185,13 +185,11 @@ fn admin(
 }
 
 fn gateway_with(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start_with(
-        &format!("admin_token = \"{TOKEN}\"\n"),
-        &format!(
-            "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{api}\"]\nread_timeout = \"15s\"\n{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}"
-        ),
-        &[],
-    )
+    // The upstream may take its time: requests are held in flight across a reset.
+    let upstream = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{api}\"]\nread_timeout = \"15s\"\n"
+    );
+    keyed_gateway(TOKEN, &upstream, store, rules)
 }
 
 const KEY: (&str, &str) = ("x-api-key", "test");

@@ -378,19 +378,9 @@ async fn a_calendar_rule_through_the_binary_counts_exactly_on_redis_and_shows_it
 
 const TOKEN: &str = "usage-admin-token-41";
 
-/// One admin request by hand (`Host: localhost`, the admin token, a JSON body for a POST):
-/// (status, body as JSON).
+/// One admin request with this file's token: (status, body as JSON).
 fn admin(gw: &Gateway, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let (status, _, json) = common::admin_request(
-        gw.admin,
-        TOKEN,
-        method,
-        path,
-        &[],
-        body,
-        Duration::from_secs(10),
-    );
-    (status, json)
+    admin_json(gw, TOKEN, method, path, body)
 }
 
 /// Requests as acme-prod (the demo key whose secret is `test`): how many were admitted.
@@ -426,14 +416,7 @@ window = "1h"
 "#;
 
 fn usage_gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start_with(
-        &format!("admin_token = \"{TOKEN}\"\n"),
-        &format!(
-            "{DEMO_KEYS}\n{}{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}",
-            orders_upstream(&[api])
-        ),
-        &[],
-    )
+    keyed_gateway(TOKEN, &orders_upstream(&[api]), store, rules)
 }
 
 fn rule_usage<'a>(v: &'a serde_json::Value, rule: &str) -> &'a serde_json::Value {

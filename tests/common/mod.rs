@@ -583,6 +583,39 @@ pub mod redis;
 pub mod rls;
 pub mod upgrade;
 
+/// [`admin_request`] with no extra header and a 10 s read timeout: (status, body as JSON).
+pub fn admin_json(
+    gw: &Gateway,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let (status, _, json) = admin_request(
+        gw.admin,
+        token,
+        method,
+        path,
+        &[],
+        body,
+        Duration::from_secs(10),
+    );
+    (status, json)
+}
+
+/// A gateway with admin token `token`, the demo keys, `upstream` (an `[[upstreams]]` table
+/// named `orders`, see [`orders_upstream`]), `store`, the route `/orders` behind a required
+/// key, and `rules`: the usage API's and the bans' gateway.
+pub fn keyed_gateway(token: &str, upstream: &str, store: &str, rules: &str) -> Gateway {
+    Gateway::start_with(
+        &format!("admin_token = \"{token}\"\n"),
+        &format!(
+            "{DEMO_KEYS}\n{upstream}{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}"
+        ),
+        &[],
+    )
+}
+
 /// One admin request by hand on a connection of its own (`Host: localhost`, `Bearer token`, a
 /// JSON content type, `headers` added, `connection: close`), read until the server closes:
 /// (status, the response head in lower case, the body as JSON or `{"raw": body}`).
