@@ -509,17 +509,23 @@ async fn every_target_down_is_503_with_retry_after() {
     assert_eq!(p["type"], "urn:floodgate:problem:no-healthy-upstream");
 }
 
-#[tokio::test]
-async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
-    let port = free_port();
+/// The Orders API on `port` of 127.0.0.1 (served by "v4") and, where the machine has it, of
+/// ::1 ("v6"): `localhost` may resolve to both.
+fn on_both_loopbacks(port: u16) -> (OrdersApi, Option<OrdersApi>) {
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _a4 = OrdersApi::start_at("v4", v4, &[]);
-    // Also on ::1 where the machine has it: `localhost` may resolve to both.
+    let a4 = OrdersApi::start_at("v4", v4, &[]);
     let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
-    let _a6 = std::net::TcpListener::bind(v6)
+    let a6 = std::net::TcpListener::bind(v6)
         .ok()
         .map(drop)
         .map(|()| OrdersApi::start_at("v6", v6, &[]));
+    (a4, a6)
+}
+
+#[tokio::test]
+async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
+    let port = free_port();
+    let (_a4, _a6) = on_both_loopbacks(port);
     let body = format!(
         "[[upstreams]]\nname = \"orders\"\ntargets = [\"localhost:{port}\", \"nothere.invalid:{port}\"]\nhost_header = \"orders.internal\"\n\
          [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n"
@@ -565,13 +571,7 @@ async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
 #[tokio::test]
 async fn a_name_that_resolves_late_becomes_healthy_with_every_address() {
     let port = free_port();
-    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _a4 = OrdersApi::start_at("v4", v4, &[]);
-    let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
-    let a6 = std::net::TcpListener::bind(v6)
-        .ok()
-        .map(drop)
-        .map(|()| OrdersApi::start_at("v6", v6, &[]));
+    let (_a4, a6) = on_both_loopbacks(port);
     // The name is in no resolver yet: floodgate's own hosts file is empty.
     let hosts_dir = tempfile::tempdir().unwrap();
     let hosts = hosts_dir.path().join("hosts");
