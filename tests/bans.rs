@@ -99,11 +99,7 @@ async fn a_reset_lifts_a_ban_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_lifts_a_ban_in_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let store = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let store = cluster.store("250ms", "");
     a_reset_lifts_the_ban_on(&store).await;
 }
 

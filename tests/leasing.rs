@@ -351,11 +351,7 @@ async fn a_crashed_instance_never_makes_the_fleet_over_admit() {
 async fn leases_are_exact_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let api = OrdersApi::start("orders");
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\ninstances = 2\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "instances = 2");
     let rules = format!(
         "{}{}",
         leased_rules(60, "\"auto\""),

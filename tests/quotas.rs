@@ -590,11 +590,7 @@ async fn usage_api_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_api_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "");
     usage_api_on(&s).await;
 }
 
@@ -652,11 +648,7 @@ async fn a_grant_during_load_is_exact_on_memory_and_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_during_load_is_exact_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "");
     grant_under_load_on(&s).await;
 }
 

@@ -666,11 +666,7 @@ async fn a_client_leaving_mid_stream_is_charged_what_was_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_block_and_cost_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let backend = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"500ms\"\n",
-        urls.join(", ")
-    );
+    let backend = cluster.store("500ms", "");
     let api = OrdersApi::start("orders");
     let rules = format!(
         "{}{}",

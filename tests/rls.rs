@@ -519,10 +519,9 @@ async fn three_instances_on_one_redis_admit_exactly_the_limit() {
 #[tokio::test]
 async fn a_redis_cluster_admits_exactly_the_limit() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let body = format!(
-        "[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"2s\"\n\n{}",
-        urls.join(", "),
+        "{}{}",
+        cluster.store("2s", ""),
         limit(
             "global",
             "[{ key = \"user\" }]",

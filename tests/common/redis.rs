@@ -285,6 +285,16 @@ impl RedisCluster {
     }
 
     /// Seed URLs of every master.
+    /// A `[store]` table for this cluster with a decision budget of `timeout`, then `extra`
+    /// (as [`store`] writes one for a standalone server).
+    pub fn store(&self, timeout: &str, extra: &str) -> String {
+        let urls: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        format!(
+            "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"{timeout}\"\n{extra}\n",
+            urls.join(", ")
+        )
+    }
+
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
