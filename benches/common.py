@@ -155,3 +155,55 @@ def stop_processes(procs, limit: float = 10) -> None:
             p.wait(limit)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def envoy_bootstrap(port: int, admin: int, upstream: int, http_filters: str = "",
+                    route_timeout: str = "300s", upstream_host: str = "127.0.0.1",
+                    manager_extra: str = "", clusters_extra: str = "", comment: str = "") -> str:
+    """An Envoy v3 bootstrap the Envoy runs of every harness share: one HTTP listener on `port`
+    routing everything to one static upstream, access logs off (none configured), admin on
+    `admin`. `http_filters` go before the router (YAML at its indentation),
+    `manager_extra` into the connection manager (after `codec_type`), `clusters_extra` after
+    the upstream's cluster. The cluster's circuit breakers are raised far above any connection
+    count the benches open, so that Envoy never queues or refuses on their account (the
+    defaults are 1,024 connections and requests)."""
+    big = 1_000_000
+    head = f"# {comment}\n" if comment else ""
+    return f"""{head}admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: bench
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          codec_type: AUTO{manager_extra}
+          route_config:
+            name: all
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: upstream, timeout: {route_timeout}}}
+          http_filters:{http_filters}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    connect_timeout: 1s
+    type: STATIC
+    circuit_breakers:
+      thresholds:
+      - {{max_connections: {big}, max_pending_requests: {big}, max_requests: {big}}}
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: {upstream_host}, port_value: {upstream}}}}}}}{clusters_extra}
+"""

@@ -19,14 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use floodgate::limiter::engine::{Limiter, Verdict, MAX_WAITING_PER_RULE};
+use floodgate::limiter::engine::{Limiter, Verdict};
 use floodgate::limiter::lease::{Lease, LeaseSize};
 use floodgate::limiter::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
 use floodgate::limiter::settings::{Backend, Store};
 use floodgate::limiter::store::{Grant, SharedStore, StoreError, StoreStatus};
 use floodgate::limiter::{Algorithm, Check, Decision, Limit};
-use floodgate::metrics::RuleCounters;
-use floodgate::rules::{FailureMode, Policy, Scope};
+use floodgate::rules::{Policy, Scope};
 
 /// Distinct keys of the "many keys" case: more than fit in the CPU caches.
 const MANY_KEYS: u64 = 100_000;
@@ -103,19 +102,10 @@ fn decisions(c: &mut Criterion) {
 
 /// A rule for the engine cases: limits no bench run reaches on the production clock.
 fn policy(name: &str, algorithm: Algorithm, scope: Scope, lease: Option<Lease>) -> Arc<Policy> {
+    let limit = Limit::police(algorithm, 1 << 40, Duration::from_secs(1), 1 << 40);
     Arc::new(Policy {
-        name: Arc::from(name),
-        limit: Limit::police(algorithm, 1 << 40, Duration::from_secs(1), 1 << 40),
-        scope,
-        on_store_error: FailureMode::Open,
-        cost: 1,
-        shadow: false,
-        headers: true,
-        status: 429,
-        counters: RuleCounters::for_rule(name),
         lease,
-        max_waiting: MAX_WAITING_PER_RULE,
-        respond: Default::default(),
+        ..Policy::with_defaults(name, limit, scope)
     })
 }
 

@@ -11,20 +11,19 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use floodgate::limiter::{Algorithm, Decision, Limit};
-use floodgate::metrics::RuleCounters;
 use floodgate::request::auth::{HeaderText, Identity};
 use floodgate::request::matching::RequestMatch;
 use floodgate::request::response::RateLimitHeaders;
-use floodgate::rules::{FailureMode, KeyPart, Policy, RequestView, Rule, RuleMatch, Scope};
+use floodgate::rules::{KeyPart, Policy, RequestView, Rule, RuleMatch, Scope};
 use http::{HeaderMap, HeaderName, Method};
 
 fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm) -> Rule {
     Rule {
         matcher,
         key_parts: key,
-        policy: Arc::new(Policy {
-            name: Arc::from(name),
-            limit: Limit::police(
+        policy: Arc::new(Policy::with_defaults(
+            name,
+            Limit::police(
                 algorithm,
                 100,
                 if algorithm == Algorithm::Concurrency {
@@ -34,17 +33,8 @@ fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm)
                 },
                 20,
             ),
-            scope: Scope::Local,
-            on_store_error: FailureMode::Open,
-            cost: 1,
-            shadow: false,
-            headers: true,
-            status: 429,
-            counters: RuleCounters::for_rule(name),
-            lease: None,
-            max_waiting: floodgate::limiter::engine::MAX_WAITING_PER_RULE,
-            respond: Default::default(),
-        }),
+            Scope::Local,
+        )),
     }
 }
 

@@ -196,3 +196,69 @@ local function same_epoch(key, charged_at)
   end
   return charged_at > (tonumber(started) or 0)
 end
+
+-- Now, in us since the epoch, by Redis TIME: one clock for every gateway (see Units above).
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A check as decide.lua receives it in ARGV[3 + i] and usage.lua in ARGV[3]: 81 packed bytes,
+-- or 113 with a calendar rule's periods (see decide.lua). Returns the algorithm code, the
+-- parameters `p` the algorithm's function reads (cost as packed; `lease` and `lease_ttl` are
+-- the call's, not the check's), the permits wanted and the share; nil when the size is wrong,
+-- which each caller reports in its own words.
+local function unpack_check(packed, lease, lease_ttl)
+  if packed == nil or (#packed ~= 81 and #packed ~= 113) then
+    return nil
+  end
+  local code, cost, limit, window, burst, int_u, int_n, cap_u, cap_n, wanted, share =
+    struct.unpack('<Bdddddddddd', packed)
+  local periods = nil
+  if #packed == 113 then
+    periods = { struct.unpack('<dddd', packed, 82) }
+  end
+  local p = {
+    cost = cost,
+    limit = limit,
+    window = window,
+    burst = burst,
+    int_u = int_u,
+    int_n = int_n,
+    cap_u = cap_u,
+    cap_n = cap_n,
+    lease = lease,
+    lease_ttl = lease_ttl,
+    periods = periods,
+  }
+  return code, p, wanted, share
+end
+
+-- Settling (true_up.lua, lease_return.lua) undoes or adds to a charge only in the window it was
+-- charged in, while that window still counts: never in another, which the charge never
+-- touched. These say whether it still does.
+
+-- A fixed window's count at `key` while the window that ends at `window_end` is the current one
+-- at `now`; nil once it has ended (a permit of an ended window is worth nothing).
+local function fw_charged_count(key, window_end, now)
+  local stored_end, count = load_fields(key, TAG_FW, 2)
+  if stored_end == window_end and window_end > now then
+    return count
+  end
+  return nil
+end
+
+-- A sliding counter's state at `key` (expires, prev, cur) while a charge made in the window
+-- that ends at `window_end` still counts at `now`, and whether that window has moved on: false
+-- while it is the current one (the charge is in cur), true in the next window (it is in prev,
+-- and still weighs). Nil once it no longer counts.
+local function swc_charged(key, window_end, window, now)
+  local expires, prev, cur = load_fields(key, TAG_SWC, 3)
+  if expires and expires == window_end + window and window_end > now then
+    return expires, prev, cur, false
+  end
+  if expires and expires == window_end + 2 * window and window_end + window > now then
+    return expires, prev, cur, true
+  end
+  return nil
+end

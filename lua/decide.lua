@@ -1,6 +1,7 @@
 -- floodgate: decides every global rule of one request atomically, in one call.
--- Composed at build time after common.lua, wide.lua, gcra.lua and the algorithm files (one
--- script, one SHA; see src/limiter/redis/script.rs), and run with EVALSHA.
+-- Composed at build time after common.lua, wide.lua, gcra.lua, the algorithm files and
+-- algorithms.lua (the code table): one script, one SHA (see src/limiter/redis/script.rs), run
+-- with EVALSHA.
 --
 -- KEYS[i]   the state key of check i: <key_prefix><rule>:{<16 hex digits of the key digest>}
 -- ARGV[1]   the request's lease id (16 hex digits): names its log entries and its concurrency
@@ -10,7 +11,8 @@
 --           instant (us since the epoch) to compare decisions with the Rust reference at
 --           chosen times; TTLs then get an hour of margin, as Redis expires keys in real time.
 -- ARGV[3 + i] check i, packed little-endian (struct '<Bdddddddddd': one argument instead of
---           eleven, read by one C call instead of eleven tonumber()s):
+--           eleven, read by one C call instead of eleven tonumber()s; see unpack_check in
+--           common.lua):
 --           algorithm: 1 fixed window, 2 sliding log, 3 sliding counter, 4 token bucket,
 --           5 leaky bucket police, 6 leaky bucket shape, 7 concurrency;
 --           cost, limit, window (us), burst, interval (wide: us, ns), cap (wide: burst *
@@ -38,23 +40,12 @@
 -- packed as little-endian doubles in one bulk string (all integers below 2^53, so exact): one
 -- reply element instead of 12 per check, cheaper to produce here and to parse in the gateway.
 
-local algorithms = {
-  fixed_window,
-  sliding_window_log,
-  sliding_window_counter,
-  token_bucket,
-  leaky_bucket_police,
-  leaky_bucket_shape,
-  concurrency,
-}
-
 local now
 if ARGV[3] ~= nil and ARGV[3] ~= '' then
   now = tonumber(ARGV[3])
   ttl_pad_ms = 3600000
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = redis_now()
 end
 
 local lease = ARGV[1]
@@ -65,33 +56,15 @@ local blocks = {}
 local n_keys = #KEYS
 local admitted = true
 for i, key in ipairs(KEYS) do
-  local packed = ARGV[3 + i]
-  if packed == nil or (#packed ~= 81 and #packed ~= 113) then
+  local code, p, wanted, share = unpack_check(ARGV[3 + i], lease, lease_ttl)
+  if code == nil then
     return redis.error_reply('floodgate: check ' .. i .. ' is not 81 or 113 packed bytes')
-  end
-  local code, cost, limit, window, burst, int_u, int_n, cap_u, cap_n, wanted, share =
-    struct.unpack('<Bdddddddddd', packed)
-  local periods = nil
-  if #packed == 113 then
-    periods = { struct.unpack('<dddd', packed, 82) }
   end
   local decide = algorithms[code]
   if decide == nil then
     return redis.error_reply('floodgate: unknown algorithm ' .. code)
   end
-  local p = {
-    cost = cost,
-    limit = limit,
-    window = window,
-    burst = burst,
-    int_u = int_u,
-    int_n = int_n,
-    cap_u = cap_u,
-    cap_n = cap_n,
-    lease = lease,
-    lease_ttl = lease_ttl,
-    periods = periods,
-  }
+  local cost, window = p.cost, p.window
   local allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge
   -- block_for: a key its rule rejected is refused, before its state is read, until the
   -- block key (same hash tag, so the same cluster slot) expires.

@@ -98,3 +98,20 @@ local function gcra_shape(key, tag, now, p)
   local retry_u, retry_n = w_sub(delay_u, delay_n, p.cap_u, p.cap_n)
   return false, 0, delay_u, delay_n, retry_u, retry_n, 0, 0, nil
 end
+
+-- Settling a bucket (true_up.lua, lease_return.lua; code 4 token bucket, 5 leaky bucket): its
+-- tag and the debt (wide) left at `now`, below zero when it has drained, while its state was
+-- written at the interval `(int_u, int_n)` the charge was made at; nil otherwise (no state, or a
+-- reload changed the rate: the charge's units are no longer the state's).
+local function gcra_charged_debt(key, code, now, int_u, int_n)
+  local tag = TAG_TB
+  if code == 5 then
+    tag = TAG_LB
+  end
+  local full_u, full_n, stored_u, stored_n = gcra_load(key, tag)
+  if not (full_u and stored_u == int_u and stored_n == int_n) then
+    return nil
+  end
+  local u, ns = w_norm(full_u - now, full_n)
+  return tag, u, ns
+end

@@ -15,8 +15,7 @@
 -- permit that was never spent leaves the state exactly as if the lease had been smaller.
 -- Permits charged before a usage reset of the key are not given back to the new counter
 -- (same_epoch, common.lua). Returns the number of permits given back.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = redis_now()
 local returned = 0
 for i, key in ipairs(KEYS) do
   local packed = ARGV[i]
@@ -28,39 +27,34 @@ for i, key in ipairs(KEYS) do
       code = 0
     end
     if code == 1 then
-      local stored_end, count = load_fields(key, TAG_FW, 2)
-      if stored_end == window_end and window_end > now then
+      local count = fw_charged_count(key, window_end, now)
+      if count then
         -- A count a grant took below zero has nothing of the lease's left to give back.
         local back = math.max(0, math.min(n, count))
         save_fields(key, TAG_FW, window_end - now, 0, window_end, count - back)
         returned = returned + back
       end
     elseif code == 3 then
-      local expires, prev, cur = load_fields(key, TAG_SWC, 3)
-      if expires and expires == window_end + window and window_end > now then
+      -- Only while the lease's window is the current one: once it has moved on, an
+      -- unspent permit is worth nothing, as in an ended fixed window.
+      local expires, prev, cur, moved = swc_charged(key, window_end, window, now)
+      if expires and not moved then
         local back = math.min(n, cur)
         save_fields(key, TAG_SWC, expires - now, 0, expires, prev, cur - back)
         returned = returned + back
       end
     elseif code == 4 or code == 5 then
-      local tag = TAG_TB
-      if code == 5 then
-        tag = TAG_LB
-      end
-      local full_u, full_n, stored_u, stored_n = gcra_load(key, tag)
-      if full_u and stored_u == int_u and stored_n == int_n then
-        local u, ns = w_norm(full_u - now, full_n)
-        if w_pos(u, ns) then
-          -- Each permit undoes one interval of debt, never below empty.
-          local back = math.min(n, w_div(u, ns, int_u, int_n))
-          local left_u, left_n = 0, 0
-          if n < w_ceil_div(u, ns, int_u, int_n) then
-            local paid_u, paid_n = w_mul(n, int_u, int_n)
-            left_u, left_n = w_sub(u, ns, paid_u, paid_n)
-          end
-          gcra_save(key, tag, now, left_u, left_n, int_u, int_n)
-          returned = returned + back
+      local tag, u, ns = gcra_charged_debt(key, code, now, int_u, int_n)
+      if tag and w_pos(u, ns) then
+        -- Each permit undoes one interval of debt, never below empty.
+        local back = math.min(n, w_div(u, ns, int_u, int_n))
+        local left_u, left_n = 0, 0
+        if n < w_ceil_div(u, ns, int_u, int_n) then
+          local paid_u, paid_n = w_mul(n, int_u, int_n)
+          left_u, left_n = w_sub(u, ns, paid_u, paid_n)
         end
+        gcra_save(key, tag, now, left_u, left_n, int_u, int_n)
+        returned = returned + back
       end
     end
   end

@@ -16,8 +16,7 @@
 -- reservation was charged in, while it still counts: never to another, nor to the counter a
 -- usage reset started after the charge (same_epoch, common.lua). Returns the number of
 -- reservations trued up.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = redis_now()
 local applied = 0
 local n_keys = #KEYS
 for i, key in ipairs(KEYS) do
@@ -31,8 +30,8 @@ for i, key in ipairs(KEYS) do
       code = 0
     end
     if code == 1 then
-      local stored_end, count = load_fields(key, TAG_FW, 2)
-      if stored_end == window_end and window_end > now then
+      local count = fw_charged_count(key, window_end, now)
+      if count then
         -- Never below zero, nor below a count a usage grant already took there.
         local next = math.max(math.min(count, 0), count - refund) + extra
         save_fields(key, TAG_FW, window_end - now, 0, window_end, next)
@@ -68,24 +67,19 @@ for i, key in ipairs(KEYS) do
         end
       end
     elseif code == 3 then
-      local expires, prev, cur = load_fields(key, TAG_SWC, 3)
-      if expires and expires == window_end + window and window_end > now then
+      local expires, prev, cur, moved = swc_charged(key, window_end, window, now)
+      if expires and not moved then
         save_fields(key, TAG_SWC, expires - now, 0, expires, prev, math.max(0, cur - refund) + extra)
         applied = applied + 1
-      elseif expires and expires == window_end + 2 * window and window_end + window > now then
+      elseif expires then
         -- The window moved on: the charge is now the previous window's count.
         save_fields(key, TAG_SWC, expires - now, 0, expires, math.max(0, prev - refund) + extra, cur)
         applied = applied + 1
       end
     elseif code == 4 or code == 5 then
-      local tag = TAG_TB
-      if code == 5 then
-        tag = TAG_LB
-      end
-      local full_u, full_n, stored_u, stored_n = gcra_load(key, tag)
-      if full_u and stored_u == int_u and stored_n == int_n then
+      local tag, u, ns = gcra_charged_debt(key, code, now, int_u, int_n)
+      if tag then
         -- Debt left at now (never below empty), minus the refund, plus the extra charge.
-        local u, ns = w_norm(full_u - now, full_n)
         if not w_pos(u, ns) then
           u, ns = 0, 0
         end

@@ -1,6 +1,7 @@
 -- floodgate: the usage API on one counter (GET /usage, POST /usage/reset, POST /usage/grant).
--- Composed after common.lua, wide.lua, gcra.lua and the algorithm files, like decide.lua (see
--- src/limiter/redis/script.rs), so that a counter is read by the very function that decides.
+-- Composed after common.lua, wide.lua, gcra.lua, the algorithm files and algorithms.lua, like
+-- decide.lua (see src/limiter/redis/script.rs), so that a counter is read by the very function
+-- that decides.
 --
 -- KEYS[1]  the counter's state key (as decide.lua's)
 -- ARGV[1]  'read', 'reset' or 'grant'
@@ -17,8 +18,8 @@
 -- true_up.lua and lease_return.lua drop what was charged before it (see same_epoch in
 -- common.lua). A reset is published on ARGV[7] as '<key> <epoch start, us>', so that every
 -- instance forgets the quota lease permits it holds of the old epoch (they would otherwise be
--- spent on top of the new counter). A grant lowers the current window's count of a fixed window (or calendar
--- period) by the amount, below zero if need be; it expires with the window.
+-- spent on top of the new counter). A grant lowers the current window's count of a fixed
+-- window (or calendar period) by the amount, below zero if need be; it expires with the window.
 -- A reset or grant that arrives past its deadline is not applied (the gateway has answered
 -- that the store timed out). One made with an idempotency key is remembered in
 -- <key>:i:<idempotency key> (same hash tag): a retry with that key answers the first
@@ -28,47 +29,19 @@
 -- remaining and reset (wide: us, ns) before and after, as six little-endian doubles;
 -- remaining is below zero never, above the limit after a grant.
 
-local usage_algorithms = {
-  fixed_window,
-  sliding_window_log,
-  sliding_window_counter,
-  token_bucket,
-  leaky_bucket_police,
-  leaky_bucket_shape,
-  concurrency,
-}
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = redis_now()
 local key = KEYS[1]
 local op = ARGV[1]
-local packed = ARGV[3]
-if packed == nil or (#packed ~= 81 and #packed ~= 113) then
+local code, p = unpack_check(ARGV[3], '0000000000000000', 0)
+if code == nil then
   return redis.error_reply('floodgate: the check is not 81 or 113 packed bytes')
 end
-local code, _, limit, window, burst, int_u, int_n, cap_u, cap_n =
-  struct.unpack('<Bdddddddddd', packed)
-local periods = nil
-if #packed == 113 then
-  periods = { struct.unpack('<dddd', packed, 82) }
-end
-local decide = usage_algorithms[code]
+local decide = algorithms[code]
 if decide == nil then
   return redis.error_reply('floodgate: unknown algorithm ' .. code)
 end
-local p = {
-  cost = 0,
-  limit = limit,
-  window = window,
-  burst = burst,
-  int_u = int_u,
-  int_n = int_n,
-  cap_u = cap_u,
-  cap_n = cap_n,
-  lease = '0000000000000000',
-  lease_ttl = 0,
-  periods = periods,
-}
+-- A read is a request of cost 0, whatever the check says.
+p.cost = 0
 
 local function look()
   local _, remaining, reset_u, reset_n = decide(key, now, p)
@@ -100,7 +73,7 @@ if op == 'reset' then
   redis.call('DEL', key, key .. ':d')
   -- The new epoch's start, kept while a reservation or lease of the old one may still
   -- settle: two windows (the sliding counter's charge counts that long) and an hour more.
-  redis.call('SET', key .. ':e', fmt(now), 'PX', ttl_ms(2 * window, 0) + 3600000)
+  redis.call('SET', key .. ':e', fmt(now), 'PX', ttl_ms(2 * p.window, 0) + 3600000)
   local channel = ARGV[7] or ''
   if channel ~= '' then
     redis.call('PUBLISH', channel, key .. ' ' .. fmt(now))

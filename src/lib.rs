@@ -6,7 +6,8 @@
 //! and stores) → [`upstream`] (targets, health, pools). Beside the path: [`config`] (the file as
 //! validated plain data), [`gateway`] (what lives: the config in force, pools, reload),
 //! [`admin`], [`rls`] (Envoy's rate-limit service), [`telemetry`] (traces), [`webhooks`], [`metrics`], [`top`],
-//! [`text`]. `main`, [`server`], [`shutdown`] and [`logging`] are the binary's wiring.
+//! [`text`]. `main`, [`server`], [`shutdown`], [`logging`] and
+//! [`threads`] are the binary's wiring.
 
 pub mod admin;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 pub mod text;
+pub mod threads;
 pub mod top;
 pub mod upstream;
 pub mod webhooks;

@@ -258,31 +258,24 @@ fn exit_now() -> ! {
 /// SIGINT. It has its own small runtime: Pingora's are shutting down or, on its server thread,
 /// no longer driven while it sleeps out its grace period.
 fn backstop(after: Duration) {
-    let spawned = std::thread::Builder::new()
-        .name("floodgate-stop".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, "stop backstop: no runtime, sleeping it out");
-                    std::thread::sleep(after);
+    let spawned = crate::threads::spawn(
+        "floodgate-stop",
+        move || async move {
+            let mut int = listen(SignalKind::interrupt());
+            tokio::select! {
+                _ = next(&mut int) => exit_now(),
+                _ = tokio::time::sleep(after) => {
+                    tracing::warn!(?after, "graceful stop did not end in time, exiting");
                     std::process::exit(0);
                 }
-            };
-            rt.block_on(async move {
-                let mut int = listen(SignalKind::interrupt());
-                tokio::select! {
-                    _ = next(&mut int) => exit_now(),
-                    _ = tokio::time::sleep(after) => {
-                        tracing::warn!(?after, "graceful stop did not end in time, exiting");
-                        std::process::exit(0);
-                    }
-                }
-            })
-        });
+            }
+        },
+        move |e| {
+            tracing::error!(error = %e, "stop backstop: no runtime, sleeping it out");
+            std::thread::sleep(after);
+            std::process::exit(0);
+        },
+    );
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the stop backstop");
     }

@@ -243,19 +243,9 @@ async fn admin_token_protects_all_but_healthz() {
         let r = c.get(gw.admin_url(path)).send().await.unwrap();
         assert_eq!(r.status(), 401, "{path} without token");
         assert_eq!(r.headers()["content-type"], "application/problem+json");
-        let r = c
-            .get(gw.admin_url(path))
-            .bearer_auth("wrong")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_token(&c, gw.admin_url(path), "wrong").await;
         assert_eq!(r.status(), 401, "{path} with a wrong token");
-        let r = c
-            .get(gw.admin_url(path))
-            .bearer_auth("s3cret-admin")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_token(&c, gw.admin_url(path), "s3cret-admin").await;
         assert_eq!(r.status(), 200, "{path} with the token");
     }
     assert_eq!(
@@ -266,12 +256,8 @@ async fn admin_token_protects_all_but_healthz() {
             .status(),
         401
     );
-    let metrics = c
-        .get(gw.admin_url("/metrics"))
-        .bearer_auth("s3cret-admin")
-        .send()
+    let metrics = get_with_token(&c, gw.admin_url("/metrics"), "s3cret-admin")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -476,22 +462,12 @@ async fn the_token_from_a_file_keeps_probes_working_and_follows_the_file() {
         "details need the token"
     );
     // A token that is presented must be right, on /readyz too.
-    let r = c
-        .get(gw.admin_url("/readyz"))
-        .bearer_auth("wrong")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_token(&c, gw.admin_url("/readyz"), "wrong").await;
     assert_eq!(r.status(), 401);
     for path in ["/metrics", "/stats", "/rules", "/top?rule=per-ip"] {
         let r = c.get(gw.admin_url(path)).send().await.unwrap();
         assert_eq!(r.status(), 401, "{path} without the token");
-        let r = c
-            .get(gw.admin_url(path))
-            .bearer_auth("first-t0ken-9f2")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_token(&c, gw.admin_url(path), "first-t0ken-9f2").await;
         assert_eq!(
             r.status(),
             200,
@@ -516,20 +492,11 @@ async fn the_token_from_a_file_keeps_probes_working_and_follows_the_file() {
         }
     })
     .await;
-    let r = c
-        .get(gw.admin_url("/stats"))
-        .bearer_auth("first-t0ken-9f2")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_token(&c, gw.admin_url("/stats"), "first-t0ken-9f2").await;
     assert_eq!(r.status(), 401, "the old token is refused");
 
-    let metrics = c
-        .get(gw.admin_url("/metrics"))
-        .bearer_auth("second-t0ken-4c1")
-        .send()
+    let metrics = get_with_token(&c, gw.admin_url("/metrics"), "second-t0ken-4c1")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

@@ -19,40 +19,14 @@ use common::*;
 
 const TOKEN: &str = "bans-admin-token-7";
 
-/// One admin request by hand (`Host: localhost`, the admin token, a JSON body): (status, body).
+/// One admin request with this file's token: (status, body).
 fn admin(gw: &Gateway, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let (status, _, json) = common::admin_request(
-        gw.admin,
-        TOKEN,
-        method,
-        path,
-        &[],
-        body,
-        Duration::from_secs(10),
-    );
-    (status, json)
-}
-
-/// A gateway with the demo keys, `/orders` behind a key, `store` and `rules`.
-fn keyed_gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start_with(
-        &format!("admin_token = \"{TOKEN}\"\n"),
-        &format!(
-            "{DEMO_KEYS}\n{}{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}",
-            orders_upstream(&[api])
-        ),
-        &[],
-    )
+    admin_json(gw, TOKEN, method, path, body)
 }
 
 /// `GET /orders` as acme-prod: (status, Retry-After in seconds).
 async fn as_acme(c: &reqwest::Client, gw: &Gateway) -> (u16, Option<u64>) {
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .expect("GET /orders");
+    let r = get_with_key(c, gw.url("/orders"), "test").await;
     let retry = r
         .headers()
         .get("retry-after")
@@ -75,7 +49,7 @@ on_store_error = "closed"
 /// the reset lifted the ban: the answer says so and the next request is admitted.
 async fn a_reset_lifts_the_ban_on(store: &str) {
     let api = OrdersApi::start("orders");
-    let gw = keyed_gateway(api.addr, store, BANNING_RULE);
+    let gw = keyed_gateway(TOKEN, &orders_upstream(&[api.addr]), store, BANNING_RULE);
     let c = client();
     assert_eq!(as_acme(&c, &gw).await.0, 200);
     assert_eq!(as_acme(&c, &gw).await.0, 200);
@@ -125,11 +99,7 @@ async fn a_reset_lifts_a_ban_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_lifts_a_ban_in_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let store = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let store = cluster.store("250ms", "");
     a_reset_lifts_the_ban_on(&store).await;
 }
 

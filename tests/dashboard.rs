@@ -197,19 +197,10 @@ async fn top_clients_can_be_turned_off_and_the_token_guards_the_data() {
         .starts_with("text/html"));
     let page = r.text().await.unwrap();
     assert!(!page.contains("tight") && !page.contains("acme"));
-    let r = c
-        .get(top_url(&gw, "rule=tight"))
-        .bearer_auth("s3cret-admin")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_token(&c, top_url(&gw, "rule=tight"), "s3cret-admin").await;
     assert_eq!(r.status(), 404, "top clients are off");
-    let s: Value = c
-        .get(gw.admin_url("/stats"))
-        .bearer_auth("s3cret-admin")
-        .send()
+    let s: Value = get_with_token(&c, gw.admin_url("/stats"), "s3cret-admin")
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();

@@ -9,9 +9,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{hammer, store, RedisCluster, RedisServer};
+use common::redis::{hammer, store, store_settings, RedisCluster, RedisServer, Stall};
 use common::*;
-use floodgate::config::{Backend, Store};
+use floodgate::config::Backend;
 use floodgate::limiter::redis::RedisStore;
 use floodgate::limiter::store::{Return, SharedStore, TrueUp, UsageCall, UsageChange};
 use floodgate::limiter::true_up::Adjust;
@@ -21,16 +21,12 @@ const GENEROUS: Duration = Duration::from_secs(5);
 const TOKEN: &str = "epochs-admin-token-7";
 
 fn redis_store(backend: Backend, urls: Vec<String>) -> Arc<RedisStore> {
-    RedisStore::new(&Store {
+    RedisStore::new(&store_settings(
         backend,
         urls,
-        timeout: Duration::from_millis(500),
-        key_prefix: "fg-epochs:".into(),
-        instances: 1,
-        max_keys: 10_000,
-        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
-        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
-    })
+        Duration::from_millis(500),
+        "fg-epochs:",
+    ))
     .expect("store")
 }
 
@@ -189,13 +185,11 @@ fn admin(
 }
 
 fn gateway_with(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start_with(
-        &format!("admin_token = \"{TOKEN}\"\n"),
-        &format!(
-            "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{api}\"]\nread_timeout = \"15s\"\n{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}"
-        ),
-        &[],
-    )
+    // The upstream may take its time: requests are held in flight across a reset.
+    let upstream = format!(
+        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{api}\"]\nread_timeout = \"15s\"\n"
+    );
+    keyed_gateway(TOKEN, &upstream, store, rules)
 }
 
 const KEY: (&str, &str) = ("x-api-key", "test");
@@ -324,31 +318,6 @@ async fn a_grant_shows_in_ratelimit_on_memory() {
 async fn a_grant_shows_in_ratelimit_on_redis() {
     let redis = RedisServer::start();
     a_grant_shows_in_ratelimit_on(&store(&redis.url(), "250ms", "")).await;
-}
-
-/// Starts `DEBUG SLEEP secs` on its own connection in a thread; joined on drop.
-struct Stall(Option<std::thread::JoinHandle<()>>);
-
-impl Stall {
-    fn start(server: &RedisServer, seconds: &str) -> Stall {
-        let mut conn = server.connection();
-        let seconds = seconds.to_string();
-        Stall(Some(std::thread::spawn(move || {
-            let r: Result<(), _> = redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(seconds)
-                .query(&mut conn);
-            r.expect("DEBUG SLEEP");
-        })))
-    }
-}
-
-impl Drop for Stall {
-    fn drop(&mut self) {
-        if let Some(t) = self.0.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A grant while Redis stalls past the change's deadline answers 503 and is not applied when

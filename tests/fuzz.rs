@@ -8,7 +8,6 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::config::duration::parse_duration;
@@ -18,7 +17,7 @@ use floodgate::limiter::{Algorithm, Decision, Limit};
 use floodgate::metrics::RuleCounters;
 use floodgate::request::normalize::{self, EscapedSlashes};
 use floodgate::request::response::{ceil_secs, RateLimitHeaders, SF_INTEGER_MAX};
-use floodgate::rules::{FailureMode, Policy, Scope};
+use floodgate::rules::{Policy, Scope};
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -976,18 +975,13 @@ fn rule_of(a: &Applied) -> Policy {
         Algorithm::TokenBucket
     };
     Policy {
-        name: Arc::from(a.name.as_str()),
-        limit: Limit::police(algorithm, a.limit, a.window, a.limit),
-        scope: Scope::Local,
-        on_store_error: FailureMode::Open,
-        cost: 1,
-        shadow: false,
         headers: a.headers,
-        status: 429,
         counters: RuleCounters::for_rule("fuzz"),
-        lease: None,
-        max_waiting: floodgate::limiter::engine::MAX_WAITING_PER_RULE,
-        respond: Default::default(),
+        ..Policy::with_defaults(
+            &a.name,
+            Limit::police(algorithm, a.limit, a.window, a.limit),
+            Scope::Local,
+        )
     }
 }
 

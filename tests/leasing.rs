@@ -41,6 +41,20 @@ fn leased_rules(limit: u64, lease: &str) -> String {
     out
 }
 
+/// A fixed-window rule `name` on `x-user` that leases `lease` permits for `lease_ttl`, closed
+/// when the store fails.
+fn leased_fixed_window(
+    name: &str,
+    limit: u64,
+    window: &str,
+    lease: u64,
+    lease_ttl: &str,
+) -> String {
+    format!(
+        "\n[[rules]]\nname = \"{name}\"\nkey = [\"header:x-user\"]\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"{window}\"\nlease = {lease}\nlease_ttl = \"{lease_ttl}\"\non_store_error = \"closed\"\n"
+    )
+}
+
 /// The count of a fixed window's state at `key` (see lua/common.lua: tag, window end, count
 /// as little-endian doubles).
 fn fixed_window_count(redis: &RedisServer, pattern: &str) -> u64 {
@@ -51,13 +65,17 @@ fn fixed_window_count(redis: &RedisServer, pattern: &str) -> u64 {
     f64::from_le_bytes(state[9..17].try_into().unwrap()) as u64
 }
 
-/// Which aligned 3 s window the clock is in (Redis runs on this machine: the same clock).
-fn window_index() -> u128 {
+/// Milliseconds since the epoch on this machine's clock, which Redis (running here) shares.
+fn now_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis()
-        / 3000
+}
+
+/// Which aligned 3 s window the clock is in.
+fn window_index() -> u128 {
+    now_ms() / 3000
 }
 
 /// One `GET /orders` with `headers`: its status.
@@ -232,17 +250,8 @@ lease_ttl = "50ms"
 async fn leased_and_exact_rules_share_one_round_trip_all_or_nothing() {
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
-    let rules = r#"
-[[rules]]
-name = "leased"
-key = ["header:x-user"]
-algorithm = "fixed_window"
-limit = 100
-window = "1d"
-lease = 20
-lease_ttl = "1h"
-on_store_error = "closed"
-
+    let rules = leased_fixed_window("leased", 100, "1d", 20, "1h")
+        + r#"
 [[rules]]
 name = "exact"
 match = { header = { name = "x-test", value = "both" } }
@@ -252,7 +261,7 @@ limit = 10
 window = "1h"
 on_store_error = "closed"
 "#;
-    let gw = gateway(api.addr, &leasing_store(&redis.url(), ""), rules);
+    let gw = gateway(api.addr, &leasing_store(&redis.url(), ""), &rules);
     // Load the script first (a first EVALSHA meets NOSCRIPT and is sent again).
     let warm = hammer(&[&gw], 1, 1, "/orders", &[("x-user", "warm")]).await;
     assert_eq!(admitted(&warm), 1);
@@ -277,17 +286,7 @@ on_store_error = "closed"
 async fn unspent_permits_come_back_on_reload_and_shutdown() {
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
-    let rules = r#"
-[[rules]]
-name = "fw"
-key = ["header:x-user"]
-algorithm = "fixed_window"
-limit = 100
-window = "1d"
-lease = 40
-lease_ttl = "1h"
-on_store_error = "closed"
-"#;
+    let rules = &leased_fixed_window("fw", 100, "1d", 40, "1h");
     let s = leasing_store(&redis.url(), "key_prefix = \"fg:\"");
     let a = gateway(api.addr, &s, rules);
     let c = client();
@@ -321,28 +320,14 @@ on_store_error = "closed"
 async fn a_crashed_instance_never_makes_the_fleet_over_admit() {
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
-    let rules = r#"
-[[rules]]
-name = "fw"
-key = ["header:x-user"]
-algorithm = "fixed_window"
-limit = 50
-window = "3s"
-lease = 20
-lease_ttl = "10s"
-on_store_error = "closed"
-"#;
+    let rules = &leased_fixed_window("fw", 50, "3s", 20, "10s");
     let s = leasing_store(&redis.url(), "key_prefix = \"fg:\"");
     let mut a = gateway(api.addr, &s, rules);
     let b = gateway(api.addr, &s, rules);
     let c = client();
     // Wait for the start of a window, so the whole test fits in it.
     eventually(Duration::from_secs(5), "a fresh window", || {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis();
-        std::future::ready((now % 3000 < 300).then_some(()))
+        std::future::ready((now_ms() % 3000 < 300).then_some(()))
     })
     .await;
     let first = window_index();
@@ -366,11 +351,7 @@ on_store_error = "closed"
 async fn leases_are_exact_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let api = OrdersApi::start("orders");
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\ninstances = 2\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "instances = 2");
     let rules = format!(
         "{}{}",
         leased_rules(60, "\"auto\""),
@@ -522,23 +503,19 @@ fn check_refuses_lease_where_it_cannot_be_exact_and_shows_it_where_it_is() {
             "{algorithm}: {err}"
         );
     }
-    let config = format!(
-        "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nlease = 0\n"
-    );
-    let (ok, _out, err) = check(&config, &[]);
+    let token_bucket = |extra: &str| {
+        format!(
+            "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\n{extra}"
+        )
+    };
+    let (ok, _out, err) = check(&token_bucket("lease = 0\n"), &[]);
     assert!(
         !ok && err.contains("lease must be \"auto\" or a whole number"),
         "{err}"
     );
-    let config = format!(
-        "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nscope = \"local\"\nlease = 5\n"
-    );
-    let (ok, _out, err) = check(&config, &[]);
+    let (ok, _out, err) = check(&token_bucket("scope = \"local\"\nlease = 5\n"), &[]);
     assert!(!ok && err.contains("global rules only"), "{err}");
-    let config = format!(
-        "{base}\n[[rules]]\nname = \"r\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nlease = 5\nlease_ttl = \"250ms\"\n"
-    );
-    let (ok, out, err) = check(&config, &[]);
+    let (ok, out, err) = check(&token_bucket("lease = 5\nlease_ttl = \"250ms\"\n"), &[]);
     assert!(ok, "{err}");
     assert!(out.contains("lease 5 for 250ms"), "{out}");
 }
@@ -547,17 +524,7 @@ fn check_refuses_lease_where_it_cannot_be_exact_and_shows_it_where_it_is() {
 async fn permits_in_hand_are_spent_while_redis_is_down_then_on_store_error_applies() {
     let mut redis = RedisServer::start();
     let api = OrdersApi::start("orders");
-    let rules = r#"
-[[rules]]
-name = "fw"
-key = ["header:x-user"]
-algorithm = "fixed_window"
-limit = 100
-window = "1d"
-lease = 20
-lease_ttl = "1h"
-on_store_error = "closed"
-"#;
+    let rules = &leased_fixed_window("fw", 100, "1d", 20, "1h");
     let gw = gateway(api.addr, &leasing_store(&redis.url(), ""), rules);
     // One request leases 20 permits: its own and 19 in hand.
     let counts = hammer(&[&gw], 1, 1, "/orders", &[("x-user", "d")]).await;

@@ -7,7 +7,9 @@ mod common;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use common::{client, free_port, get_text, orders_upstream, Gateway, OrdersApi, DEMO_KEYS};
+use common::{
+    client, free_port, get_text, get_with_key, orders_upstream, Gateway, OrdersApi, DEMO_KEYS,
+};
 
 /// `promtool`, or `None` when it is absent and this is not CI. Under CI (`CI` set) a missing
 /// promtool fails the test: the check must not be skipped silently where it matters.
@@ -110,12 +112,7 @@ async fn metrics_after_traffic(gw: &Gateway) -> String {
     let c = client();
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        let r = c
-            .get(gw.url("/orders/1"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders/1"), "test").await;
         statuses.push(r.status().as_u16());
     }
     assert_eq!(statuses, [200, 200, 429], "allowed, then rejected");

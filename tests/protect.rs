@@ -213,12 +213,7 @@ async fn a_request_that_waits_past_queue_timeout_gets_503_with_retry_after() {
         || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
     )
     .await;
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "quiet-secret")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
     let p: Value = r.json().await.unwrap();

@@ -44,24 +44,14 @@ async fn routes_auth_and_404() {
     let c = client();
 
     // Valid hashed key through the configured header.
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "test").await;
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("x-request-id").is_some());
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["orders"][0]["id"], 1);
 
     // Plaintext (`secret =`) key through Authorization: Bearer.
-    let r = c
-        .get(gw.url("/orders/2"))
-        .bearer_auth("partner")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_token(&c, gw.url("/orders/2"), "partner").await;
     assert_eq!(r.status(), 200);
 
     // Missing key: 401 problem+json with a challenge.
@@ -76,12 +66,7 @@ async fn routes_auth_and_404() {
     assert_eq!(p["status"], 401);
 
     // Unknown key: 401 with invalid_token.
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "wrong")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "wrong").await;
     assert_eq!(r.status(), 401);
     assert!(r.headers()["www-authenticate"]
         .to_str()
@@ -91,12 +76,7 @@ async fn routes_auth_and_404() {
     // Optional route: anonymous passes, a wrong key does not.
     let r = c.get(gw.url("/debug/headers")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let r = c
-        .get(gw.url("/debug/headers"))
-        .header("x-api-key", "wrong")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/debug/headers"), "wrong").await;
     assert_eq!(r.status(), 401);
 
     // Route with auth = "none" and a method filter.
@@ -227,6 +207,17 @@ async fn forward_key_keeps_the_key() {
     assert_eq!(h["x-api-key"], "test");
 }
 
+/// The status of `GET /debug/headers` sent with `X-Forwarded-For: xff`.
+async fn forwarded_for(c: &reqwest::Client, gw: &Gateway, xff: &str) -> u16 {
+    c.get(gw.url("/debug/headers"))
+        .header("x-forwarded-for", xff)
+        .send()
+        .await
+        .expect("GET")
+        .status()
+        .as_u16()
+}
+
 #[tokio::test]
 async fn forwarded_for_is_believed_only_from_trusted_peers() {
     let api = OrdersApi::start("orders-1");
@@ -262,24 +253,16 @@ window = "1h"
         &format!("{}{rules}", base(&[api.addr])),
         &[],
     );
-    let send = |xff: &'static str| {
-        c.get(gw.url("/debug/headers"))
-            .header("x-forwarded-for", xff)
-            .send()
-    };
-    assert_eq!(send("1.1.1.1").await.unwrap().status(), 200);
+    let send = |xff: &'static str| forwarded_for(&c, &gw, xff);
+    assert_eq!(send("1.1.1.1").await, 200);
+    assert_eq!(send("1.1.1.1").await, 429, "same client IP");
     assert_eq!(
-        send("1.1.1.1").await.unwrap().status(),
-        429,
-        "same client IP"
-    );
-    assert_eq!(
-        send("2.2.2.2, 127.0.0.5").await.unwrap().status(),
+        send("2.2.2.2, 127.0.0.5").await,
         200,
         "trusted hops are skipped"
     );
     assert_eq!(
-        send("1.1.1.1, 2.2.2.2").await.unwrap().status(),
+        send("1.1.1.1, 2.2.2.2").await,
         429,
         "rightmost untrusted wins"
     );
@@ -287,17 +270,9 @@ window = "1h"
 
     // Untrusted peer sending XFF: the header is ignored for identity.
     let gw = Gateway::start(&format!("{}{rules}", base(&[api.addr])));
-    let send = |xff: &'static str| {
-        c.get(gw.url("/debug/headers"))
-            .header("x-forwarded-for", xff)
-            .send()
-    };
-    assert_eq!(send("1.1.1.1").await.unwrap().status(), 200);
-    assert_eq!(
-        send("3.3.3.3").await.unwrap().status(),
-        429,
-        "both are the peer 127.0.0.1"
-    );
+    let send = |xff: &'static str| forwarded_for(&c, &gw, xff);
+    assert_eq!(send("1.1.1.1").await, 200);
+    assert_eq!(send("3.3.3.3").await, 429, "both are the peer 127.0.0.1");
 }
 
 #[tokio::test]
@@ -309,12 +284,7 @@ async fn round_robin_skips_refusing_targets_and_reports_502_504() {
     let c = client();
     let mut served = std::collections::BTreeMap::new();
     for _ in 0..12 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         assert_eq!(
             r.status(),
             200,
@@ -332,24 +302,14 @@ async fn round_robin_skips_refusing_targets_and_reports_502_504() {
 
     // Every target down: 502 problem+json.
     let gw = Gateway::start(&base(&[dead]));
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "test").await;
     assert_eq!(r.status(), 502);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     drop(gw);
 
     // A slow upstream past read_timeout (2s in the harness): 504.
     let gw = Gateway::start(&base(&[a.addr]));
-    let r = c
-        .get(gw.url("/orders?delay_ms=5000"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders?delay_ms=5000"), "test").await;
     assert_eq!(r.status(), 504);
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["status"], 504);
@@ -364,12 +324,7 @@ async fn h2c_on_plain_listener() {
         .http2_prior_knowledge()
         .build()
         .unwrap();
-    let r = c
-        .get(gw.url("/orders/1"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders/1"), "test").await;
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
     assert_eq!(r.status(), 200);
     let r = c.get(gw.url("/orders/1")).send().await.unwrap();

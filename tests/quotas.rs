@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{gateway, hammer, store, RedisCluster, RedisServer};
+use common::redis::{gateway, hammer, store, store_settings, RedisCluster, RedisServer};
 use common::*;
 use floodgate::config::{Backend, Store};
 use floodgate::limiter::algorithm::{self, State};
@@ -45,16 +45,7 @@ fn check(rule: &str, counter: u64, limit: &Limit) -> Check {
 }
 
 fn store_config(backend: Backend, urls: Vec<String>) -> Store {
-    Store {
-        backend,
-        urls,
-        timeout: Duration::from_millis(250),
-        key_prefix: PREFIX.into(),
-        instances: 1,
-        max_keys: 10_000,
-        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
-        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
-    }
+    store_settings(backend, urls, Duration::from_millis(250), PREFIX)
 }
 
 /// The reference: `algorithm::decide` on one key at a time, charged when admitted.
@@ -387,19 +378,9 @@ async fn a_calendar_rule_through_the_binary_counts_exactly_on_redis_and_shows_it
 
 const TOKEN: &str = "usage-admin-token-41";
 
-/// One admin request by hand (`Host: localhost`, the admin token, a JSON body for a POST):
-/// (status, body as JSON).
+/// One admin request with this file's token: (status, body as JSON).
 fn admin(gw: &Gateway, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let (status, _, json) = common::admin_request(
-        gw.admin,
-        TOKEN,
-        method,
-        path,
-        &[],
-        body,
-        Duration::from_secs(10),
-    );
-    (status, json)
+    admin_json(gw, TOKEN, method, path, body)
 }
 
 /// Requests as acme-prod (the demo key whose secret is `test`): how many were admitted.
@@ -435,14 +416,7 @@ window = "1h"
 "#;
 
 fn usage_gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway {
-    Gateway::start_with(
-        &format!("admin_token = \"{TOKEN}\"\n"),
-        &format!(
-            "{DEMO_KEYS}\n{}{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}",
-            orders_upstream(&[api])
-        ),
-        &[],
-    )
+    keyed_gateway(TOKEN, &orders_upstream(&[api]), store, rules)
 }
 
 fn rule_usage<'a>(v: &'a serde_json::Value, rule: &str) -> &'a serde_json::Value {
@@ -616,11 +590,7 @@ async fn usage_api_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_api_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "");
     usage_api_on(&s).await;
 }
 
@@ -678,11 +648,7 @@ async fn a_grant_during_load_is_exact_on_memory_and_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_during_load_is_exact_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "");
     grant_under_load_on(&s).await;
 }
 

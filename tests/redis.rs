@@ -375,11 +375,7 @@ on_store_error = "closed"
 async fn limits_hold_across_two_gateways_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let api = OrdersApi::start("orders");
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let s = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
+    let s = cluster.store("250ms", "");
     let rules = r#"
 [[rules]]
 name = "exact"

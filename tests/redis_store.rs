@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::eventually;
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{store_settings, RedisCluster, RedisServer, Stall};
 use floodgate::config::{Backend, Store};
 use floodgate::limiter::algorithm::{self, State};
 use floodgate::limiter::redis::breaker::BreakerState;
@@ -24,16 +24,7 @@ const GENEROUS: Duration = Duration::from_secs(5);
 const PREFIX: &str = "fg-test:";
 
 fn store_config(backend: Backend, urls: Vec<String>) -> Store {
-    Store {
-        backend,
-        urls,
-        timeout: Duration::from_millis(20),
-        key_prefix: PREFIX.into(),
-        instances: 1,
-        max_keys: 10_000,
-        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
-        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
-    }
+    store_settings(backend, urls, Duration::from_millis(20), PREFIX)
 }
 
 fn standalone(server: &RedisServer) -> Arc<RedisStore> {
@@ -103,6 +94,55 @@ impl Reference {
             algorithm::release(state, cost);
         }
     }
+
+    /// The store's decisions on `checks` at `now_us` (charged under `lease`), then the
+    /// reference's at the same instant: what the differential tests compare.
+    async fn beside(
+        &mut self,
+        store: &RedisStore,
+        checks: &[Check],
+        lease: u64,
+        now_us: u64,
+    ) -> (Vec<Decision>, Vec<Decision>) {
+        let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
+        let got = store
+            .decide_at(checks, lease, GENEROUS, now_us)
+            .await
+            .expect("decide");
+        (got, self.decide(&keys, checks, now_us * 1000))
+    }
+
+    /// Gives back the concurrency lease `lease` of `checks` in the store and here, as a
+    /// finished request does.
+    async fn release_beside(&mut self, store: &RedisStore, lease: u64, checks: &[Check]) {
+        store.release(checks, lease).await;
+        for c in checks {
+            self.release(&store.redis_key(c), c.cost);
+        }
+    }
+}
+
+/// Counts one decision in `seen` (admitted, rejected).
+fn tally(seen: &mut (u32, u32), allowed: bool) {
+    if allowed {
+        seen.0 += 1;
+    } else {
+        seen.1 += 1;
+    }
+}
+
+/// The concurrency slots a request of `checks` holds when all were admitted (`got`), to be
+/// given back later; none otherwise.
+fn held_slots(checks: &[Check], got: &[Decision]) -> Option<Vec<Check>> {
+    if !got.iter().all(|d| d.allowed) {
+        return None;
+    }
+    let slots: Vec<Check> = checks
+        .iter()
+        .filter(|c| c.limit.algorithm() == Algorithm::Concurrency && c.cost > 0)
+        .cloned()
+        .collect();
+    (!slots.is_empty()).then_some(slots)
 }
 
 /// Rules of every algorithm, with awkward numbers: intervals that do not divide the window
@@ -204,10 +244,7 @@ async fn scripts_decide_exactly_like_the_reference() {
             // Give back a held concurrency lease now and then, as a finished request does.
             if !held.is_empty() && rng.u8(0..4) == 0 {
                 let (lease, checks) = held.swap_remove(rng.usize(0..held.len()));
-                store.release(&checks, lease).await;
-                for c in &checks {
-                    reference.release(&store.redis_key(c), c.cost);
-                }
+                reference.release_beside(&store, lease, &checks).await;
             }
             let n = match rng.u8(0..10) {
                 0..=5 => 1,
@@ -223,13 +260,8 @@ async fn scripts_decide_exactly_like_the_reference() {
                     checks.push(check(name, key, l.clone(), cost(&mut rng, l)));
                 }
             }
-            let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
             let lease = rng.u64(..);
-            let got = store
-                .decide_at(&checks, lease, GENEROUS, now_us)
-                .await
-                .expect("decide");
-            let want = reference.decide(&keys, &checks, now_us * 1000);
+            let (got, want) = reference.beside(&store, &checks, lease, now_us).await;
             assert_eq!(
                 got,
                 want,
@@ -241,22 +273,13 @@ async fn scripts_decide_exactly_like_the_reference() {
             );
             compared += checks.len();
             for (c, d) in checks.iter().zip(&got) {
-                let seen = outcomes.entry(c.rule.to_string()).or_insert((0, 0));
-                if d.allowed {
-                    seen.0 += 1;
-                } else {
-                    seen.1 += 1;
-                }
+                tally(
+                    outcomes.entry(c.rule.to_string()).or_insert((0, 0)),
+                    d.allowed,
+                );
             }
-            if got.iter().all(|d| d.allowed) {
-                let slots: Vec<Check> = checks
-                    .iter()
-                    .filter(|c| c.limit.algorithm() == Algorithm::Concurrency && c.cost > 0)
-                    .cloned()
-                    .collect();
-                if !slots.is_empty() {
-                    held.push((lease, slots));
-                }
+            if let Some(slots) = held_slots(&checks, &got) {
+                held.push((lease, slots));
             }
         }
     }
@@ -306,13 +329,7 @@ async fn reloaded_rules_reinterpret_state_like_the_reference() {
             }
             let l = variants[current].clone();
             let c = check("reloaded", seed, l.clone(), cost(&mut rng, &l));
-            let keys = vec![store.redis_key(&c)];
-            let checks = vec![c];
-            let got = store
-                .decide_at(&checks, rng.u64(..), GENEROUS, now_us)
-                .await
-                .expect("decide");
-            let want = reference.decide(&keys, &checks, now_us * 1000);
+            let (got, want) = reference.beside(&store, &[c], rng.u64(..), now_us).await;
             assert_eq!(got, want, "seed {seed} step {step} variant {current}");
         }
     }
@@ -347,15 +364,12 @@ async fn a_year_long_bucket_admits_its_whole_burst() {
     ] {
         let quota = algorithm::quota(&l);
         let c = check(name, 1, l.clone(), 1);
-        let keys = vec![store.redis_key(&c)];
         let mut reference = Reference::default();
         let mut admitted = 0;
         for i in 0..quota + 1 {
-            let want = reference.decide(&keys, std::slice::from_ref(&c), now_us * 1000);
-            let got = store
-                .decide_at(std::slice::from_ref(&c), i, GENEROUS, now_us)
-                .await
-                .expect("decide");
+            let (got, want) = reference
+                .beside(&store, std::slice::from_ref(&c), i, now_us)
+                .await;
             assert_eq!(got, want, "{name}: request {i}");
             admitted += u64::from(got[0].allowed);
             if quota > 1000 && i == 10 {
@@ -404,15 +418,9 @@ async fn buckets_written_by_an_older_floodgate_keep_their_level() {
         let mut reference = Reference::default();
         reference.states.insert(key.clone(), state);
         for i in 0..3 {
-            let want = reference.decide(
-                std::slice::from_ref(&key),
-                std::slice::from_ref(&c),
-                now_us * 1000,
-            );
-            let got = store
-                .decide_at(std::slice::from_ref(&c), i, GENEROUS, now_us)
-                .await
-                .expect("decide");
+            let (got, want) = reference
+                .beside(&store, std::slice::from_ref(&c), i, now_us)
+                .await;
             assert_eq!(got, want, "tag {tag}, request {i}");
         }
     }
@@ -583,20 +591,14 @@ async fn scripts_are_exact_over_the_whole_accepted_range() {
                     // The reference counts slots, not whose they are: give them back first,
                     // or a release after the key changed hands would free another's.
                     for (lease, checks) in held.drain(..) {
-                        store.release(&checks, lease).await;
-                        for c in &checks {
-                            reference.release(&store.redis_key(c), c.cost);
-                        }
+                        reference.release_beside(&store, lease, &checks).await;
                     }
                     rules[r] = next;
                 }
             }
             if !held.is_empty() && rng.u8(0..3) == 0 {
                 let (lease, checks) = held.swap_remove(rng.usize(0..held.len()));
-                store.release(&checks, lease).await;
-                for c in &checks {
-                    reference.release(&store.redis_key(c), c.cost);
-                }
+                reference.release_beside(&store, lease, &checks).await;
             }
             let mut checks = vec![];
             for (i, l) in rules.iter().enumerate() {
@@ -605,13 +607,8 @@ async fn scripts_are_exact_over_the_whole_accepted_range() {
                     checks.push(check(name, seed, l.clone(), ranged_cost(&mut rng, l)));
                 }
             }
-            let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
             let lease = rng.u64(..);
-            let got = store
-                .decide_at(&checks, lease, GENEROUS, now_us)
-                .await
-                .expect("decide");
-            let want = reference.decide(&keys, &checks, now_us * 1000);
+            let (got, want) = reference.beside(&store, &checks, lease, now_us).await;
             assert_eq!(
                 got,
                 want,
@@ -624,22 +621,13 @@ async fn scripts_are_exact_over_the_whole_accepted_range() {
             compared += got.len();
             for (c, d) in checks.iter().zip(&got) {
                 past_2_53 += usize::from(d.reset > two53 || d.retry_after > two53);
-                let seen = outcomes.entry(c.limit.algorithm().as_str()).or_default();
-                if d.allowed {
-                    seen.0 += 1;
-                } else {
-                    seen.1 += 1;
-                }
+                tally(
+                    outcomes.entry(c.limit.algorithm().as_str()).or_default(),
+                    d.allowed,
+                );
             }
-            if got.iter().all(|d| d.allowed) {
-                let slots: Vec<Check> = checks
-                    .iter()
-                    .filter(|c| c.limit.algorithm() == Algorithm::Concurrency && c.cost > 0)
-                    .cloned()
-                    .collect();
-                if !slots.is_empty() {
-                    held.push((lease, slots));
-                }
+            if let Some(slots) = held_slots(&checks, &got) {
+                held.push((lease, slots));
             }
         }
         // Keys of this seed are never used again: keep Redis small.
@@ -1046,32 +1034,6 @@ async fn url_credentials_and_database_are_used() {
     let r = wrong.decide(std::slice::from_ref(&c), 9, ms(300)).await;
     let error = format!("{:?}", r.expect_err("a wrong password cannot decide"));
     assert!(!error.contains("not-the-pw"), "{error}");
-}
-
-/// Starts `DEBUG SLEEP secs` on its own connection in a thread (Redis answers nothing
-/// meanwhile); joined on drop so that no thread outlives the test.
-struct Stall(Option<std::thread::JoinHandle<()>>);
-
-impl Stall {
-    fn start(server: &RedisServer, seconds: &str) -> Stall {
-        let mut conn = server.connection();
-        let seconds = seconds.to_string();
-        Stall(Some(std::thread::spawn(move || {
-            let r: Result<(), _> = redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(seconds)
-                .query(&mut conn);
-            r.expect("DEBUG SLEEP");
-        })))
-    }
-}
-
-impl Drop for Stall {
-    fn drop(&mut self) {
-        if let Some(t) = self.0.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A Redis that stops answering (`DEBUG SLEEP`): decisions give up at their timeout, with

@@ -552,12 +552,15 @@ async fn a_reload_during_an_in_flight_reservation_keeps_and_settles_it() {
     }
 }
 
-/// An upstream on a free loopback port that answers `POST /hang?usage=N` with an event
-/// stream whose first event carries `usage.total_tokens = N` (none when N is absent) and then
-/// never ends, and any other request with a JSON body of 10 tokens. Its tasks end with the
-/// test's runtime.
-async fn hanging_stream_upstream() -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// An upstream on a free loopback port that reads each request's head and lets `answer`
+/// write the answer, given the request line and the connection. Its tasks end with the test's
+/// runtime.
+async fn scripted_upstream<F, Fut>(answer: F) -> std::net::SocketAddr
+where
+    F: Fn(String, tokio::net::TcpStream) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tokio::io::AsyncReadExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -576,28 +579,40 @@ async fn hanging_stream_upstream() -> std::net::SocketAddr {
                     .next()
                     .unwrap_or("")
                     .to_owned();
-                if line.contains("/hang") {
-                    let usage = line
-                        .split("usage=")
-                        .nth(1)
-                        .and_then(|v| v.split(' ').next())
-                        .map(|n| format!("data: {{\"usage\":{{\"total_tokens\":{n}}}}}\n\n"))
-                        .unwrap_or_else(|| "data: {\"choices\":[]}\n\n".to_owned());
-                    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-                    let chunk = format!("{:x}\r\n{usage}\r\n", usage.len());
-                    let _ = socket.write_all(head.as_bytes()).await;
-                    let _ = socket.write_all(chunk.as_bytes()).await;
-                    // Never finishes: waits for the gateway to hang up.
-                    let _ = socket.read(&mut buf).await;
-                } else {
-                    let body = "{\"usage\":{\"total_tokens\":10}}";
-                    let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
-                    let _ = socket.write_all(answer.as_bytes()).await;
-                }
+                answer(line, socket).await;
             });
         }
     });
     addr
+}
+
+/// An upstream on a free loopback port that answers `POST /hang?usage=N` with an event
+/// stream whose first event carries `usage.total_tokens = N` (none when N is absent) and then
+/// never ends, and any other request with a JSON body of 10 tokens. Its tasks end with the
+/// test's runtime.
+async fn hanging_stream_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    scripted_upstream(|line, mut socket| async move {
+        if line.contains("/hang") {
+            let usage = line
+                .split("usage=")
+                .nth(1)
+                .and_then(|v| v.split(' ').next())
+                .map(|n| format!("data: {{\"usage\":{{\"total_tokens\":{n}}}}}\n\n"))
+                .unwrap_or_else(|| "data: {\"choices\":[]}\n\n".to_owned());
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let chunk = format!("{:x}\r\n{usage}\r\n", usage.len());
+            let _ = socket.write_all(head.as_bytes()).await;
+            let _ = socket.write_all(chunk.as_bytes()).await;
+            // Never finishes: waits for the gateway to hang up.
+            let _ = socket.read(&mut [0u8; 4096]).await;
+        } else {
+            let body = "{\"usage\":{\"total_tokens\":10}}";
+            let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    })
+    .await
 }
 
 /// A client that disconnects mid-stream is charged what the stream had reported by then
@@ -651,11 +666,7 @@ async fn a_client_leaving_mid_stream_is_charged_what_was_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_block_and_cost_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let backend = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"500ms\"\n",
-        urls.join(", ")
-    );
+    let backend = cluster.store("500ms", "");
     let api = OrdersApi::start("orders");
     let rules = format!(
         "{}{}",
@@ -853,45 +864,26 @@ async fn a_leased_count_rule_refunds_into_its_lease_and_stays_exact() {
 /// `x-usage-total-tokens` header per value, `/v1/j/N` as `usage.total_tokens` in a JSON body
 /// (N written as is, so any JSON number). Its tasks end with the test's runtime.
 async fn fixed_cost_upstream() -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&head)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_owned();
-                let path = line.split(' ').nth(1).unwrap_or("/").to_owned();
-                let (headers, body) = if let Some(values) = path.strip_prefix("/v1/h/") {
-                    let headers: String = values
-                        .split('/')
-                        .map(|v| format!("x-usage-total-tokens: {v}\r\n"))
-                        .collect();
-                    (headers, "{}".to_owned())
-                } else {
-                    let n = path.strip_prefix("/v1/j/").unwrap_or("0");
-                    (
-                        String::new(),
-                        format!("{{\"usage\":{{\"total_tokens\":{n}}}}}"),
-                    )
-                };
-                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-                let _ = socket.write_all(answer.as_bytes()).await;
-            });
-        }
-    });
-    addr
+    use tokio::io::AsyncWriteExt;
+    scripted_upstream(|line, mut socket| async move {
+        let path = line.split(' ').nth(1).unwrap_or("/").to_owned();
+        let (headers, body) = if let Some(values) = path.strip_prefix("/v1/h/") {
+            let headers: String = values
+                .split('/')
+                .map(|v| format!("x-usage-total-tokens: {v}\r\n"))
+                .collect();
+            (headers, "{}".to_owned())
+        } else {
+            let n = path.strip_prefix("/v1/j/").unwrap_or("0");
+            (
+                String::new(),
+                format!("{{\"usage\":{{\"total_tokens\":{n}}}}}"),
+            )
+        };
+        let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+        let _ = socket.write_all(answer.as_bytes()).await;
+    })
+    .await
 }
 
 /// Costs as upstreams write them, through the binary: `2.1` is 3 (refunded from the

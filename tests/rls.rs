@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use common::rls::{ask, descriptor, header, request, RlsGateway};
-use common::{eventually, metric_value};
+use common::{client, eventually, get_json, get_text, metric_value};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit, Code};
 use envoy_types::pb::google::protobuf::UInt64Value;
@@ -77,12 +77,7 @@ async fn every_field_of_the_answer_and_the_headers_envoy_passes_on() {
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
 
     // Per limit, on the rules' series; unmatched descriptors per domain.
-    let text = reqwest::get(gw.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client(), gw.admin_url("/metrics")).await;
     let series = |s: &str| metric_value(&text, s);
     assert_eq!(
         series("floodgate_ratelimit_decisions_total{result=\"allowed\",rule=\"orders-per-user\"}"),
@@ -251,12 +246,7 @@ async fn an_unknown_domain_is_ok_and_counted_as_other() {
         assert!(r.statuses[0].current_limit.is_none());
         assert!(r.response_headers_to_add.is_empty());
     }
-    let text = reqwest::get(gw.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client(), gw.admin_url("/metrics")).await;
     assert_eq!(
         metric_value(
             &text,
@@ -483,6 +473,16 @@ async fn spread(clients: &[common::rls::Client], n: usize, d: &[(&str, &str)]) -
     (ok, over)
 }
 
+/// `n` instances of one config, each with a client of its own.
+async fn fleet(body: &str, n: usize) -> (Vec<RlsGateway>, Vec<common::rls::Client>) {
+    let gws: Vec<RlsGateway> = (0..n).map(|_| RlsGateway::start(body)).collect();
+    let mut clients = Vec::new();
+    for g in &gws {
+        clients.push(g.client().await);
+    }
+    (gws, clients)
+}
+
 fn redis_store(url: &str, timeout: &str) -> String {
     format!(
         "[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"{timeout}\"\ninstances = 3\n\n"
@@ -506,11 +506,7 @@ async fn three_instances_on_one_redis_admit_exactly_the_limit() {
             "algorithm = \"token_bucket\"\nlimit = 30\nwindow = \"1h\"\nlease = 4"
         ),
     );
-    let gws: Vec<RlsGateway> = (0..3).map(|_| RlsGateway::start(&body)).collect();
-    let mut clients = Vec::new();
-    for g in &gws {
-        clients.push(g.client().await);
-    }
+    let (_gws, clients) = fleet(&body, 3).await;
     assert_eq!(spread(&clients, 90, &[("user", "a")]).await, (25, 65));
     // Leased (permits charged to the shared counter when leased, spent in process): never
     // over. Permits another instance holds, or that a lease ending gives back a moment after
@@ -523,21 +519,16 @@ async fn three_instances_on_one_redis_admit_exactly_the_limit() {
 #[tokio::test]
 async fn a_redis_cluster_admits_exactly_the_limit() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let body = format!(
-        "[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"2s\"\n\n{}",
-        urls.join(", "),
+        "{}{}",
+        cluster.store("2s", ""),
         limit(
             "global",
             "[{ key = \"user\" }]",
             "algorithm = \"fixed_window\"\nlimit = 20\nwindow = \"1h\""
         ),
     );
-    let gws: Vec<RlsGateway> = (0..2).map(|_| RlsGateway::start(&body)).collect();
-    let mut clients = Vec::new();
-    for g in &gws {
-        clients.push(g.client().await);
-    }
+    let (_gws, clients) = fleet(&body, 2).await;
     for user in ["a", "b", "c"] {
         assert_eq!(
             spread(&clients, 40, &[("user", user)]).await,
@@ -588,12 +579,7 @@ async fn a_failing_store_follows_each_limits_on_store_error() {
         codes.push(ask(&mut c, one("l")).await.overall_code);
     }
     assert_eq!(codes, [OK, OK, OVER, OVER]);
-    let text = reqwest::get(gw.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client(), gw.admin_url("/metrics")).await;
     assert_eq!(
         metric_value(
             &text,
@@ -793,12 +779,7 @@ async fn envoy_in_front_of_orders_api_asks_floodgate() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let text = reqwest::get(gw.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client(), gw.admin_url("/metrics")).await;
     assert_eq!(
         metric_value(
             &text,
@@ -850,12 +831,7 @@ async fn top_and_the_dashboard_list_rls_limits_and_their_clients() {
     for _ in 0..5 {
         ask(&mut c, d()).await;
     }
-    let top: serde_json::Value = reqwest::get(gw.admin_url("/top?rule=per-user&by=rejected"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let top = get_json(&client(), gw.admin_url("/top?rule=per-user&by=rejected")).await;
     let first = &top["clients"][0];
     assert_eq!(first["key"]["user"], "alice", "{top}");
     assert_eq!(first["rejected"], 3, "{top}");
@@ -864,12 +840,7 @@ async fn top_and_the_dashboard_list_rls_limits_and_their_clients() {
         shown.starts_with("sha256:") && !shown.contains("s3cret"),
         "{shown}"
     );
-    let stats: serde_json::Value = reqwest::get(gw.admin_url("/stats"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = get_json(&client(), gw.admin_url("/stats")).await;
     let rule = stats["rules"]
         .as_array()
         .unwrap()
@@ -970,12 +941,7 @@ async fn block_for_keeps_a_rejected_value_out_in_process_and_in_redis_and_top_sh
         )
         .await;
         assert_eq!(bob.overall_code, OK, "{backend}");
-        let top: serde_json::Value = reqwest::get(gw.admin_url("/top?rule=per-user"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let top = get_json(&client(), gw.admin_url("/top?rule=per-user")).await;
         let blocked = top["blocked"].as_array().expect("blocked list");
         assert_eq!(blocked.len(), 1, "{backend}: {top}");
         assert_eq!(blocked[0]["key"]["user"], "alice", "{backend}: {top}");

@@ -36,12 +36,7 @@ async fn the_shipped_rules_work() {
 
     // orders-per-key: token bucket, burst 20.
     for i in 0..20 {
-        let r = c
-            .get(url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, url("/orders"), "test").await;
         assert_eq!(r.status(), 200, "request {i}");
         let policy = r.headers()["ratelimit-policy"].to_str().unwrap();
         assert_eq!(
@@ -49,12 +44,7 @@ async fn the_shipped_rules_work() {
             "\"per-ip-flood\";q=1000;w=1, \"orders-per-key\";q=100;w=60"
         );
     }
-    let r = c
-        .get(url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, url("/orders"), "test").await;
     assert_eq!(r.status(), 429);
     assert_eq!(
         r.headers()["retry-after"],

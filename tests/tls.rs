@@ -28,20 +28,15 @@ async fn https_with_h2_by_alpn() {
         .resolve("localhost", tls_addr)
         .build()
         .unwrap();
-    let r = h2
-        .get(&url)
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&h2, &url, "test").await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.version(), reqwest::Version::HTTP_2, "ALPN picks h2");
-    let h = h2
-        .get(format!("https://localhost:{tls_port}/orders/1"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let h = get_with_key(
+        &h2,
+        format!("https://localhost:{tls_port}/orders/1"),
+        "test",
+    )
+    .await;
     assert_eq!(h.status(), 200);
 
     let h1 = reqwest::Client::builder()

@@ -113,6 +113,12 @@ impl Received {
         })
         .await
     }
+
+    /// Waits for the server span of trace `trace`.
+    async fn server_span(&self, what: &str, trace: &str) -> Got {
+        self.wait_for(what, |s| s.kind == SERVER && s.trace_id == trace)
+            .await
+    }
 }
 
 fn hex(b: &[u8]) -> String {
@@ -169,6 +175,14 @@ impl Collector {
 
     fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The `[tracing]` lines that export to this receiver at `ratio`.
+    fn exporting(&self, ratio: f64) -> String {
+        format!(
+            "otlp_endpoint = \"{}\"\nsample_ratio = {ratio:?}",
+            self.endpoint()
+        )
     }
 }
 
@@ -259,6 +273,36 @@ schedule_delay = \"50ms\"
     )
 }
 
+/// A gateway, in front of the Orders API, that exports to a collector of its own. Tests take it
+/// apart; a part they do not use is bound to `_name`, not `..`, which would drop it (and stop
+/// the API) at once.
+struct Traced {
+    gw: Gateway,
+    collector: Collector,
+    api: OrdersApi,
+}
+
+/// The Orders API, a collector and [`start`]'s gateway exporting to it at `ratio` (`tracing`:
+/// more `[tracing]` lines).
+async fn traced(trusted: &str, ratio: f64, tracing: &str, rules: &str) -> Traced {
+    let api = OrdersApi::start("orders-1");
+    let collector = Collector::start().await;
+    let gw = start(
+        &api,
+        trusted,
+        &format!("{}\n{tracing}", collector.exporting(ratio)),
+        rules,
+    );
+    Traced { gw, collector, api }
+}
+
+/// A GET of `path` from a caller in trace `trace` (`flags`: `01` sampled, `00` not).
+fn in_trace(gw: &Gateway, path: &str, trace: &str, flags: &str) -> reqwest::RequestBuilder {
+    client()
+        .get(gw.url(path))
+        .header("traceparent", format!("00-{trace}-{PARENT}-{flags}"))
+}
+
 /// The `traceparent` the upstream received, from the echo's JSON.
 async fn upstream_traceparent(r: reqwest::Response) -> Option<String> {
     let body: serde_json::Value = r.json().await.unwrap();
@@ -267,22 +311,16 @@ async fn upstream_traceparent(r: reqwest::Response) -> Option<String> {
 
 #[tokio::test]
 async fn a_trusted_callers_trace_is_continued_and_the_upstream_gets_floodgates_span_as_parent() {
-    let api = OrdersApi::start("orders-1");
-    let collector = Collector::start().await;
     // sample_ratio 0: what is exported is there only because the caller's sampled flag was
     // followed (parent-based).
-    let gw = start(
-        &api,
+    let Traced { gw, collector, api } = traced(
         "\"127.0.0.1/32\"",
-        &format!(
-            "otlp_endpoint = \"{}\"\nsample_ratio = 0.0\nservice_name = \"edge-gw\"\nresource_attributes = {{ \"deployment.environment\" = \"test\" }}",
-            collector.endpoint()
-        ),
+        0.0,
+        "service_name = \"edge-gw\"\nresource_attributes = { \"deployment.environment\" = \"test\" }",
         "",
-    );
-    let r = client()
-        .get(gw.url("/debug/orders/1"))
-        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
+    )
+    .await;
+    let r = in_trace(&gw, "/debug/orders/1", TRACE, "01")
         .header("tracestate", "vendor=abc")
         .header("x-request-id", "req-trace-1")
         .send()
@@ -305,11 +343,7 @@ async fn a_trusted_callers_trace_is_continued_and_the_upstream_gets_floodgates_s
     assert_eq!(parts[3], "01", "sampled: {sent}");
 
     let rx = &collector.received;
-    let server = rx
-        .wait_for("the server span", |s| {
-            s.kind == SERVER && s.trace_id == TRACE
-        })
-        .await;
+    let server = rx.server_span("the server span", TRACE).await;
     assert_eq!(
         server.parent, PARENT,
         "the server span continues the caller's"
@@ -364,9 +398,7 @@ async fn a_trusted_callers_trace_is_continued_and_the_upstream_gets_floodgates_s
 
     // An unsampled caller is not sampled (ratio 0 would not sample it either way) but its
     // trace still goes upstream.
-    let r = client()
-        .get(gw.url("/debug/x"))
-        .header("traceparent", format!("00-{}-{PARENT}-00", "1".repeat(32)))
+    let r = in_trace(&gw, "/debug/x", &"1".repeat(32), "00")
         .send()
         .await
         .unwrap();
@@ -380,22 +412,10 @@ async fn a_trusted_callers_trace_is_continued_and_the_upstream_gets_floodgates_s
 
 #[tokio::test]
 async fn an_untrusted_clients_traceparent_is_not_continued() {
-    let api = OrdersApi::start("orders-1");
-    let collector = Collector::start().await;
     // No trusted proxies: the loopback client is untrusted. Its sampled traceparent must not
     // force sampling (ratio 0), nor pick the trace id.
-    let gw = start(
-        &api,
-        "",
-        &format!(
-            "otlp_endpoint = \"{}\"\nsample_ratio = 0.0",
-            collector.endpoint()
-        ),
-        "",
-    );
-    let r = client()
-        .get(gw.url("/debug/a"))
-        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
+    let Traced { gw, collector, api } = traced("", 0.0, "", "").await;
+    let r = in_trace(&gw, "/debug/a", TRACE, "01")
         .header("tracestate", "evil=1")
         .send()
         .await
@@ -414,29 +434,14 @@ async fn an_untrusted_clients_traceparent_is_not_continued() {
     assert!(body["headers"].get("tracestate").is_none(), "{body}");
 
     // With ratio 1 the fresh trace is exported, as a root.
-    let gw = start(
-        &api,
-        "",
-        &format!(
-            "otlp_endpoint = \"{}\"\nsample_ratio = 1.0",
-            collector.endpoint()
-        ),
-        "",
-    );
-    let r = client()
-        .get(gw.url("/debug/b"))
-        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
-        .send()
-        .await
-        .unwrap();
+    let gw = start(&api, "", &collector.exporting(1.0), "");
+    let r = in_trace(&gw, "/debug/b", TRACE, "01").send().await.unwrap();
     let sent = upstream_traceparent(r).await.unwrap();
     let trace = sent.split('-').nth(1).unwrap().to_string();
     assert_ne!(trace, TRACE);
     let server = collector
         .received
-        .wait_for("the server span", |s| {
-            s.kind == SERVER && s.trace_id == trace
-        })
+        .server_span("the server span", &trace)
         .await;
     assert_eq!(server.parent, "", "a root span");
     assert!(
@@ -451,31 +456,23 @@ async fn an_untrusted_clients_traceparent_is_not_continued() {
 
 #[tokio::test]
 async fn a_rejected_request_is_a_complete_trace_naming_its_rule() {
-    let api = OrdersApi::start("orders-1");
-    let collector = Collector::start().await;
-    let gw = start(
-        &api,
+    let Traced { gw, collector, api: _api } = traced(
         "\"127.0.0.1/32\"",
-        &format!("otlp_endpoint = \"{}\"\nsample_ratio = 1.0", collector.endpoint()),
+        1.0,
+        "",
         "[[rules]]\nname = \"one-per-ip\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n",
-    );
-    let c = client();
-    let first = c.get(gw.url("/debug/1")).send().await.unwrap();
+    )
+    .await;
+    let first = client().get(gw.url("/debug/1")).send().await.unwrap();
     assert_eq!(first.status(), 200);
     let trace = "a".repeat(32);
-    let second = c
-        .get(gw.url("/debug/2"))
-        .header("traceparent", format!("00-{trace}-{PARENT}-01"))
+    let second = in_trace(&gw, "/debug/2", &trace, "01")
         .send()
         .await
         .unwrap();
     assert_eq!(second.status(), 429);
     let rx = &collector.received;
-    let server = rx
-        .wait_for("the 429's server span", |s| {
-            s.kind == SERVER && s.trace_id == trace
-        })
-        .await;
+    let server = rx.server_span("the 429's server span", &trace).await;
     assert_eq!(server.attr("http.response.status_code"), Some("429"));
     assert_eq!(server.attr("floodgate.rejected_by"), Some("one-per-ip"));
     let admission = rx
@@ -519,35 +516,27 @@ async fn a_rejected_request_is_a_complete_trace_naming_its_rule() {
 #[tokio::test]
 async fn the_store_call_is_a_child_of_the_admission_span() {
     let redis = RedisServer::start();
-    let api = OrdersApi::start("orders-1");
-    let collector = Collector::start().await;
-    let gw = start(
-        &api,
+    let Traced { gw, collector, api: _api } = traced(
         "\"127.0.0.1/32\"",
-        &format!("otlp_endpoint = \"{}\"\nsample_ratio = 1.0", collector.endpoint()),
+        1.0,
+        "",
         &format!(
             "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\n[[rules]]\nname = \"global-per-ip\"\nkey = [\"ip\"]\nalgorithm = \"sliding_window_log\"\nlimit = 100\nwindow = \"1m\"\nscope = \"global\"\n",
             redis.url()
         ),
-    );
-    let c = client();
+    )
+    .await;
     // The store connects in the background: the first requests may be decided by the
     // fallback; wait for one the store answered.
     let trace = "b".repeat(32);
     let store = eventually(Duration::from_secs(20), "a traced store call", || {
-        let (c, url, rx, trace) = (
-            c.clone(),
-            gw.url("/debug/s"),
+        let (call, rx, trace) = (
+            in_trace(&gw, "/debug/s", &trace, "01"),
             collector.received.clone(),
             trace.clone(),
         );
         async move {
-            let r = c
-                .get(url)
-                .header("traceparent", format!("00-{trace}-{PARENT}-01"))
-                .send()
-                .await
-                .ok()?;
+            let r = call.send().await.ok()?;
             assert_eq!(r.status(), 200);
             tokio::time::sleep(Duration::from_millis(200)).await;
             rx.spans()
@@ -575,17 +564,10 @@ async fn spans_go_to_an_otlp_http_endpoint_by_its_path() {
         &format!("otlp_endpoint = \"http://{addr}/v1/traces\"\nsample_ratio = 1.0"),
         "",
     );
-    let r = client()
-        .get(gw.url("/debug/h"))
-        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
-        .send()
-        .await
-        .unwrap();
+    let r = in_trace(&gw, "/debug/h", TRACE, "01").send().await.unwrap();
     assert_eq!(r.status(), 200);
     let server = received
-        .wait_for("the server span over OTLP/HTTP", |s| {
-            s.kind == SERVER && s.trace_id == TRACE
-        })
+        .server_span("the server span over OTLP/HTTP", TRACE)
         .await;
     assert_eq!(server.service, "floodgate", "the default service name");
 }
@@ -723,17 +705,11 @@ async fn the_rls_port_continues_envoys_trace_and_records_its_decision() {
 
 #[tokio::test]
 async fn sample_ratio_and_trust_are_reloaded_and_the_exporters_keys_wait_for_a_restart() {
-    let api = OrdersApi::start("orders-1");
-    let collector = Collector::start().await;
-    let gw = start(
-        &api,
-        "",
-        &format!(
-            "otlp_endpoint = \"{}\"\nsample_ratio = 0.0",
-            collector.endpoint()
-        ),
-        "",
-    );
+    let Traced {
+        gw,
+        collector,
+        api: _api,
+    } = traced("", 0.0, "", "").await;
     let c = client();
     let trace_of = |r: Option<String>| r.unwrap().split('-').nth(1).unwrap().to_string();
     let r = c.get(gw.url("/debug/before")).send().await.unwrap();
@@ -763,8 +739,7 @@ async fn sample_ratio_and_trust_are_reloaded_and_the_exporters_keys_wait_for_a_r
     );
     let trace = "d".repeat(32);
     let sent = upstream_traceparent(
-        c.get(gw.url("/debug/after"))
-            .header("traceparent", format!("00-{trace}-{PARENT}-00"))
+        in_trace(&gw, "/debug/after", &trace, "00")
             .send()
             .await
             .unwrap(),
@@ -783,9 +758,7 @@ async fn sample_ratio_and_trust_are_reloaded_and_the_exporters_keys_wait_for_a_r
     let fresh = trace_of(upstream_traceparent(r).await);
     let server = collector
         .received
-        .wait_for("a span at the reloaded ratio", |s| {
-            s.kind == SERVER && s.trace_id == fresh
-        })
+        .server_span("a span at the reloaded ratio", &fresh)
         .await;
     assert_eq!(
         server.service, "floodgate",

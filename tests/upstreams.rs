@@ -333,12 +333,7 @@ async fn a_killed_target_is_taken_out_and_comes_back() {
     wait_health(&c, &gw, a.addr, true).await;
     let mut by_a = 0;
     for _ in 0..10 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         assert_eq!(r.status(), 200);
         by_a += usize::from(r.headers()["x-served-by"] == "orders-a");
     }
@@ -363,12 +358,7 @@ async fn passive_ejection_of_a_target_answering_500() {
     let c = client();
     let mut statuses = Vec::new();
     for _ in 0..30 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         statuses.push(r.status().as_u16());
     }
     let errors = statuses.iter().filter(|s| **s == 500).count();
@@ -511,12 +501,7 @@ async fn every_target_down_is_503_with_retry_after() {
         "a target failing its check is out; none left: 503",
     )
     .await;
-    let r = c
-        .get(gw.url("/orders"))
-        .header("x-api-key", "test")
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_key(&c, gw.url("/orders"), "test").await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
     assert_eq!(r.headers()["content-type"], "application/problem+json");
@@ -524,17 +509,23 @@ async fn every_target_down_is_503_with_retry_after() {
     assert_eq!(p["type"], "urn:floodgate:problem:no-healthy-upstream");
 }
 
-#[tokio::test]
-async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
-    let port = free_port();
+/// The Orders API on `port` of 127.0.0.1 (served by "v4") and, where the machine has it, of
+/// ::1 ("v6"): `localhost` may resolve to both.
+fn on_both_loopbacks(port: u16) -> (OrdersApi, Option<OrdersApi>) {
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _a4 = OrdersApi::start_at("v4", v4, &[]);
-    // Also on ::1 where the machine has it: `localhost` may resolve to both.
+    let a4 = OrdersApi::start_at("v4", v4, &[]);
     let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
-    let _a6 = std::net::TcpListener::bind(v6)
+    let a6 = std::net::TcpListener::bind(v6)
         .ok()
         .map(drop)
         .map(|()| OrdersApi::start_at("v6", v6, &[]));
+    (a4, a6)
+}
+
+#[tokio::test]
+async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
+    let port = free_port();
+    let (_a4, _a6) = on_both_loopbacks(port);
     let body = format!(
         "[[upstreams]]\nname = \"orders\"\ntargets = [\"localhost:{port}\", \"nothere.invalid:{port}\"]\nhost_header = \"orders.internal\"\n\
          [[routes]]\nname = \"debug\"\nmatch = {{ path_prefix = \"/debug\" }}\nupstream = \"orders\"\nauth = \"none\"\n"
@@ -580,13 +571,7 @@ async fn localhost_resolves_and_an_unresolvable_name_is_a_target_down() {
 #[tokio::test]
 async fn a_name_that_resolves_late_becomes_healthy_with_every_address() {
     let port = free_port();
-    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let _a4 = OrdersApi::start_at("v4", v4, &[]);
-    let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
-    let a6 = std::net::TcpListener::bind(v6)
-        .ok()
-        .map(drop)
-        .map(|()| OrdersApi::start_at("v6", v6, &[]));
+    let (_a4, a6) = on_both_loopbacks(port);
     // The name is in no resolver yet: floodgate's own hosts file is empty.
     let hosts_dir = tempfile::tempdir().unwrap();
     let hosts = hosts_dir.path().join("hosts");
@@ -747,12 +732,7 @@ async fn total_timeout_and_retries_only_for_idempotent_methods() {
     assert_eq!(p["type"], "urn:floodgate:problem:upstream");
 
     for _ in 0..6 {
-        let r = c
-            .get(gw.url("/orders"))
-            .header("x-api-key", "test")
-            .send()
-            .await
-            .unwrap();
+        let r = get_with_key(&c, gw.url("/orders"), "test").await;
         assert_eq!(
             r.status(),
             200,

@@ -232,53 +232,19 @@ def floodgate_config(port, admin, up_port, protect):
 
 
 def envoy_config(port, admin, up_port):
-    big = 1_000_000
-    return f"""admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: bench
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: bench
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: upstream, timeout: 60s}}
-          http_filters:
+    """`common.envoy_bootstrap` with Envoy's adaptive concurrency filter in front of the router."""
+    adaptive = """
           - name: envoy.filters.http.adaptive_concurrency
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.adaptive_concurrency.v3.AdaptiveConcurrency
               gradient_controller_config:
-                sample_aggregate_percentile: {{value: 90}}
+                sample_aggregate_percentile: {value: 90}
                 concurrency_limit_params:
                   concurrency_update_interval: 0.1s
                 min_rtt_calc_params:
                   interval: 10s
-                  request_count: 50
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    connect_timeout: 1s
-    type: STATIC
-    circuit_breakers:
-      thresholds:
-      - {{max_connections: {big}, max_pending_requests: {big}, max_requests: {big}}}
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up_port}}}}}}}
-"""
+                  request_count: 50"""
+    return common.envoy_bootstrap(port, admin, up_port, http_filters=adaptive, route_timeout="60s")
 
 
 def start_system(kind, args, up_port, tmp):

@@ -195,7 +195,7 @@ pub struct Capabilities {
     pub shaping: Option<Shaping>,
     /// Why quota leasing cannot count this algorithm's state (in any mode); `None`: it can.
     pub lease_refused: Option<&'static str>,
-    /// Its entry in `lua/decide.lua`'s `algorithms` table (police mode, or its only mode).
+    /// Its entry in `lua/algorithms.lua`'s `algorithms` table (police mode, or its only mode).
     pub lua: LuaFn,
     /// Whether an admitted request holds a slot until its exchange ends (`release.lua`).
     pub holds_slots: bool,
@@ -233,7 +233,7 @@ impl Capabilities {
         }
     }
 
-    /// The entry of `lua/decide.lua`'s table that decides a rule in `mode`.
+    /// The entry of `lua/algorithms.lua`'s table that decides a rule in `mode`.
     pub fn lua_fn(self, mode: LeakyMode) -> LuaFn {
         match (mode, self.shaping) {
             (LeakyMode::Shape, Some(s)) => s.lua,
@@ -268,13 +268,13 @@ pub struct LimitCap {
 /// How an algorithm shapes (holds a request until its turn).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shaping {
-    /// Its entry in `lua/decide.lua`'s table when shaping.
+    /// Its entry in `lua/algorithms.lua`'s table when shaping.
     pub lua: LuaFn,
     /// Why a shaping rule cannot lease.
     pub lease_refused: &'static str,
 }
 
-/// One entry of `lua/decide.lua`'s `algorithms` table; a unit test in `redis/script.rs`
+/// One entry of `lua/algorithms.lua`'s `algorithms` table; a unit test in `redis/script.rs`
 /// checks the table against every algorithm's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LuaFn {

@@ -40,6 +40,29 @@ pub struct Policy {
     pub respond: super::reservation::Respond,
 }
 
+impl Policy {
+    /// A policy named `name` that counts by `limit` in `scope`, every other option at its
+    /// gateway.toml default: fail open, cost 1, counted for real, in the headers, status 429,
+    /// no lease, the default queue, charged whatever the response. For the rules tests and
+    /// benchmarks build by hand; the config sets every field from the file.
+    pub fn with_defaults(name: &str, limit: Limit, scope: Scope) -> Policy {
+        Policy {
+            name: name.into(),
+            limit,
+            scope,
+            on_store_error: FailureMode::Open,
+            cost: 1,
+            shadow: false,
+            headers: true,
+            status: 429,
+            counters: RuleCounters::for_rule(name),
+            lease: None,
+            max_waiting: super::engine::MAX_WAITING_PER_RULE,
+            respond: super::reservation::Respond::default(),
+        }
+    }
+}
+
 /// Where a rule's counters live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {

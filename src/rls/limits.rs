@@ -162,7 +162,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::policy::{FailureMode, Scope};
+    use crate::limiter::policy::Scope;
     use crate::limiter::{Algorithm, Limit};
     use std::time::Duration;
 
@@ -177,18 +177,12 @@ mod tests {
                 })
                 .collect(),
             policy: Arc::new(Policy {
-                name: name.into(),
-                limit: Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
-                scope: Scope::Local,
-                on_store_error: FailureMode::Open,
-                cost: 1,
-                shadow: false,
-                headers: true,
-                status: 429,
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rls"),
-                lease: None,
-                max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
-                respond: crate::limiter::reservation::Respond::default(),
+                ..Policy::with_defaults(
+                    name,
+                    Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
+                    Scope::Local,
+                )
             }),
         })
     }

@@ -217,7 +217,7 @@ fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::policy::{FailureMode, Scope};
+    use crate::limiter::policy::Scope;
     use crate::limiter::Algorithm;
     use crate::rls::limits::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as ReqEntry;
@@ -232,18 +232,13 @@ mod tests {
                     value: None,
                 }],
                 policy: Arc::new(Policy {
-                    name: name.into(),
-                    limit: Limit::police(Algorithm::FixedWindow, 10, Duration::from_secs(60), 10),
-                    scope: Scope::Local,
-                    on_store_error: FailureMode::Open,
                     cost: 2,
-                    shadow: false,
-                    headers: true,
-                    status: 429,
                     counters: crate::metrics::RuleCounters::for_rule("unit-test-rls-plan"),
-                    lease: None,
-                    max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
-                    respond: crate::limiter::reservation::Respond::default(),
+                    ..Policy::with_defaults(
+                        name,
+                        Limit::police(Algorithm::FixedWindow, 10, Duration::from_secs(60), 10),
+                        Scope::Local,
+                    )
                 }),
             })
         };

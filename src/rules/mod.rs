@@ -326,18 +326,12 @@ mod tests {
             matcher,
             key_parts: key,
             policy: Arc::new(Policy {
-                name: "r".into(),
-                limit: Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
-                scope: Scope::Local,
-                on_store_error: FailureMode::Open,
-                cost: 1,
-                shadow: false,
-                headers: true,
-                status: 429,
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rule"),
-                lease: None,
-                max_waiting: crate::limiter::engine::MAX_WAITING_PER_RULE,
-                respond: Default::default(),
+                ..Policy::with_defaults(
+                    "r",
+                    Limit::police(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1),
+                    Scope::Local,
+                )
             }),
         }
     }

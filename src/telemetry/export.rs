@@ -57,21 +57,11 @@ impl SpanProcessor for QueueProcessor {
 pub(super) fn start(settings: &Settings, resource: Resource) -> Option<QueueProcessor> {
     let (tx, rx) = mpsc::channel(settings.max_queue_size);
     let settings = settings.clone();
-    let spawned = std::thread::Builder::new()
-        .name("floodgate-otlp".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, "trace export runtime could not start; spans are dropped");
-                    return;
-                }
-            };
-            rt.block_on(run(settings, resource, rx));
-        });
+    let spawned = crate::threads::spawn(
+        "floodgate-otlp",
+        move || run(settings, resource, rx),
+        |e| tracing::error!(error = %e, "trace export runtime could not start; spans are dropped"),
+    );
     match spawned {
         Ok(_) => Some(QueueProcessor { tx }),
         Err(e) => {

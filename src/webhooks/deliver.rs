@@ -119,17 +119,11 @@ pub(super) fn offer(to: &Target<'_>, event: Event) {
         let (tx, rx) = mpsc::channel(test_queue_size().unwrap_or(QUEUE));
         // A thread and runtime of its own: the proxy's runtimes are Pingora's, sized and run
         // for requests, and a delivery stuck on a slow receiver must not sit among them.
-        let started = std::thread::Builder::new()
-            .name("floodgate-webhooks".into())
-            .spawn(move || {
-                match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt.block_on(run(rx)),
-                    Err(e) => tracing::error!(error = %e, "webhook delivery cannot start"),
-                }
-            });
+        let started = crate::threads::spawn(
+            "floodgate-webhooks",
+            move || run(rx),
+            |e| tracing::error!(error = %e, "webhook delivery cannot start"),
+        );
         if let Err(e) = started {
             tracing::error!(error = %e, "webhook delivery cannot start");
         }

@@ -331,6 +331,29 @@ pub async fn get_text(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> String
         .expect("body")
 }
 
+/// `GET url` with API key `key` in `x-api-key`, the header the demo keys are read from.
+pub async fn get_with_key(
+    c: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    key: &str,
+) -> reqwest::Response {
+    c.get(url)
+        .header("x-api-key", key)
+        .send()
+        .await
+        .expect("GET")
+}
+
+/// `GET url` with `token` as a bearer token (the admin token, or an API key read from
+/// `Authorization`).
+pub async fn get_with_token(
+    c: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    token: &str,
+) -> reqwest::Response {
+    c.get(url).bearer_auth(token).send().await.expect("GET")
+}
+
 /// `GET url` and its body as JSON.
 pub async fn get_json(c: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_json::Value {
     c.get(url)
@@ -559,6 +582,39 @@ impl Gateway {
 pub mod redis;
 pub mod rls;
 pub mod upgrade;
+
+/// [`admin_request`] with no extra header and a 10 s read timeout: (status, body as JSON).
+pub fn admin_json(
+    gw: &Gateway,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let (status, _, json) = admin_request(
+        gw.admin,
+        token,
+        method,
+        path,
+        &[],
+        body,
+        Duration::from_secs(10),
+    );
+    (status, json)
+}
+
+/// A gateway with admin token `token`, the demo keys, `upstream` (an `[[upstreams]]` table
+/// named `orders`, see [`orders_upstream`]), `store`, the route `/orders` behind a required
+/// key, and `rules`: the usage API's and the bans' gateway.
+pub fn keyed_gateway(token: &str, upstream: &str, store: &str, rules: &str) -> Gateway {
+    Gateway::start_with(
+        &format!("admin_token = \"{token}\"\n"),
+        &format!(
+            "{DEMO_KEYS}\n{upstream}{store}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"required\"\n{rules}"
+        ),
+        &[],
+    )
+}
 
 /// One admin request by hand on a connection of its own (`Host: localhost`, `Bearer token`, a
 /// JSON content type, `headers` added, `connection: close`), read until the server closes:

@@ -285,6 +285,16 @@ impl RedisCluster {
     }
 
     /// Seed URLs of every master.
+    /// A `[store]` table for this cluster with a decision budget of `timeout`, then `extra`
+    /// (as [`store`] writes one for a standalone server).
+    pub fn store(&self, timeout: &str, extra: &str) -> String {
+        let urls: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        format!(
+            "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"{timeout}\"\n{extra}\n",
+            urls.join(", ")
+        )
+    }
+
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
@@ -301,6 +311,51 @@ impl RedisCluster {
                     .is_ok()
             })
             .unwrap_or_else(|| panic!("no master owns {key}"))
+    }
+}
+
+/// The store's settings for `urls` with a decision budget of `timeout` and keys under
+/// `key_prefix`, the rest as the config's defaults (one instance, 10,000 keys), for the tests
+/// that open a `RedisStore` directly.
+pub fn store_settings(
+    backend: floodgate::config::Backend,
+    urls: Vec<String>,
+    timeout: Duration,
+    key_prefix: &str,
+) -> floodgate::config::Store {
+    floodgate::config::Store {
+        backend,
+        urls,
+        timeout,
+        key_prefix: key_prefix.into(),
+        instances: 1,
+        max_keys: 10_000,
+        max_bans: floodgate::limiter::settings::DEFAULT_MAX_BANS,
+        connect_timeout: floodgate::limiter::settings::DEFAULT_CONNECT_TIMEOUT,
+    }
+}
+
+/// Stalls a server with `DEBUG SLEEP seconds` on its own connection in a thread (Redis
+/// answers nothing meanwhile); joined on drop so that no thread outlives the test.
+pub struct Stall(Option<std::thread::JoinHandle<()>>);
+
+impl Stall {
+    /// Starts the stall; it lasts `seconds` (`"1.5"`) from about now.
+    pub fn start(server: &RedisServer, seconds: &str) -> Stall {
+        let mut conn = server.connection();
+        let seconds = seconds.to_string();
+        Stall(Some(std::thread::spawn(move || {
+            let r: Result<(), _> = cmd("DEBUG").arg("SLEEP").arg(seconds).query(&mut conn);
+            r.expect("DEBUG SLEEP");
+        })))
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -60,15 +60,20 @@ auth = "none"
     )
 }
 
+/// A gateway in front of `api` (and a dead upstream) that logs as `format` (text or json).
+fn logging_as(format: &str, api: &OrdersApi) -> Gateway {
+    Gateway::start_with(
+        &format!("log_format = \"{format}\"\n"),
+        &config(api.addr, free_addr()),
+        &[],
+    )
+}
+
 #[test]
 fn c1_controls_never_reach_the_log_in_either_format() {
     let api = OrdersApi::start("orders-1");
     for format in ["text", "json"] {
-        let gw = Gateway::start_with(
-            &format!("log_format = \"{format}\"\n"),
-            &config(api.addr, free_addr()),
-            &[],
-        );
+        let gw = logging_as(format, &api);
         // U+009B is CSI: `CSI 2 J` clears a terminal that obeys 8-bit controls.
         let id = format!("c1-{format}");
         let head = format!(
@@ -101,11 +106,7 @@ fn c1_controls_never_reach_the_log_in_either_format() {
 fn hosts_are_capped_and_every_logged_line_is_bounded() {
     let api = OrdersApi::start("orders-1");
     for format in ["text", "json"] {
-        let gw = Gateway::start_with(
-            &format!("log_format = \"{format}\"\n"),
-            &config(api.addr, free_addr()),
-            &[],
-        );
+        let gw = logging_as(format, &api);
         // A Host longer than any DNS name is refused, before a route could send it upstream
         // (and Pingora's error line could quote it).
         let host = "a".repeat(64 * 1024);

@@ -129,12 +129,7 @@ async fn trace_logging_prints_no_secret() {
             .unwrap();
         let _ = r.text().await;
     }
-    let r = c
-        .get(gw.admin_url("/rules"))
-        .bearer_auth(admin_token)
-        .send()
-        .await
-        .unwrap();
+    let r = get_with_token(&c, gw.admin_url("/rules"), admin_token).await;
     assert_eq!(r.status(), 200);
     let _ = r.text().await;
     // Stopping writes out the access lines still queued.

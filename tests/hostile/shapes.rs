@@ -1,29 +1,14 @@
 //! Request shapes that try to walk past a limit: re-spelled paths, odd hosts, absolute-form
 //! targets and IPv4-mapped peers. Raw sockets, so that no client library tidies the request.
 
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use crate::common::*;
+use crate::spellings::{body, send};
 
-/// Sends `head` (request line and headers, without the blank line) on a fresh connection and
-/// returns (status, the whole answer).
-pub fn raw(addr: SocketAddr, head: &str) -> (u16, String) {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    conn.write_all(format!("{head}\r\nconnection: close\r\n\r\n").as_bytes())
-        .expect("write");
-    let mut out = Vec::new();
-    let _ = conn.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?} for {head:?}"));
-    (status, text)
+/// [`send`] of a head written as text.
+fn raw(addr: SocketAddr, head: &str) -> (u16, String) {
+    send(addr, head.as_bytes())
 }
 
 fn get(addr: SocketAddr, target: &str, headers: &str) -> (u16, String) {
@@ -31,12 +16,6 @@ fn get(addr: SocketAddr, target: &str, headers: &str) -> (u16, String) {
         addr,
         &format!("GET {target} HTTP/1.1\r\nhost: floodgate.test{headers}"),
     )
-}
-
-/// The JSON body of an answer.
-fn body(answer: &str) -> serde_json::Value {
-    let (_, b) = answer.split_once("\r\n\r\n").expect("a body");
-    serde_json::from_str(b).unwrap_or_else(|e| panic!("{e}: {b}"))
 }
 
 fn paths_config(api: SocketAddr) -> String {
@@ -259,6 +238,15 @@ window = "1m"
     assert_eq!(xff("::ffff:203.0.113.2"), 429);
 }
 
+/// Asserts a 404 the upstream answered, not one of floodgate's problem+json answers.
+fn assert_upstreams_404((status, answer): &(u16, String)) {
+    assert_eq!(*status, 404, "{answer}");
+    assert!(
+        !answer.contains("problem+json"),
+        "the upstream's answer: {answer}"
+    );
+}
+
 fn protected_config(api: SocketAddr) -> String {
     format!(
         r#"{DEMO_KEYS}
@@ -314,20 +302,10 @@ fn spellings_a_backend_serves_as_a_protected_route_are_covered() {
     // A format suffix is the prefix's resource: its auth applies.
     assert_eq!(get(gw.addr, "/orders.json", "").0, 401);
     // With the key it passes to the upstream (the demo API has no `/orders.json`: its 404).
-    let (status, answer) = get(gw.addr, "/orders.json", key);
-    assert_eq!(status, 404, "{answer}");
-    assert!(
-        !answer.contains("problem+json"),
-        "the upstream's answer: {answer}"
-    );
+    assert_upstreams_404(&get(gw.addr, "/orders.json", key));
     // `/ordersfoo` is another segment: the catch-all's, no key needed (segment-wise prefixes,
     // as before).
-    let (status, answer) = get(gw.addr, "/ordersfoo", "");
-    assert_eq!(status, 404, "{answer}");
-    assert!(
-        !answer.contains("problem+json"),
-        "the upstream's answer: {answer}"
-    );
+    assert_upstreams_404(&get(gw.addr, "/ordersfoo", ""));
     // Encoded `/`, `\` and `;`, in any case, are refused with a problem+json 400.
     for target in [
         "/orders%2F1",

@@ -45,7 +45,7 @@ fn get(addr: SocketAddr, target: &[u8], headers: &[u8]) -> (u16, String) {
 }
 
 /// The JSON body of an answer.
-fn body(answer: &str) -> serde_json::Value {
+pub fn body(answer: &str) -> serde_json::Value {
     let (_, b) = answer.split_once("\r\n\r\n").expect("a body");
     serde_json::from_str(b).unwrap_or_else(|e| panic!("{e}: {b}"))
 }

@@ -17,13 +17,13 @@ use std::sync::Arc;
 
 use toml::Spanned;
 
-use super::rules::{charge, respond, shape};
+use super::rules::{charge, check_name, respond, shape};
 use super::source::Src;
 use crate::config::schema::*;
 use crate::config::ConfigError;
-use crate::limiter::{Algorithm, Limit};
+use crate::limiter::Algorithm;
 use crate::rls::limits::{Entry, RlsLimit, Serving, Settings, Tls, MAX_ENTRIES};
-use crate::rules::{Policy, Rule};
+use crate::rules::Rule;
 
 /// Where the service listens when `[rls]` names no `listen`: loopback, as the admin listener,
 /// so that nothing is exposed by default.
@@ -185,13 +185,7 @@ fn serving(src: &Src, raw: &RawRls) -> Result<Serving, ConfigError> {
 /// One limit: its own keys here, its counting options by the rules' code.
 fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
     let name = l.name.get_ref();
-    if name.is_empty()
-        || name.contains('"')
-        || name.contains('\\')
-        || name.chars().any(char::is_control)
-    {
-        return Err(src.err(l.name.span(), "rls limit name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"));
-    }
+    check_name(src, &l.name, "rls limit")?;
     let domain = l.domain.get_ref();
     if domain.is_empty() || domain.chars().any(char::is_control) {
         return Err(src.err(
@@ -222,37 +216,14 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
     refuse_response_keys(src, l, name)?;
     // block_for, by the rules' code and bounds (refused with a lease or a shaping bucket).
     let respond = respond(src, &rule, name, &shape, &charge).map_err(|e| as_limit(e, name))?;
-    let limit = Limit::new(
-        shape.algorithm,
-        shape.limit,
-        shape.window,
-        shape.burst,
-        shape.mode,
-        shape.max_delay,
-    )
-    .and_then(|lim| match shape.calendar.clone() {
-        Some(c) => lim.with_calendar(c),
-        None => Ok(lim),
-    })
-    .map_err(|e| src.err(l.name.span(), format!("rls limit \"{name}\": {e}")))?
-    .blocking(respond.block_for.unwrap_or_default());
+    // slow_rate is None: mode = "slow" was refused above.
+    let limit = shape
+        .limit(respond.block_for.unwrap_or_default())
+        .map_err(|e| src.err(l.name.span(), format!("rls limit \"{name}\": {e}")))?;
     Ok(RlsLimit {
         domain: domain.clone(),
         entries,
-        policy: Arc::new(Policy {
-            name: name.as_str().into(),
-            limit,
-            scope: charge.scope,
-            on_store_error: charge.on_store_error,
-            cost: charge.cost,
-            shadow: l.shadow,
-            headers: true,
-            status: charge.status,
-            counters: crate::metrics::RuleCounters::for_rule(name),
-            lease: charge.lease,
-            max_waiting: charge.max_waiting,
-            respond,
-        }),
+        policy: Arc::new(charge.policy(name, limit, respond, l.shadow, true)),
     })
 }
 

@@ -32,13 +32,7 @@ pub(super) fn rules(
     let mut out = Vec::new();
     for r in raw {
         let name = r.name.get_ref();
-        if name.is_empty()
-            || name.contains('"')
-            || name.contains('\\')
-            || name.chars().any(char::is_control)
-        {
-            return Err(src.err(r.name.span(), "rule name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"));
-        }
+        check_name(src, &r.name, "rule")?;
         if !seen.insert(name.clone()) {
             return Err(src.err(r.name.span(), format!("rule \"{name}\" is defined twice")));
         }
@@ -58,44 +52,38 @@ pub(super) fn rules(
         let charge = charge(src, r, name, &shape)?;
         let matcher = rule_match(src, r, name, routes)?;
         let respond = respond(src, r, name, &shape, &charge)?;
+        let limit = shape
+            .limit(respond.block_for.unwrap_or_default())
+            .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?;
+        let headers = r.headers.unwrap_or(true);
         out.push(Arc::new(Rule {
             matcher,
             key_parts: key,
-            policy: Arc::new(Policy {
-                name: name.as_str().into(),
-                // The checks above name the offending key; this is the type's own guard.
-                limit: Limit::new(
-                    shape.algorithm,
-                    shape.limit,
-                    shape.window,
-                    shape.burst,
-                    shape.mode,
-                    shape.max_delay,
-                )
-                .and_then(|l| match shape.calendar.clone() {
-                    Some(c) => l.with_calendar(c),
-                    None => Ok(l),
-                })
-                .and_then(|l| match shape.slow_rate {
-                    Some(rate) => l.slowed_to(rate),
-                    None => Ok(l),
-                })
-                .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?
-                .blocking(respond.block_for.unwrap_or_default()),
-                scope: charge.scope,
-                on_store_error: charge.on_store_error,
-                cost: charge.cost,
-                shadow: r.shadow,
-                headers: r.headers.unwrap_or(true),
-                status: charge.status,
-                counters: crate::metrics::RuleCounters::for_rule(name),
-                lease: charge.lease,
-                max_waiting: charge.max_waiting,
-                respond,
-            }),
+            policy: Arc::new(charge.policy(name, limit, respond, r.shadow, headers)),
         }));
     }
     Ok(out)
+}
+
+/// A rule's or an rls limit's (`what`) name: it is sent in headers, so non-empty and without
+/// quotes, backslashes or control characters.
+pub(super) fn check_name(
+    src: &Src,
+    name: &toml::Spanned<String>,
+    what: &str,
+) -> Result<(), ConfigError> {
+    let text = name.get_ref();
+    if text.is_empty()
+        || text.contains('"')
+        || text.contains('\\')
+        || text.chars().any(char::is_control)
+    {
+        return Err(src.err(
+            name.span(),
+            format!("{what} name must be non-empty without quotes, backslashes or control characters (it is sent in headers)"),
+        ));
+    }
+    Ok(())
 }
 
 /// What a rule counts and how fast: its algorithm and the shape of its limit.
@@ -110,6 +98,31 @@ pub(super) struct Shape {
     pub(super) calendar: Option<Calendar>,
     /// `mode = "slow"`: its `slow_rate` in bytes per second.
     pub(super) slow_rate: Option<u64>,
+}
+
+impl Shape {
+    /// The limiter's [`Limit`] of this shape, blocking for `block_for`. The checks of
+    /// [`shape`] name the offending key; this is the type's own guard, whose message the
+    /// caller places.
+    pub(super) fn limit(&self, block_for: Duration) -> Result<Limit, String> {
+        let limit = Limit::new(
+            self.algorithm,
+            self.limit,
+            self.window,
+            self.burst,
+            self.mode,
+            self.max_delay,
+        )?;
+        let limit = match self.calendar.clone() {
+            Some(c) => limit.with_calendar(c)?,
+            None => limit,
+        };
+        let limit = match self.slow_rate {
+            Some(rate) => limit.slowed_to(rate)?,
+            None => limit,
+        };
+        Ok(limit.blocking(block_for))
+    }
 }
 
 /// `algorithm`, `limit`, `window`, `burst`, `mode`, `max_delay` and `slow_rate`, each checked
@@ -390,6 +403,34 @@ pub(super) struct Charge {
     pub(super) status: u16,
     pub(super) lease: Option<Lease>,
     pub(super) max_waiting: usize,
+}
+
+impl Charge {
+    /// The policy of the rule or rls limit `name`: it counts by `limit` as charged here and
+    /// learns `respond` from the response.
+    pub(super) fn policy(
+        self,
+        name: &str,
+        limit: Limit,
+        respond: Respond,
+        shadow: bool,
+        headers: bool,
+    ) -> Policy {
+        Policy {
+            name: name.into(),
+            limit,
+            scope: self.scope,
+            on_store_error: self.on_store_error,
+            cost: self.cost,
+            shadow,
+            headers,
+            status: self.status,
+            counters: crate::metrics::RuleCounters::for_rule(name),
+            lease: self.lease,
+            max_waiting: self.max_waiting,
+            respond,
+        }
+    }
 }
 
 /// `scope`, `on_store_error`, `cost` (never more than the rule can admit at once), `status`,

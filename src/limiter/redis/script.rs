@@ -28,7 +28,8 @@ macro_rules! lua_with_helpers {
     };
 }
 
-/// The helpers, every algorithm, then the named file: the scripts that decide.
+/// The helpers, every algorithm and the table of their codes (`algorithms.lua`), then the
+/// named file: the scripts that decide.
 macro_rules! lua_with_algorithms {
     ($file:literal) => {
         lua_with_helpers!(
@@ -38,6 +39,7 @@ macro_rules! lua_with_algorithms {
             "token_bucket.lua",
             "leaky_bucket.lua",
             "concurrency.lua",
+            "algorithms.lua",
             $file
         )
     };
@@ -515,21 +517,21 @@ mod tests {
     fn between<'a>(source: &'a str, open: &str, close: &str) -> &'a str {
         let start = source
             .find(open)
-            .unwrap_or_else(|| panic!("decide.lua no longer holds {open:?}"))
+            .unwrap_or_else(|| panic!("the Lua source no longer holds {open:?}"))
             + open.len();
         let len = source[start..]
             .find(close)
-            .unwrap_or_else(|| panic!("decide.lua: {open:?} is not closed by {close:?}"));
+            .unwrap_or_else(|| panic!("the Lua source: {open:?} is not closed by {close:?}"));
         &source[start..start + len]
     }
 
-    /// Every algorithm code Rust sends names, in `decide.lua`'s table, the Lua function that
+    /// Every algorithm code Rust sends names, in `algorithms.lua`'s table, the Lua function that
     /// mirrors that algorithm, and that function exists in the composed script; the table
     /// holds no code Rust does not send.
     #[test]
     fn algorithm_codes_match_the_lua_table() {
-        let decide = include_str!("../../../lua/decide.lua");
-        let table: Vec<&str> = between(decide, "local algorithms = {", "}")
+        let codes = include_str!("../../../lua/algorithms.lua");
+        let table: Vec<&str> = between(codes, "local algorithms = {", "}")
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
@@ -544,7 +546,7 @@ mod tests {
                 assert_eq!(
                     table.get(at).copied(),
                     Some(name),
-                    "code {code} is {name} in Rust but {:?} in decide.lua",
+                    "code {code} is {name} in Rust but {:?} in algorithms.lua",
                     table.get(at)
                 );
                 assert!(
@@ -559,17 +561,13 @@ mod tests {
         assert_eq!(
             sent.len(),
             table.len(),
-            "decide.lua's table has codes Rust never sends"
+            "algorithms.lua's table has codes Rust never sends"
         );
     }
 
-    /// `lease_return.lua` undoes the charge of exactly the algorithms (and modes) whose
-    /// capabilities say they can lease: a leasable algorithm it does not know would keep its
-    /// unspent permits charged, and one it knows that cannot lease is a stale branch.
-    #[test]
-    fn lease_return_handles_exactly_the_leasable_codes() {
-        let ret = include_str!("../../../lua/lease_return.lua");
-        let mut handled: Vec<u8> = ret
+    /// The algorithm codes a settling script branches on (`code == N`), sorted, each once.
+    fn codes_handled(lua: &str) -> Vec<u8> {
+        let mut handled: Vec<u8> = lua
             .split("code == ")
             .skip(1)
             .map(|rest| {
@@ -579,6 +577,15 @@ mod tests {
             .collect();
         handled.sort_unstable();
         handled.dedup();
+        handled
+    }
+
+    /// `lease_return.lua` undoes the charge of exactly the algorithms (and modes) whose
+    /// capabilities say they can lease: a leasable algorithm it does not know would keep its
+    /// unspent permits charged, and one it knows that cannot lease is a stale branch.
+    #[test]
+    fn lease_return_handles_exactly_the_leasable_codes() {
+        let handled = codes_handled(include_str!("../../../lua/lease_return.lua"));
         let mut leasable = Vec::new();
         for algorithm in Algorithm::ALL {
             for mode in [LeakyMode::Police, LeakyMode::Shape] {
@@ -602,16 +609,7 @@ mod tests {
     #[test]
     fn true_up_handles_exactly_the_settling_codes() {
         let lua = include_str!("../../../lua/true_up.lua");
-        let mut handled: Vec<u8> = lua
-            .split("code == ")
-            .skip(1)
-            .map(|rest| {
-                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                digits.parse().expect("a code after `code == `")
-            })
-            .collect();
-        handled.sort_unstable();
-        handled.dedup();
+        let handled = codes_handled(lua);
         let mut settling: Vec<u8> = Algorithm::ALL
             .into_iter()
             .filter(|a| a.capabilities().settle_refused.is_none())
@@ -675,7 +673,15 @@ mod tests {
     #[test]
     fn packed_sizes_match_the_lua_source() {
         let decide = include_str!("../../../lua/decide.lua");
-        let format = between(decide, "struct.unpack('", "'");
+        // decide.lua and usage.lua read a check with the one unpack_check of common.lua.
+        let unpack = between(
+            include_str!("../../../lua/common.lua"),
+            "local function unpack_check",
+            "\nend\n",
+        );
+        assert!(decide.contains("unpack_check(ARGV[3 + i], "));
+        assert!(include_str!("../../../lua/usage.lua").contains("unpack_check(ARGV[3], "));
+        let format = between(unpack, "struct.unpack('", "'");
         let (endian, fields) = format.split_at(1);
         assert_eq!(endian, "<", "little-endian, as Params::packed writes");
         let (code, numbers) = fields.split_at(1);
@@ -686,14 +692,14 @@ mod tests {
         );
         assert_eq!(numbers.len(), PACKED_NUMBERS);
         assert!(
-            decide.contains(&format!("#packed ~= {PACKED_BYTES}")),
-            "decide.lua checks another packed size than {PACKED_BYTES}"
+            unpack.contains(&format!("#packed ~= {PACKED_BYTES}")),
+            "unpack_check checks another packed size than {PACKED_BYTES}"
         );
         let p = Params::of(&check(Algorithm::FixedWindow, 1, Duration::from_secs(1), 1));
         assert_eq!(p.packed().len(), PACKED_BYTES);
         // A calendar rule's check carries its periods after the numbers.
-        assert!(decide.contains(&format!("#packed ~= {CALENDAR_PACKED_BYTES}")));
-        assert!(decide.contains(&format!(
+        assert!(unpack.contains(&format!("#packed ~= {CALENDAR_PACKED_BYTES}")));
+        assert!(unpack.contains(&format!(
             "struct.unpack('<{}', packed, {})",
             "d".repeat((CALENDAR_PACKED_BYTES - PACKED_BYTES) / 8),
             PACKED_BYTES + 1
