@@ -1,5 +1,5 @@
 //! The threads floodgate starts beside Pingora's (the stop backstop, the trace exporter, webhook
-//! delivery), each with a runtime of its own: Pingora's runtimes are sized and run for
+//! delivery, the rate-limit service's threads), each with a runtime of its own: Pingora's runtimes are sized and run for
 //! requests, may be shutting down, and must not hold a task stuck on a slow peer.
 
 use std::future::Future;

@@ -178,22 +178,19 @@ impl pingora::services::Service for RlsServer {
             };
             let (done, wait) = tokio::sync::oneshot::channel::<()>();
             let (shared, shutdown, go) = (shared.clone(), shutdown.clone(), go.clone());
-            let spawned = std::thread::Builder::new()
-                .name("floodgate-rls".into())
-                .spawn(move || {
-                    if go.wait() {
-                        match tokio::runtime::Builder::new_current_thread()
-                            .enable_all()
-                            .build()
-                        {
-                            Ok(rt) => rt.block_on(serve(shared, socket, shutdown)),
-                            Err(e) => {
-                                tracing::error!(error = %e, "cannot start a rate-limit service thread")
-                            }
-                        }
-                    }
-                    let _ = done.send(());
-                });
+            // The runtime is built before the start signal is waited on: a thread whose runtime
+            // cannot be built logs it and drops `done`, which ends its wait as a send does.
+            let task = move || async move {
+                if go.wait() {
+                    serve(shared, socket, shutdown).await;
+                }
+                let _ = done.send(());
+            };
+            let spawned = crate::threads::spawn(
+                "floodgate-rls",
+                task,
+                |e| tracing::error!(error = %e, "cannot start a rate-limit service thread"),
+            );
             match spawned {
                 Ok(_) => finished.push(wait),
                 Err(e) => {
@@ -229,7 +226,8 @@ impl pingora::services::Service for RlsServer {
 }
 
 /// The service threads' start signal: `true` serve, `false` end (another thread could not
-/// start). Waited on by plain threads before their runtime exists, so a std lock.
+/// start). Waited on by each service thread before it serves, blocking (a std lock): nothing
+/// else runs on that thread's runtime yet.
 #[derive(Default)]
 struct Go {
     state: std::sync::Mutex<Option<bool>>,
