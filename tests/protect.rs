@@ -189,12 +189,31 @@ async fn a_flood_is_held_to_the_limit_and_a_quiet_tenant_is_served() {
 }
 
 #[tokio::test]
-async fn a_request_that_waits_past_queue_timeout_gets_503_with_retry_after() {
+async fn a_request_that_waits_past_queue_timeout_gets_503_with_retry_after_and_is_not_charged() {
     // Capacity 1, limit pinned at 1: the second request waits for the first (2 s) and gives
     // up after 200 ms.
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
-    let body =
+    let mut body =
         config(api.addr, "200ms").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    // Plain rules charge at admission; a shed request was never admitted and keeps nothing.
+    body.push_str(
+        r#"
+[[rules]]
+name = "hourly"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+
+[[rules]]
+name = "bucket"
+key = ["api_key"]
+algorithm = "token_bucket"
+limit = 1
+window = "1h"
+burst = 10
+"#,
+    );
     let gw = Gateway::start(&body);
     let c = client();
     let slow = {
@@ -219,6 +238,16 @@ async fn a_request_that_waits_past_queue_timeout_gets_503_with_retry_after() {
     let p: Value = r.json().await.unwrap();
     assert_eq!(p["type"], "urn:floodgate:problem:upstream-overloaded");
     assert_eq!(slow.await.unwrap().unwrap(), 200);
+    for (key, used) in [("quiet", 0), ("noisy", 1)] {
+        let usage = get_json(&c, gw.admin_url(&format!("/usage?api_key={key}"))).await;
+        for rule in ["hourly", "bucket"] {
+            let r = usage["rules"]
+                .as_array()
+                .and_then(|rs| rs.iter().find(|r| r["rule"] == rule))
+                .unwrap_or_else(|| panic!("{rule} in {usage}"));
+            assert_eq!(r["used"], used, "{key}'s {rule} after the shed: {usage}");
+        }
+    }
     let metrics = get_text(&c, gw.admin_url("/metrics")).await;
     assert_eq!(
         metric_value(

@@ -224,6 +224,19 @@ impl Limiter {
     /// Decides a request's applying rules, each with its check, in file order, under `store`
     /// (the config in force: its timeout and instance count apply).
     pub async fn decide(&self, applying: Vec<(Arc<Policy>, Check)>, store: &Store) -> Outcome {
+        self.decide_refundable(applying, store, false).await
+    }
+
+    /// [`Limiter::decide`], keeping with `refundable` every admitted rule's charge that can be
+    /// given back as a reservation in the outcome's slots (see
+    /// [`Reservations::refund_all`](super::reservation::Reservations::refund_all)): the
+    /// request may yet be refused before it reaches the upstream (`[upstreams.protect]`).
+    pub async fn decide_refundable(
+        &self,
+        applying: Vec<(Arc<Policy>, Check)>,
+        store: &Store,
+        refundable: bool,
+    ) -> Outcome {
         let mut plan = Plan::new(&applying, !self.in_process);
         let mut slots = Slots::default();
         let (admitted, store_call) = if plan.has_shared() {
@@ -233,7 +246,7 @@ impl Limiter {
             (self.charge_local(&mut plan), None)
         };
         let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
-        let mut outcome = settle::settle(self, plan, admitted, slots);
+        let mut outcome = settle::settle(self, plan, admitted, slots, refundable);
         outcome.asked_store = store_call.is_some();
         outcome.store_call = store_call;
         outcome

@@ -41,6 +41,19 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Whether an admitted request's charge can be given back in full when it never reaches
+    /// the upstream (`[upstreams.protect]` shed it): the algorithms whose charge a response
+    /// can true up, in police mode (a shaping departure slot cannot be given back, and a
+    /// slowed request was charged nothing).
+    pub fn refundable(&self) -> bool {
+        self.limit
+            .algorithm()
+            .capabilities()
+            .settle_refused
+            .is_none()
+            && self.limit.mode() == super::LeakyMode::Police
+    }
+
     /// A policy named `name` that counts by `limit` in `scope`, every other option at its
     /// gateway.toml default: fail open, cost 1, counted for real, in the headers, status 429,
     /// no lease, the default queue, charged whatever the response. For the rules tests and

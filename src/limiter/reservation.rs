@@ -257,6 +257,17 @@ impl Reservations {
         out
     }
 
+    /// Gives every reservation back in full: the request was refused before it reached the
+    /// upstream (`[upstreams.protect]` shed it), so no rule charges it. Awaited, as
+    /// [`Reservations::settle`].
+    pub async fn refund_all(&mut self) {
+        let all = std::mem::take(&mut self.held).into_iter().map(|r| {
+            let adjust = Adjust::between(r.check.cost, 0);
+            (adjust, r, false)
+        });
+        apply(all.collect()).await;
+    }
+
     /// Settles the `count` rules' reservations on the response `status`: each is refunded
     /// unless the status matches (`cost_from` rules wait for [`Reservations::settle_costs`]).
     /// Memory stores are trued up in place; the shared store in one call, awaited, so that
@@ -324,7 +335,11 @@ async fn apply(settled: Vec<(Adjust, Reservation, bool)>) {
         } else {
             "charged"
         };
-        counted.push((r.rule.name.clone(), result, unread));
+        // Only response-aware rules are counted: a plain rule's reservation is given back
+        // only when `[upstreams.protect]` sheds the request.
+        if r.rule.respond.settles() {
+            counted.push((r.rule.name.clone(), result, unread));
+        }
         if adjust.is_none() {
             continue;
         }

@@ -184,7 +184,9 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     if applying.is_empty() {
         return admission;
     }
-    let charged = charge(cfg, limiter, req, &view, applying).await;
+    // `[upstreams.protect]` may yet refuse it: keep what the rules charge refundable.
+    let refundable = route.upstream.settings.protect.is_some();
+    let charged = charge(cfg, limiter, req, &view, applying, refundable).await;
     admission.slots = Some(charged.slots);
     admission.slowed = charged.slowed;
     admission.decision = charged.decision;
@@ -226,13 +228,14 @@ async fn charge(
     req: &Request<'_>,
     view: &RequestView<'_>,
     applying: Vec<(Arc<Policy>, Check)>,
+    refundable: bool,
 ) -> Charged {
     let id = req.request_id;
     let started = Instant::now();
     let wall = req.traced.then(std::time::SystemTime::now);
     // Boxed: the decision's future (a kilobyte or more with the Redis store's) would otherwise
     // sit inside every request's admission future, rules or not, and be moved with it.
-    let outcome = Box::pin(limiter.decide(applying, &cfg.store)).await;
+    let outcome = Box::pin(limiter.decide_refundable(applying, &cfg.store, refundable)).await;
     metrics()
         .decision_seconds
         .observe(started.elapsed().as_secs_f64());

@@ -727,8 +727,9 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
 }
 
 /// `[upstreams.protect]`: a turn at the upstream, or the 503 that refuses one. The rules have
-/// charged the request already: its response-aware (`count`) rules settle on this 503, and its
-/// concurrency slots are given back at once.
+/// charged the request already, as refundable reservations (see admission): a shed request
+/// was never admitted, so every rule's charge is given back, and its concurrency slots are
+/// freed at once.
 async fn take_turn(ctx: &mut RequestCtx, req: &RequestHeader) -> Option<Problem> {
     let upstream = ctx.upstream()?.clone();
     let turn = crate::request::forwarding::take_turn(&upstream, |p| {
@@ -742,8 +743,9 @@ async fn take_turn(ctx: &mut RequestCtx, req: &RequestHeader) -> Option<Problem>
             None
         }
         crate::request::forwarding::Turn::Shed(mut problem) => {
-            let status = http::StatusCode::SERVICE_UNAVAILABLE;
-            crate::request::response_cost::settle_on_status(ctx.slots.as_mut(), status).await;
+            if let Some(slots) = ctx.slots.as_mut() {
+                slots.reservations().refund_all().await;
+            }
             ctx.slots = None;
             problem.request_id = Some(ctx.request_id.as_str().to_owned());
             Some(*problem)

@@ -20,6 +20,7 @@ pub(super) fn settle(
     plan: Plan<'_>,
     admitted: bool,
     mut slots: Slots,
+    refundable: bool,
 ) -> Outcome {
     if admitted {
         slots.renew_while_held();
@@ -41,7 +42,7 @@ pub(super) fn settle(
         if admitted && step.place == Place::Local {
             slots.hold_local(&limiter.local, step.check);
         }
-        if admitted && step.rule.respond.settles() {
+        if admitted && (step.rule.respond.settles() || (refundable && step.rule.refundable())) {
             reserve(limiter, step, &mut slots);
         }
         if let Some(decision) = &step.decision {
@@ -83,7 +84,8 @@ pub(super) fn settle(
     }
 }
 
-/// Keeps the reservation an admitted step of a response-aware rule charged, where it was
+/// Keeps the reservation an admitted step of a response-aware rule (or, with `refundable`,
+/// of any rule whose charge can be given back) charged, where it was
 /// charged: in process, in the shared store's window, in a quota lease, or in the `local`
 /// fallback (`open` charged nothing).
 fn reserve(limiter: &Limiter, step: &Step<'_>, slots: &mut Slots) {
