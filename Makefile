@@ -6,7 +6,7 @@ ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
 .PHONY: run test deps deps-build lint check-config bench bench-idle bench-deps
-.PHONY: bench-rls bench-limitador bench-protect
+.PHONY: bench-rls bench-limitador bench-protect bench-instructions
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -67,6 +67,16 @@ bench: bench-deps
 bench-idle: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
+
+## Instructions and allocations per proxied request under valgrind's callgrind (docs/benchmarks.md,
+## "Where the time goes, instruction by instruction"): bare Pingora, its contract variant, floodgate
+## without rules and with one local rule; independent of how busy the machine is, about 8 minutes.
+## Writes target/instructions/instructions.md, instructions.json and each run's callgrind file.
+## INSTR_ARGS passes options (`python3 benches/instructions/run.py --help`).
+bench-instructions: deps-build
+	@command -v valgrind >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx; }
+	$(CARGO) build --release --bin floodgate --bin bare-proxy
+	python3 benches/instructions/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/instructions $(INSTR_ARGS)
 
 ## Adaptive concurrency with fair sharing (docs/benchmarks.md, "Protecting a slow upstream"): an
 ## upstream of 16 slots of 20 ms, one tenant flooding it with 128 connections and two quiet ones,

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -221,6 +221,11 @@ pub struct GuardedStream {
     /// Plain connections: the response write buffer, allocated only while an exchange writes
     /// (see [`write_buffer`]). TLS connections keep Pingora's.
     writes: Option<write_buffer::WriteBuffer>,
+    /// Bytes the reads have returned since the exchange began ([`GuardedStream::begin_exchange`]).
+    handed: usize,
+    /// What the exchange's request takes on the wire (head and `Content-Length` body), plus
+    /// one; 0 while unknown. Set by the proxy once the head is parsed ([`head_received`]).
+    request_length: AtomicUsize,
     _slot: Slot,
 }
 
@@ -253,6 +258,8 @@ impl GuardedStream {
             peeked: Vec::new(),
             replaced: None,
             writes: plain.then(write_buffer::WriteBuffer::default),
+            handed: 0,
+            request_length: AtomicUsize::new(0),
             _slot: slot,
         }
     }
@@ -295,6 +302,20 @@ impl GuardedStream {
     /// The whole head was read: the rest of the exchange is not on the head deadline.
     fn head_received(&self) {
         self.phase.fetch_and(!AWAITING_HEAD, Ordering::Relaxed);
+    }
+
+    /// A new exchange reads from here on (its bytes may already wait in the peek buffer).
+    fn begin_exchange(&mut self) {
+        self.handed = 0;
+        self.request_length.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the exchange's reads returned exactly its request's bytes, and so nothing of a
+    /// next request (Pingora holds no pipelined bytes). `false` when unknown (a chunked body).
+    /// Meaningful only for an exchange that began without bytes carried over from the last.
+    pub(crate) fn read_exactly_its_request(&self) -> bool {
+        let length = self.request_length.load(Ordering::Relaxed);
+        length != 0 && self.handed == length - 1
     }
 
     /// The response is complete: the next read waits for a new request.
@@ -351,8 +372,20 @@ impl AsyncRead for GuardedStream {
                 // Freed, not kept: an idle connection holds no peek buffer.
                 this.peeked = Vec::new();
             }
+            this.handed += n;
             return Poll::Ready(Ok(()));
         }
+        let before = buf.filled().len();
+        let read = this.read_inner(cx, buf);
+        this.handed += buf.filled().len() - before;
+        read
+    }
+}
+
+impl GuardedStream {
+    /// A read from the socket, under the head deadline while a head is awaited.
+    fn read_inner(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self;
         let phase = this.phase.load(Ordering::Relaxed);
         if phase & AWAITING_HEAD == 0 {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -636,11 +669,38 @@ fn guarded(session: &Session) -> Option<&GuardedStream> {
         .downcast_ref::<GuardedStream>()
 }
 
-/// Called once Pingora has parsed a request head: stops the head deadline.
+/// Called once Pingora has parsed a request head: stops the head deadline, and notes how many
+/// bytes the request takes (the keep-alive loop then knows whether Pingora read past it).
 pub fn head_received(session: &Session) {
     if let Some(g) = guarded(session) {
         g.head_received();
+        if let Some(length) = request_length(session) {
+            g.request_length.store(length + 1, Ordering::Relaxed);
+        }
     }
+}
+
+/// The bytes an HTTP/1 request takes on the wire: its head and a `Content-Length` body (plain
+/// digits). `None` for anything else (a chunked body, a doubtful length).
+fn request_length(session: &Session) -> Option<usize> {
+    let h1 = session.as_downstream().as_http1()?;
+    let headers = &session.req_header().headers;
+    if headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return None;
+    }
+    let mut lengths = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let body = match (lengths.next(), lengths.next()) {
+        (None, _) => 0,
+        (Some(v), None) => {
+            let digits = v.as_bytes();
+            if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            digits.iter().fold(0, |n, d| n * 10 + usize::from(d - b'0'))
+        }
+        _ => return None,
+    };
+    Some(h1.get_headers_raw_bytes().len() + body)
 }
 
 /// Called when an exchange is over: the next read waits for a new request.

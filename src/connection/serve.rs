@@ -68,13 +68,22 @@ pub async fn serve<A>(
         return;
     }
     let mut result = exchange(&app, stream, Exchange::First, shutdown).await;
+    // The exchange began with bytes Pingora carried over from the one before.
+    let mut carried = false;
     while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
-        if !settings.as_ref().is_some_and(carries_pipelined_bytes) {
+        // Reads that returned exactly the request's bytes left Pingora nothing to carry: the
+        // settings need not be asked (their `Debug`, about 4% of a proxied request's
+        // instructions).
+        let pipelined = settings
+            .as_ref()
+            .is_some_and(|s| (carried || !read_exactly(&stream)) && carries_pipelined_bytes(s));
+        if !pipelined {
             let Some(next) = next_request(stream, &closing).await else {
                 return;
             };
             stream = next;
         }
+        carried = pipelined;
         result = exchange(&app, stream, Exchange::Next(settings), shutdown).await;
     }
 }
@@ -113,6 +122,15 @@ where
     app.process_new_http(session, shutdown)
 }
 
+/// Whether the connection's reads returned exactly its last request's bytes (see
+/// [`GuardedStream::read_exactly_its_request`]).
+fn read_exactly(stream: &Stream) -> bool {
+    stream
+        .as_any()
+        .downcast_ref::<GuardedStream>()
+        .is_some_and(GuardedStream::read_exactly_its_request)
+}
+
 /// Whether Pingora hands the next request's first bytes over in `settings` (the client
 /// pipelined): they are no longer on the socket, and waiting for bytes there would wait for a
 /// request that has already arrived. Pingora says so only through `Debug`; the formatting stops
@@ -126,27 +144,76 @@ fn carries_pipelined_bytes(settings: &HttpPersistentSettings) -> bool {
 }
 
 /// A `fmt::Write` that reads what follows `pipelined_prefix` and stops the formatting there.
+///
+/// The key is looked for byte by byte across the pieces the formatter writes (a
+/// Knuth-Morris-Pratt match), not with `str::split_once` on each piece: that built a substring
+/// searcher per piece, about 20 per request, and was a fifth of floodgate's instructions per
+/// proxied request (callgrind, docs/benchmarks.md).
 #[derive(Default)]
 struct Scan {
+    /// How many bytes of [`KEY`] the output ends with so far.
+    matched: usize,
     after_key: bool,
     answer: Option<bool>,
 }
 
+/// The field of `HttpPersistentSettings` that holds the pipelined bytes.
+const KEY: &[u8] = b"pipelined_prefix";
+
+/// `FALLBACK[i]`: the length of the longest proper prefix of `KEY[..=i]` that is also a suffix
+/// of it (where a match continues after a mismatch).
+const FALLBACK: [usize; KEY.len()] = {
+    let mut table = [0; KEY.len()];
+    let mut len = 0;
+    let mut i = 1;
+    while i < KEY.len() {
+        while len > 0 && KEY[i] != KEY[len] {
+            len = table[len - 1];
+        }
+        if KEY[i] == KEY[len] {
+            len += 1;
+        }
+        table[i] = len;
+        i += 1;
+    }
+    table
+};
+
 impl std::fmt::Write for Scan {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        if self.after_key {
-            let value = s.trim_start_matches([':', ' ']);
-            if value.is_empty() {
+        let mut rest = s;
+        if !self.after_key {
+            let Some(end) = self.find_key_end(s.as_bytes()) else {
                 return Ok(());
-            }
-            self.answer = Some(!value.starts_with("None"));
-            return Err(std::fmt::Error);
-        }
-        if let Some(rest) = s.split_once("pipelined_prefix").map(|(_, r)| r) {
+            };
             self.after_key = true;
-            return self.write_str(rest);
+            rest = &s[end..];
         }
-        Ok(())
+        let value = rest.trim_start_matches([':', ' ']);
+        if value.is_empty() {
+            return Ok(());
+        }
+        self.answer = Some(!value.starts_with("None"));
+        Err(std::fmt::Error)
+    }
+}
+
+impl Scan {
+    /// Where in `piece` the key's last byte was just passed (the key may have begun in earlier
+    /// pieces), if it was.
+    fn find_key_end(&mut self, piece: &[u8]) -> Option<usize> {
+        for (i, &b) in piece.iter().enumerate() {
+            while self.matched > 0 && b != KEY[self.matched] {
+                self.matched = FALLBACK[self.matched - 1];
+            }
+            if b == KEY[self.matched] {
+                self.matched += 1;
+                if self.matched == KEY.len() {
+                    return Some(i + 1);
+                }
+            }
+        }
+        None
     }
 }
 
@@ -178,7 +245,10 @@ async fn next_request(stream: Stream, closing: &Closing) -> Option<Stream> {
         _ = closing.closed() => return None,
     };
     match arrived {
-        Ok(true) => Some(guarded),
+        Ok(true) => {
+            guarded.begin_exchange();
+            Some(guarded)
+        }
         _ => None,
     }
 }
@@ -213,5 +283,17 @@ mod tests {
         }
         assert_eq!(scan.answer, Some(false));
         assert_eq!(answer("S { other: None }"), None);
+        // The key split across pieces, and after a partial match that overlaps it.
+        let mut scan = Scan::default();
+        for piece in ["S { pipipe", "lined_pre", "fix: Some(", "b\"x\")", " }"] {
+            if scan.write_str(piece).is_err() {
+                break;
+            }
+        }
+        assert_eq!(scan.answer, Some(true));
+        assert_eq!(
+            answer("S { pipelined_prefi: Some(1), pipelined_prefix: None }"),
+            Some(false)
+        );
     }
 }

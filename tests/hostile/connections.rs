@@ -279,6 +279,38 @@ async fn pipelined_requests_are_all_answered_in_order() {
     assert!(one < two, "answers in request order: {got}");
 }
 
+/// The keep-alive loop asks Pingora for carried-over bytes only when the connection's reads
+/// returned more than the request: a request read alone, a body followed by a pipelined
+/// request, and a pipelined head split across writes are all answered, in order.
+#[tokio::test]
+async fn kept_alive_requests_with_bodies_and_split_pipelined_heads_are_answered_in_order() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&config(api.addr));
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let pieces: [&[u8]; 3] = [
+        b"GET /debug/one HTTP/1.1\r\nhost: floodgate.test\r\n\r\n",
+        b"POST /debug/two HTTP/1.1\r\nhost: floodgate.test\r\ncontent-length: 5\r\n\r\nhello\
+          GET /debug/three HTTP/1.1\r\nhost: floodgate.test\r\n\r\nGET /debug/fo",
+        b"ur HTTP/1.1\r\nhost: floodgate.test\r\n\r\n\
+          GET /debug/five HTTP/1.1\r\nhost: floodgate.test\r\nconnection: close\r\n\r\n",
+    ];
+    for piece in pieces {
+        conn.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (got, closed) = read_until_close(&mut conn, Duration::from_secs(10)).await;
+    assert!(closed, "{got}");
+    assert_eq!(got.matches("HTTP/1.1 ").count(), 5, "{got}");
+    let one = got.find("/debug/one").expect("first answered");
+    let three = got.find("/debug/three").expect("third answered");
+    let four = got.find("/debug/four").expect("fourth answered");
+    let five = got.find("/debug/five").expect("fifth answered");
+    assert!(
+        one < three && three < four && four < five,
+        "answers in request order: {got}"
+    );
+}
+
 #[tokio::test]
 async fn idle_h2_connection_is_closed_after_keepalive_timeout() {
     let api = OrdersApi::start("orders-1");

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Instructions and allocations per proxied request, under valgrind's callgrind: a measure
+that does not depend on how busy the machine is (the load bench's req/s and CPU per request do).
+
+Each system is run twice under `valgrind --tool=callgrind`: once driven with --warmup
+kept-alive requests, once with --warmup + --requests, both stopped with SIGINT. The difference
+of the two runs' instruction totals over --requests is the instructions per request, with the
+start-up, the first connections and the shutdown cancelled out; the same difference of the calls
+into jemalloc's entry points (the global allocator of both binaries) is the allocations per
+request. The upstream is nginx answering `return 200 "ok"` (as in benches/load/run.py); the
+client is this script: --connections kept-alive connections, each sending `GET /` and reading
+the whole answer before its next request.
+
+Systems: pingora-bare (benches/load/bare_proxy.rs), pingora-contract (`--contract`), fg-none
+(floodgate, no rules), fg-local (one local token bucket keyed on the client IP admitting
+everything: benches/load/run.py's fg-local). The floodgate config is the load bench's:
+`threads = 1`, `access_log = false`, one route `match = {}`, `auth = "none"`.
+
+    python3 benches/instructions/run.py --floodgate target/release/floodgate \
+        --bare-proxy target/release/bare-proxy --out target/instructions
+
+writes OUT/instructions.md (the table) and OUT/instructions.json, and keeps each run's
+callgrind file in OUT (`callgrind_annotate OUT/fg-none.high.out` shows where they go).
+About a minute per system and --repeat at the defaults.
+
+Two caveats of instruction counts: a large memcpy (`rep movsb`) counts about an instruction
+for every byte or two (Pingora moves its per-request future, about 16 KiB with floodgate's
+context, twice per request: some 16,000 "instructions" that take a few hundred cycles), and
+valgrind hides the CPU's SHA extensions, so a counter id's SHA-256 is counted in software
+(about 3,500 instructions per rule applied).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402
+
+log = common.logger("instructions")
+ROOT = Path(__file__).resolve().parents[2]
+
+# jemalloc's allocation entry points as tikv-jemallocator links them (prefixed `_rjem_`).
+ALLOC_FNS = ("_rjem_malloc", "_rjem_mallocx", "_rjem_calloc", "_rjem_realloc", "_rjem_rallocx")
+
+LOCAL_RULE = """
+[[rules]]
+name = "local"
+match = {}
+key = ["ip"]
+algorithm = "token_bucket"
+limit = 1000000000
+window = "1s"
+scope = "local"
+"""
+
+
+def nginx_conf(d: Path, port: int) -> Path:
+    conf = d / "nginx.conf"
+    user = "user root root;" if os.geteuid() == 0 else ""
+    conf.write_text(f"""
+{user}
+worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "ok"; }}
+    }}
+}}
+""")
+    return conf
+
+
+def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str) -> Path:
+    conf = d / f"{name}.toml"
+    conf.write_text(f"""[server]
+listen = ["127.0.0.1:{port}"]
+admin_listen = "127.0.0.1:{admin}"
+threads = 1
+grace_period = "1s"
+access_log = false
+
+[store]
+backend = "memory"
+
+[[upstreams]]
+name = "upstream"
+targets = ["127.0.0.1:{upstream}"]
+
+[[routes]]
+name = "all"
+match = {{}}
+upstream = "upstream"
+auth = "none"
+{rules}""")
+    return conf
+
+
+def read_answer(s: socket.socket, buf: bytearray) -> int:
+    """Reads one HTTP/1.1 answer with a Content-Length from `s` (leftovers stay in `buf`): its
+    status."""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("the proxy closed a kept-alive connection")
+        buf += chunk
+    head, _, _ = bytes(buf).partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    m = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.I)
+    need = len(head) + 4 + (int(m.group(1)) if m else 0)
+    while len(buf) < need:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("the proxy closed a connection mid-answer")
+        buf += chunk
+    del buf[:need]
+    return status
+
+
+def drive(port: int, total: int, conns: int) -> None:
+    """`total` requests over `conns` kept-alive connections, each answered 200."""
+    if total == 0:
+        return
+    req = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: instructions\r\n\r\n"
+    errors: list[str] = []
+
+    def one(n: int) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                buf = bytearray()
+                for _ in range(n):
+                    s.sendall(req)
+                    st = read_answer(s, buf)
+                    if st != 200:
+                        raise RuntimeError(f"status {st}")
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(str(e))
+
+    share = [total // conns + (1 if i < total % conns else 0) for i in range(conns)]
+    threads = [threading.Thread(target=one, args=(n,)) for n in share if n]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"requests failed: {errors[0]}")
+
+
+def wait_ready(port: int, p: subprocess.Popen, limit: float = 300) -> None:
+    """Until a `GET /` through the proxy is answered 200 (valgrind starts slowly)."""
+    end = time.time() + limit
+    while time.time() < end:
+        if p.poll() is not None:
+            raise RuntimeError(f"the proxy exited ({p.returncode}) before it answered")
+        try:
+            drive(port, 1, 1)
+            return
+        except (OSError, RuntimeError):
+            time.sleep(0.5)
+    raise RuntimeError("the proxy never answered")
+
+
+def parse_callgrind(path: Path) -> tuple[int, int]:
+    """(instructions, calls into jemalloc's allocation entry points) of a callgrind file."""
+    names: dict[str, str] = {}
+    total = 0
+    allocs = 0
+    pending_alloc = False
+    with open(path) as f:
+        for line in f:
+            if line.startswith("summary:") or line.startswith("totals:"):
+                total = int(line.split()[1])
+            elif line.startswith("cfn="):
+                m = re.match(r"cfn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m:
+                    if m.group(2):
+                        names[m.group(1)] = m.group(2)
+                    name = names.get(m.group(1), "")
+                else:
+                    name = line[4:].strip()
+                pending_alloc = name in ALLOC_FNS
+            elif line.startswith("calls="):
+                if pending_alloc:
+                    allocs += int(line[6:].split()[0])
+                pending_alloc = False
+            elif line.startswith("fn="):
+                m = re.match(r"fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m and m.group(2):
+                    names[m.group(1)] = m.group(2)
+    return total, allocs
+
+
+def run_once(argv: list[str], port: int, requests: int, conns: int, out: Path, env: dict) -> tuple[int, int]:
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--separate-threads=no"] + argv
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=open(str(out) + ".log", "w"), env=env, start_new_session=True)
+    try:
+        wait_ready(port, p)
+        drive(port, requests, conns)
+        time.sleep(0.5)
+    finally:
+        common.stop_processes([p], limit=120)
+    return parse_callgrind(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--floodgate", default=str(ROOT / "target/release/floodgate"))
+    ap.add_argument("--bare-proxy", default=str(ROOT / "target/release/bare-proxy"))
+    ap.add_argument("--out", default=str(ROOT / "target/instructions"))
+    ap.add_argument("--requests", type=int, default=5000, help="requests measured (5000)")
+    ap.add_argument("--warmup", type=int, default=1000, help="requests in both runs (1000)")
+    ap.add_argument("--connections", type=int, default=4, help="kept-alive connections (4)")
+    ap.add_argument("--only", nargs="*", default=["pingora-bare", "pingora-contract", "fg-none", "fg-local"],
+                    help="systems (pingora-bare pingora-contract fg-none fg-local)")
+    ap.add_argument("--label", default="", help="a suffix for the systems' names in the report (a build's name)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="pairs of runs per system; the report gives their median (1). Two runs of one "
+                         "binary differ by up to about 1,500 instructions per request, most of it jemalloc's "
+                         "cache upkeep, whose timing varies")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="fg-instr-"))
+    procs: list[subprocess.Popen] = []
+
+    def stop() -> None:
+        common.stop_processes(procs)
+
+    def run() -> int:
+        up = common.free_port()
+        nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+        nginx = subprocess.Popen([nginx_bin, "-c", str(nginx_conf(tmp, up)), "-p", str(tmp)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+        procs.append(nginx)
+        common.wait_port(up)
+        results = {}
+        env = dict(os.environ, RUST_LOG="warn")
+        for name in args.only:
+            port = common.free_port()
+            if name.startswith("pingora-"):
+                argv = [args.bare_proxy, "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{up}",
+                        "--threads", "1"] + (["--contract"] if name == "pingora-contract" else [])
+            else:
+                rules = LOCAL_RULE if name == "fg-local" else ""
+                conf = floodgate_conf(tmp, name, port, common.free_port(), up, rules)
+                argv = [args.floodgate, "-c", str(conf), "--pid-file", str(tmp / f"{name}.pid"),
+                        "--upgrade-sock", str(tmp / f"{name}.sock")]
+            label = name + args.label
+            pairs = []
+            for i in range(args.repeat):
+                suffix = f".{i + 1}" if args.repeat > 1 else ""
+                lo = run_once(argv, port, args.warmup, args.connections, out / f"{label}{suffix}.low.out", env)
+                hi = run_once(argv, port, args.warmup + args.requests, args.connections,
+                              out / f"{label}{suffix}.high.out", env)
+                pairs.append(((hi[0] - lo[0]) / args.requests, (hi[1] - lo[1]) / args.requests))
+                log(f"{label}{suffix}: {pairs[-1][0]:,.0f} instructions, {pairs[-1][1]:.2f} allocations per request")
+            r = {"ir_per_request": statistics.median(p[0] for p in pairs),
+                 "allocs_per_request": statistics.median(p[1] for p in pairs),
+                 "runs": [{"ir_per_request": p[0], "allocs_per_request": p[1]} for p in pairs]}
+            results[label] = r
+        base = results.get("pingora-bare" + args.label)
+        lines = ["| system | instructions per request | ÷ pingora-bare | allocations per request |",
+                 "|---|---:|---:|---:|"]
+        for label, r in results.items():
+            ratio = f"{r['ir_per_request'] / base['ir_per_request']:.2f}×" if base else "—"
+            lines.append(f"| `{label}` | {r['ir_per_request']:,.0f} | {ratio} | {r['allocs_per_request']:.2f} |")
+        (out / "instructions.md").write_text("\n".join(lines) + "\n")
+        (out / "instructions.json").write_text(json.dumps(
+            {"requests": args.requests, "warmup": args.warmup, "connections": args.connections,
+             "results": results}, indent=2))
+        print("\n".join(lines))
+        return 0
+
+    return common.run_harness(run, stop, log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
