@@ -257,3 +257,59 @@ burst = 10
         Some(1.0)
     );
 }
+
+/// Health checks see the same limit: with the only slot held by a slow request, the checks
+/// (every 100 ms) add nothing to the upstream, and the target stays healthy; once the slot is
+/// free they run again.
+#[tokio::test]
+async fn health_checks_take_a_slot_and_skip_when_none_is_free() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
+    let body = config(api.addr, "5s")
+        .replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1")
+        .replace(
+            "[upstreams.protect]",
+            "[upstreams.health_check]\npath = \"/healthz\"\ninterval = \"100ms\"\n[upstreams.protect]",
+        );
+    let gw = Gateway::start(&body);
+    let c = client();
+    let last_check = || async {
+        get_json(&c, gw.admin_url("/upstreams")).await["upstreams"][0]["targets"][0]["addrs"][0]
+            ["last_check"]
+            .clone()
+    };
+    eventually(Duration::from_secs(10), "a first health check", || async {
+        last_check().await.is_object().then_some(())
+    })
+    .await;
+    let slow = {
+        let (c, url) = (c.clone(), gw.url("/orders?delay_ms=1500"));
+        tokio::spawn(async move {
+            c.get(url)
+                .header("x-api-key", "noisy-secret")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the slow request holds the slot",
+        || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
+    )
+    .await;
+    upstream_peak(&c, &api, true).await;
+    let during = last_check().await;
+    assert_eq!(slow.await.unwrap().unwrap(), 200);
+    // Since the reset only the slow request may have entered (if it was still on its way).
+    let peak = upstream_peak(&c, &api, false).await;
+    assert!(
+        peak <= 1,
+        "a health check reached the upstream beside the request holding its only slot: {peak} inside"
+    );
+    let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
+    assert_eq!(r.status(), 200, "the target stayed healthy");
+    eventually(Duration::from_secs(10), "checks run again", || async {
+        (last_check().await != during).then_some(())
+    })
+    .await;
+}

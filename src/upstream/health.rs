@@ -2,6 +2,10 @@
 //! timeouts and TLS, wrapped by [`Recorded`] to keep each target's last result (for
 //! `GET /upstreams`), to let a passing check end a passive ejection, and to name the upstream
 //! in Pingora's one log line per health transition.
+//!
+//! With `[upstreams.protect]` a check takes a slot of the adaptive limit as a request does, so
+//! checks never add to an upstream already at its limit; when no slot is free it does not
+//! queue (the upstream is busy answering requests) and the target's last result stands.
 
 use std::sync::Arc;
 
@@ -90,6 +94,19 @@ pub fn build(name: &Arc<str>, settings: &Settings) -> Option<Box<dyn Check + Sen
     }))
 }
 
+/// The target's last check result, repeated (healthy when it was never checked): a check that
+/// could not take a slot leaves the target's health as it stands.
+fn last_result(target: &Backend) -> pingora::Result<()> {
+    let last = info(target).and_then(|i| i.state.last_check.lock().clone());
+    match last {
+        Some(r) if !r.ok => Err(Error::explain(
+            ErrorType::ConnectError,
+            "not checked (the upstream is at its adaptive limit): the last check failed",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A check that records what it found on the target it checked.
 struct Recorded {
     upstream: Arc<str>,
@@ -99,6 +116,13 @@ struct Recorded {
 #[async_trait]
 impl Check for Recorded {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        let _slot = match super::protect::current(&self.upstream) {
+            None => None,
+            Some(guard) => match guard.try_enter() {
+                Some(permit) => Some(permit),
+                None => return last_result(target),
+            },
+        };
         let result = self.inner.check(target).await;
         if let Some(i) = info(target) {
             if result.is_ok() {

@@ -385,6 +385,12 @@ pub fn attach(name: &Arc<str>, p: &Protect) -> Arc<Guard> {
     g
 }
 
+/// The guard of upstream `name` in force now, if it has `protect` (what a health check of a
+/// registry kept across reloads asks at each check).
+pub fn current(name: &str) -> Option<Arc<Guard>> {
+    guards().lock().get(name).cloned()
+}
+
 /// Forgets the guard of upstream `name` (it no longer has `protect`).
 pub fn forget(name: &str) {
     guards().lock().remove(name);
