@@ -1086,14 +1086,7 @@ async fn the_quick_start_and_the_tour_run_as_written() {
 
     // 3. Three 200s, then the 429 as shown. `free-orders` counts per wall-clock minute: start
     // early in one, so that steps 3 to 5 (two reloads) fall in the same window.
-    let into_minute = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 60_000;
-    if into_minute > 30_000 {
-        tokio::time::sleep(Duration::from_millis(60_000 - into_minute as u64 + 100)).await;
-    }
+    early_in_window(Duration::from_secs(60), Duration::from_secs(30)).await;
     for i in 0..3 {
         let r = tour.get(Some("s3cret-alice"), "/orders").await;
         assert_eq!(r.status(), 200, "request {i}");

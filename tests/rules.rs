@@ -135,6 +135,8 @@ window = "1h"
 "#;
     let gw = Gateway::start(&config(api.addr, rules));
     let c = client();
+    // "tight" counts per aligned 2 s window: the four requests below must share one.
+    early_in_window(Duration::from_secs(2), Duration::from_millis(1500)).await;
     assert_eq!(
         c.get(gw.url("/orders/1")).send().await.unwrap().status(),
         200

@@ -652,3 +652,18 @@ pub fn admin_request(
     let json = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!({ "raw": body }));
     (status, head.to_ascii_lowercase(), json)
 }
+
+/// Waits, when less than `budget` is left of the current `window` (windows aligned to the Unix
+/// epoch, as fixed windows count), until the next one starts: a test whose steps must fall in
+/// one window then has at least `budget` for them.
+pub async fn early_in_window(window: Duration, budget: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let window_ms = window.as_millis().max(1);
+    let left = window_ms - now % window_ms;
+    if left < budget.as_millis() {
+        tokio::time::sleep(Duration::from_millis(left as u64 + 20)).await;
+    }
+}
