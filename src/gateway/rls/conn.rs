@@ -37,9 +37,6 @@ use crate::gateway::Gateway;
 use crate::metrics::metrics;
 use crate::rls::limits::Serving;
 
-/// HTTP/2's connection preface (RFC 9113 §3.4).
-const PREFACE_LEN: usize = 24;
-
 /// Flow-control window of one call: a whole largest message (64 KiB and its prefix) need
 /// not wait for a window update, and a stalled call holds no more.
 const STREAM_WINDOW: u32 = 128 << 10;
@@ -254,12 +251,8 @@ impl Activity {
         OpenGuard(self.clone())
     }
 
-    /// The client sent a PING: the connection is in use (kept warm) now.
-    fn pinged(&self) {
-        self.touch();
-    }
-
-    /// Records now as the last use.
+    /// Records now as the last use: a call ended, or the client sent a PING (keeping the
+    /// connection warm).
     fn touch(&self) {
         let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ms.fetch_max(ms, Ordering::AcqRel);
@@ -306,8 +299,8 @@ impl Drop for OpenGuard {
 /// the connection's `activity`.
 struct Preface<IO> {
     inner: IO,
-    read: usize,
     timer: Option<Pin<Box<Sleep>>>,
+    /// Also where the reader is in the preface.
     pings: PingCounter,
     activity: Arc<Activity>,
 }
@@ -316,7 +309,6 @@ impl<IO> Preface<IO> {
     fn new(inner: IO, deadline: Instant, activity: Arc<Activity>) -> Self {
         Preface {
             inner,
-            read: 0,
             timer: Some(Box::pin(tokio::time::sleep_until(deadline))),
             pings: PingCounter::default(),
             activity,
@@ -326,7 +318,7 @@ impl<IO> Preface<IO> {
     /// Scans bytes just received for PINGs.
     fn scan(&mut self, received: &[u8]) {
         if self.pings.feed(received) > 0 {
-            self.activity.pinged();
+            self.activity.touch();
         }
     }
 }
@@ -348,8 +340,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Preface<IO> {
         };
         match polled {
             Poll::Ready(Ok(())) => {
-                this.read += buf.filled().len() - before;
-                if this.read >= PREFACE_LEN {
+                if this.pings.past_preface() {
                     // The timer is freed: a served connection holds none.
                     this.timer = None;
                 }

@@ -40,6 +40,11 @@ impl Default for PingCounter {
 }
 
 impl PingCounter {
+    /// Whether the whole 24-byte preface has been read.
+    pub fn past_preface(&self) -> bool {
+        self.preface_left == 0
+    }
+
     /// Reads the next received `bytes`; returns how many PINGs (not ACKs) they completed.
     pub fn feed(&mut self, mut bytes: &[u8]) -> usize {
         let mut pings = 0;
