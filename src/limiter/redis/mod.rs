@@ -489,14 +489,13 @@ impl Inner {
                         // A failover may have moved its slots: look again at once.
                         self.refresh.notify_one();
                     }
-                    if self.conn.borrow().as_ref().is_some_and(Conn::is_broken)
-                        || (opened && matches!(e, StoreError::Timeout))
-                    {
-                        // Our own connection does not reconnect by itself, and one that
-                        // stopped answering (a black-holed peer) never fails by itself:
-                        // build a fresh one in the background while the breaker holds calls
-                        // off.
+                    if opened && matches!(e, StoreError::Timeout) {
+                        // A connection that stopped answering (a black-holed peer) never
+                        // fails by itself: build a fresh one in the background while the
+                        // breaker holds calls off.
                         self.spawn_connect();
+                    } else {
+                        self.reconnect_if_broken();
                     }
                     if error.is_none() || matches!(e, StoreError::Timeout) {
                         error = Some(e.clone());
@@ -801,8 +800,8 @@ impl Inner {
         }
     }
 
-    /// Starts a fresh connection in the background when ours broke (it does not reconnect
-    /// by itself): the usage API's calls come without requests, whose failures would.
+    /// Starts a fresh connection in the background when ours broke: floodgate's own
+    /// pipelined connection does not reconnect by itself. Called after any failed call.
     fn reconnect_if_broken(self: &Arc<Self>) {
         if self.conn.borrow().as_ref().is_some_and(Conn::is_broken) {
             self.spawn_connect();

@@ -45,12 +45,7 @@ impl Inner {
                 .await
                 .map_err(|e| StoreError::Failed(e.to_string()))
         };
-        let deleted = tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout)
-            .and_then(|r| r)
-            .inspect_err(|_| self.reconnect_if_broken())?;
-        Ok(deleted > 0)
+        Ok(self.within(timeout, call).await? > 0)
     }
 
     /// The counter of `check` before and after `change`, within `call.timeout`, once per
@@ -87,12 +82,24 @@ impl Inner {
         };
         // Past the deadline the script refuses the change; a reply within the grace is the
         // truth either way.
-        let reply = tokio::time::timeout(call.timeout + CLOCK_GRACE, call_redis)
-            .await
-            .map_err(|_| StoreError::Timeout)
-            .and_then(|r| r)
-            .inspect_err(|_| self.reconnect_if_broken())?;
+        let reply = self.within(call.timeout + CLOCK_GRACE, call_redis).await?;
         decode(check, &reply)
+    }
+
+    /// `call` within `timeout`. A failure rebuilds our connection if it broke: the usage API's
+    /// calls come without requests, whose own failures would have.
+    async fn within<T>(
+        self: &Arc<Self>,
+        timeout: Duration,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let out = tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout));
+        if out.is_err() {
+            self.reconnect_if_broken();
+        }
+        out
     }
 }
 
