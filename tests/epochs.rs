@@ -194,6 +194,12 @@ fn gateway_with(api: std::net::SocketAddr, store: &str, rules: &str) -> Gateway 
 
 const KEY: (&str, &str) = ("x-api-key", "test");
 
+/// A metric of `gw` (0 when it is not listed).
+fn metric_of(gw: &Gateway, series: &str) -> f64 {
+    let (_, _, m) = admin(gw, "/metrics", &[], "");
+    metric_value(m["raw"].as_str().unwrap_or_default(), series).unwrap_or(0.0)
+}
+
 fn used(gw: &Gateway, rule: &str) -> i64 {
     let (status, _, v) = admin(gw, "/usage?api_key=acme-prod", &[], "");
     assert_eq!(status, 200, "{v}");
@@ -248,10 +254,8 @@ on_store_error = "closed"
     }
     // Settled (the 404s answered): their refunds went to the old epoch.
     eventually(GENEROUS, "the refunds settled", || async {
-        let (_, _, m) = admin(&gw, "/metrics", &[], "");
-        let m = m["raw"].as_str().unwrap_or_default().to_string();
         let series = "floodgate_response_settled_total{result=\"refunded\",rule=\"ok-only\"}";
-        (metric_value(&m, series) == Some(10.0)).then_some(())
+        (metric_of(&gw, series) == 10.0).then_some(())
     })
     .await;
     let more = hammer(&[&gw], 10, 4, "/orders", &[KEY]).await;
@@ -422,12 +426,6 @@ async fn a_concurrency_reset_is_refused_on_redis() {
     a_concurrency_reset_is_refused_on(&store(&redis.url(), "250ms", "")).await;
 }
 
-/// A metric of `gw` (0 when it is not listed).
-fn metric_of(gw: &Gateway, series: &str) -> f64 {
-    let (_, _, m) = admin(gw, "/metrics", &[], "");
-    metric_value(m["raw"].as_str().unwrap_or_default(), series).unwrap_or(0.0)
-}
-
 /// Two gateways on one store, limit 100 an hour, `lease = 50` held for an hour: gateway A
 /// leases and spends one permit, holding the rest; then a reset is made through gateway B.
 /// A hears it from the store and drops the permits of the old epoch, so at most 100 requests
@@ -488,12 +486,7 @@ async fn a_reset_voids_every_instance_lease_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_voids_every_instance_lease_in_a_cluster() {
     let cluster = RedisCluster::start();
-    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let store = format!(
-        "\n[store]\nbackend = \"redis-cluster\"\nurls = [{}]\ntimeout = \"250ms\"\n",
-        urls.join(", ")
-    );
-    a_reset_voids_every_instance_lease_on(&store).await;
+    a_reset_voids_every_instance_lease_on(&cluster.store("250ms", "")).await;
 }
 
 /// After a Redis restart with no proxied traffic, the usage API reconnects by itself (before:

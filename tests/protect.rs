@@ -62,6 +62,32 @@ async fn protect_status(c: &reqwest::Client, gw: &Gateway) -> Value {
     get_json(c, gw.admin_url("/stats")).await["upstreams"][0]["protect"].clone()
 }
 
+/// Starts a noisy request that the upstream holds for `delay_ms`, and waits until it holds
+/// the guard's slot; its status when it ends.
+async fn hold_the_slot(
+    c: &reqwest::Client,
+    gw: &Gateway,
+    delay_ms: u64,
+) -> tokio::task::JoinHandle<reqwest::Result<u16>> {
+    let slow = {
+        let (c, url) = (c.clone(), gw.url(&format!("/orders?delay_ms={delay_ms}")));
+        tokio::spawn(async move {
+            c.get(url)
+                .header("x-api-key", "noisy-secret")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the slow request holds the slot",
+        || async { (protect_status(c, gw).await["in_flight"] == 1).then_some(()) },
+    )
+    .await;
+    slow
+}
+
 #[tokio::test]
 async fn a_flood_is_held_to_the_limit_and_a_quiet_tenant_is_served() {
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", CAPACITY]);
@@ -216,22 +242,7 @@ burst = 10
     );
     let gw = Gateway::start(&body);
     let c = client();
-    let slow = {
-        let (c, url) = (c.clone(), gw.url("/orders?delay_ms=2000"));
-        tokio::spawn(async move {
-            c.get(url)
-                .header("x-api-key", "noisy-secret")
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        })
-    };
-    eventually(
-        Duration::from_secs(10),
-        "the slow request holds the slot",
-        || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
-    )
-    .await;
+    let slow = hold_the_slot(&c, &gw, 2000).await;
     let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
@@ -281,22 +292,7 @@ async fn health_checks_take_a_slot_and_skip_when_none_is_free() {
         last_check().await.is_object().then_some(())
     })
     .await;
-    let slow = {
-        let (c, url) = (c.clone(), gw.url("/orders?delay_ms=1500"));
-        tokio::spawn(async move {
-            c.get(url)
-                .header("x-api-key", "noisy-secret")
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        })
-    };
-    eventually(
-        Duration::from_secs(10),
-        "the slow request holds the slot",
-        || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
-    )
-    .await;
+    let slow = hold_the_slot(&c, &gw, 1500).await;
     upstream_peak(&c, &api, true).await;
     let during = last_check().await;
     assert_eq!(slow.await.unwrap().unwrap(), 200);

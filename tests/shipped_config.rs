@@ -7,25 +7,13 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The shipped file with its listeners and upstream moved to the test's ports.
-fn shipped(gw_port: u16, admin_port: u16, api: std::net::SocketAddr) -> String {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")).unwrap();
-    let replaced = text
-        .replace("\"0.0.0.0:8080\"", &format!("\"127.0.0.1:{gw_port}\""))
-        .replace("\"127.0.0.1:9901\"", &format!("\"127.0.0.1:{admin_port}\""))
-        .replace("\"127.0.0.1:9000\"", &format!("\"{api}\""));
-    assert_ne!(text, replaced);
-    replaced
-}
-
 #[tokio::test]
 async fn the_shipped_rules_work() {
     let api = OrdersApi::start("orders");
     let (port, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, shipped(port, admin, api.addr)).unwrap();
+    std::fs::write(&path, shipped_config(port, admin, api.addr)).unwrap();
     let log = dir.path().join("log");
     let mut child = spawn_floodgate(&path, dir.path(), &log, &[]);
     let addr = format!("127.0.0.1:{port}").parse().unwrap();

@@ -667,3 +667,17 @@ pub async fn early_in_window(window: Duration, budget: Duration) {
         tokio::time::sleep(Duration::from_millis(left as u64 + 20)).await;
     }
 }
+
+/// The shipped gateway.toml with its listeners and upstream moved to a test's ports, line for
+/// line (its line numbers are the shipped file's).
+pub fn shipped_config(gw_port: u16, admin_port: u16, api: SocketAddr) -> String {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")).unwrap();
+    let replaced = text
+        .replace("\"0.0.0.0:8080\"", &format!("\"127.0.0.1:{gw_port}\""))
+        .replace("\"127.0.0.1:9901\"", &format!("\"127.0.0.1:{admin_port}\""))
+        .replace("\"127.0.0.1:9000\"", &format!("\"{api}\""));
+    assert_ne!(text, replaced);
+    assert_eq!(replaced.lines().count(), text.lines().count());
+    replaced
+}

@@ -284,7 +284,6 @@ impl RedisCluster {
         }
     }
 
-    /// Seed URLs of every master.
     /// A `[store]` table for this cluster with a decision budget of `timeout`, then `extra`
     /// (as [`store`] writes one for a standalone server).
     pub fn store(&self, timeout: &str, extra: &str) -> String {
@@ -295,6 +294,7 @@ impl RedisCluster {
         )
     }
 
+    /// Seed URLs of every master.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
