@@ -1,6 +1,6 @@
 """What every benchmark harness under benches/ needs, written once: loopback ports, the CPU and
-memory a process used (from /proc), a raw RESP client for Redis's INFO (no redis-cli), and the
-signal handling and clean-up around a harness's run.
+memory a process used (from /proc), a raw RESP client for Redis's INFO (no redis-cli), an
+nginx config, and the signal handling and clean-up around a harness's run.
 
 Each harness imports it with its folder's parent on sys.path:
 
@@ -9,7 +9,9 @@ Each harness imports it with its folder's parent on sys.path:
 """
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -207,3 +209,43 @@ static_resources:
       - lb_endpoints:
         - endpoint: {{address: {{socket_address: {{address: {upstream_host}, port_value: {upstream}}}}}}}{clusters_extra}
 """
+
+
+def nginx_conf(d, port: int, locations: str, workers: int = 1, http_extra: str = "",
+               worker_connections: int = 4096):
+    """Writes `d`/nginx.conf: nginx in the foreground with everything it writes under `d` (pid,
+    error log, temp paths; the user root runs as, when root), no access log, keep-alive that
+    never closes a client's connection, one loopback server with `locations`. Returns its
+    path (a pathlib.Path)."""
+    from pathlib import Path
+    d = Path(d)
+    user = ""
+    if os.geteuid() == 0:
+        pw = pwd.getpwuid(0)
+        user = f"user {pw.pw_name} {grp.getgrgid(pw.pw_gid).gr_name};"
+    conf = d / "nginx.conf"
+    conf.write_text(f"""
+{user}
+worker_processes {workers};
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile {2 * worker_connections + 64};
+events {{ worker_connections {worker_connections}; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    {http_extra}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        {locations}
+    }}
+}}
+""")
+    return conf

@@ -67,31 +67,7 @@ scope = "local"
 
 
 def nginx_conf(d: Path, port: int) -> Path:
-    conf = d / "nginx.conf"
-    user = "user root root;" if os.geteuid() == 0 else ""
-    conf.write_text(f"""
-{user}
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
-    keepalive_requests 10000000;
-    keepalive_timeout 300s;
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{ return 200 "ok"; }}
-    }}
-}}
-""")
-    return conf
+    return common.nginx_conf(d, port, 'location / { return 200 "ok"; }', worker_connections=1024)
 
 
 def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str) -> Path:

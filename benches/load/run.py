@@ -63,12 +63,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import grp
 import http.client
 import json
 import os
 import platform
-import pwd
 import resource
 import shutil
 import signal
@@ -379,36 +377,8 @@ class Bench:
                    worker_connections: int = 4096) -> Path:
         d = self.tmp / name
         d.mkdir()
-        user = ""
-        if os.geteuid() == 0:
-            pw = pwd.getpwuid(0)
-            user = f"user {pw.pw_name} {grp.getgrgid(pw.pw_gid).gr_name};"
-        conf = d / "nginx.conf"
-        conf.write_text(f"""
-{user}
-worker_processes {1 if name == "upstream" else self.args.threads};
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-worker_rlimit_nofile {2 * worker_connections + 64};
-events {{ worker_connections {worker_connections}; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
-    keepalive_requests 10000000;
-    keepalive_timeout 300s;
-    {http_extra}
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        {locations}
-    }}
-}}
-""")
-        return conf
+        return common.nginx_conf(d, port, locations, 1 if name == "upstream" else self.args.threads,
+                                 http_extra, worker_connections)
 
     def start_nginx(self, name: str, conf: Path, port: int) -> subprocess.Popen:
         p = self.spawn(name, [self.nginx, "-p", str(conf.parent), "-e", str(conf.parent / "error.log"), "-c", str(conf)])
