@@ -19,7 +19,7 @@ name = \"per-key\"
 key = [\"api_key\"]
 algorithm = \"fixed_window\"
 limit = 20
-window = \"1m\"
+window = \"1h\"
 ",
         orders_upstream(&[api.addr])
     )

@@ -40,7 +40,7 @@ name = "per-key"
 key = ["api_key"]
 algorithm = "fixed_window"
 limit = 2
-window = "1m"
+window = "1h"
 block_for = "10m"
 on_store_error = "closed"
 "#;

@@ -83,7 +83,7 @@ key = [\"api_key\"]
 scope = \"local\"
 algorithm = \"fixed_window\"
 limit = 2
-window = \"1m\"
+window = \"1h\"
 
 [[rules]]
 name = \"dark-launch\"
@@ -91,7 +91,7 @@ key = [\"ip\"]
 scope = \"local\"
 algorithm = \"fixed_window\"
 limit = 1
-window = \"1m\"
+window = \"1h\"
 shadow = true
 
 [[rules]]

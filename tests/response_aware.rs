@@ -307,7 +307,7 @@ match = {{ route = "llm" }}
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 100
-window = "1m"
+window = "1h"
 cost = 10
 cost_from = "{from}"
 "#
@@ -532,7 +532,7 @@ async fn a_reload_during_an_in_flight_reservation_keeps_and_settles_it() {
         );
         let path = gw.dir.path().join("gateway.toml");
         let config = std::fs::read_to_string(&path).unwrap();
-        let extra = "\n[[rules]]\nname = \"other\"\nmatch = { path = \"/nowhere\" }\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1m\"\n";
+        let extra = "\n[[rules]]\nname = \"other\"\nmatch = { path = \"/nowhere\" }\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1h\"\n";
         std::fs::write(&path, format!("{config}{extra}")).unwrap();
         let r = c.post(gw.admin_url("/reload")).send().await.unwrap();
         assert_eq!(r.status(), 200, "backend {b}: {}", r.text().await.unwrap());
@@ -719,7 +719,7 @@ async fn a_sliding_log_owes_extra_charges_until_their_window_ends() {
     let c = client();
     let rule = token_rule("json:usage.total_tokens")
         .replace("fixed_window", "sliding_window_log")
-        .replace("\"1m\"", "\"3s\"");
+        .replace("\"1h\"", "\"3s\"");
     for b in 0..2 {
         let backend = match b {
             0 => String::new(),

@@ -30,6 +30,8 @@ async fn every_field_of_the_answer_and_the_headers_envoy_passes_on() {
         PER_USER,
         "algorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\nscope = \"local\"",
     ));
+    // The answer shows a minute window: start early in one, so that the counts hold.
+    common::early_in_window(Duration::from_secs(60), Duration::from_secs(20)).await;
     let mut c = gw.client().await;
     let alice = || descriptor(&[("route", "orders"), ("user", "alice")]);
     let nobody = || descriptor(&[("route", "users"), ("user", "alice")]);
@@ -174,7 +176,7 @@ async fn hits_addend_at_both_levels_and_the_limit_override() {
     let gw = RlsGateway::start(&limit(
         "per-user",
         "[{ key = \"user\" }]",
-        "algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\nscope = \"local\"",
+        "algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1h\"\nscope = \"local\"",
     ));
     let mut c = gw.client().await;
     let user = |u: &str| descriptor(&[("user", u)]);
@@ -232,7 +234,7 @@ async fn an_unknown_domain_is_ok_and_counted_as_other() {
     let gw = RlsGateway::start(&limit(
         "per-user",
         "[{ key = \"user\" }]",
-        "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"",
+        "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"",
     ));
     let mut c = gw.client().await;
     for _ in 0..3 {
@@ -267,12 +269,12 @@ async fn a_request_over_one_limit_charges_none() {
         limit(
             "roomy",
             "[{ key = \"user\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\nscope = \"local\""
+            "algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1h\"\nscope = \"local\""
         ),
         limit(
             "tight",
             "[{ key = \"ip\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\""
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\""
         ),
     ));
     let mut c = gw.client().await;
@@ -307,7 +309,7 @@ async fn malformed_requests_get_a_clear_grpc_error_and_charge_nothing() {
     let gw = RlsGateway::start(&limit(
         "per-user",
         "[{ key = \"user\" }]",
-        "algorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nscope = \"local\"",
+        "algorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\nscope = \"local\"",
     ));
     let mut c = gw.client().await;
     let a = || descriptor(&[("user", "a")]);
@@ -391,7 +393,7 @@ async fn a_reload_swaps_the_limits() {
     let first = limit(
         "per-user",
         "[{ key = \"user\" }]",
-        "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"",
+        "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"",
     );
     let gw = RlsGateway::start(&first);
     let mut c = gw.client().await;
@@ -404,11 +406,11 @@ async fn a_reload_swaps_the_limits() {
         &(limit(
             "per-user",
             "[{ key = \"user\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 50\nwindow = \"1m\"\nscope = \"local\"",
+            "algorithm = \"fixed_window\"\nlimit = 50\nwindow = \"1h\"\nscope = \"local\"",
         ) + &limit(
             "per-team",
             "[{ key = \"team\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 7\nwindow = \"1m\"\nscope = \"local\"",
+            "algorithm = \"fixed_window\"\nlimit = 7\nwindow = \"1h\"\nscope = \"local\"",
         )),
     );
     std::fs::write(gw.config_path(), next).unwrap();
@@ -548,17 +550,17 @@ async fn a_failing_store_follows_each_limits_on_store_error() {
         limit(
             "open",
             "[{ key = \"o\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\non_store_error = \"open\""
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\non_store_error = \"open\""
         ),
         limit(
             "closed",
             "[{ key = \"c\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\non_store_error = \"closed\""
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\non_store_error = \"closed\""
         ),
         limit(
             "local",
             "[{ key = \"l\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 6\nwindow = \"1m\"\non_store_error = \"local\""
+            "algorithm = \"fixed_window\"\nlimit = 6\nwindow = \"1h\"\non_store_error = \"local\""
         ),
     );
     let gw = RlsGateway::start(&body);
@@ -637,7 +639,7 @@ async fn an_rls_only_config_runs_without_a_proxy_and_stops_on_sigint() {
     let mut gw = RlsGateway::start(&limit(
         "per-user",
         "[{ key = \"user\" }]",
-        "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"",
+        "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"",
     ));
     let mut c = gw.client().await;
     assert_eq!(
@@ -819,7 +821,7 @@ async fn top_and_the_dashboard_list_rls_limits_and_their_clients() {
     let gw = RlsGateway::start(&limit(
         "per-user",
         "[{ key = \"user\" }, { key = \"api_key\" }]",
-        "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\nscope = \"local\"",
+        "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\nscope = \"local\"",
     ));
     let mut c = gw.client().await;
     let d = || {
@@ -864,13 +866,13 @@ async fn the_gateway_and_the_rls_run_in_one_process_and_a_shadow_limit_never_rej
     let rls = common::free_addr();
     let gw = common::Gateway::start(&format!(
         "{}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"none\"\n\n\
-         [[rules]]\nname = \"per-ip\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"\n\n\
+         [[rules]]\nname = \"per-ip\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"\n\n\
          [rls]\nlisten = \"{rls}\"\n\n{}",
         common::orders_upstream(&[api.addr]),
         limit(
             "dark",
             "[{ key = \"user\" }]",
-            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nscope = \"local\"\nshadow = true"
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"\nshadow = true"
         ),
     ));
     let mut c = common::rls::connect(rls).await;

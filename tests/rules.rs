@@ -80,7 +80,7 @@ name = "hidden"
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 1000
-window = "1m"
+window = "1h"
 headers = false
 "#;
     let gw = Gateway::start(&config(api.addr, rules));

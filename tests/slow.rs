@@ -33,7 +33,7 @@ name = \"slow-downloads\"
 key = [\"header:x-client\"]
 algorithm = \"fixed_window\"
 limit = 1
-window = \"1m\"
+window = \"1h\"
 mode = \"slow\"
 slow_rate = \"50KiB\"
 ",

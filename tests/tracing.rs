@@ -460,7 +460,7 @@ async fn a_rejected_request_is_a_complete_trace_naming_its_rule() {
         "\"127.0.0.1/32\"",
         1.0,
         "",
-        "[[rules]]\nname = \"one-per-ip\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n",
+        "[[rules]]\nname = \"one-per-ip\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n",
     )
     .await;
     let first = client().get(gw.url("/debug/1")).send().await.unwrap();
@@ -660,7 +660,7 @@ async fn the_rls_port_continues_envoys_trace_and_records_its_decision() {
         &format!(
             "[server]\nadmin_listen = \"{admin}\"\nthreads = 1\ngrace_period = \"1s\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n\
              [rls]\nlisten = \"{rls}\"\n\n\
-             [[rls.limits]]\nname = \"edge-per-user\"\ndomain = \"edge\"\ndescriptor = [{{ key = \"user\" }}]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n\n\
+             [[rls.limits]]\nname = \"edge-per-user\"\ndomain = \"edge\"\ndescriptor = [{{ key = \"user\" }}]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n\n\
              [tracing]\notlp_endpoint = \"{}\"\nsample_ratio = 0.0\nschedule_delay = \"50ms\"\n",
             collector.endpoint()
         ),

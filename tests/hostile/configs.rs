@@ -47,7 +47,7 @@ name = "unbuilt-open"
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 on_store_error = "open"
 
 [[rules]]
@@ -55,7 +55,7 @@ name = "unbuilt-closed"
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 100
-window = "1m"
+window = "1h"
 on_store_error = "closed"
 
 [[rules]]
@@ -63,7 +63,7 @@ name = "unbuilt-local"
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 4
-window = "1m"
+window = "1h"
 on_store_error = "local"
 "#;
     let mut config = Config::from_str(Path::new("gateway.toml"), text).expect("valid config");

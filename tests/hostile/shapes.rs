@@ -40,7 +40,7 @@ match = {{ route = "orders" }}
 key = ["api_key", "path"]
 algorithm = "fixed_window"
 limit = 3
-window = "1m"
+window = "1h"
 
 [[rules]]
 name = "debug-paths"
@@ -48,7 +48,7 @@ match = {{ path_prefix = "/debug/limited" }}
 key = ["ip", "path"]
 algorithm = "fixed_window"
 limit = 2
-window = "1m"
+window = "1h"
 "#,
         orders_upstream(&[api])
     )
@@ -145,7 +145,7 @@ match = {{ host = "API.example.com." }}
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 "#,
         orders_upstream(&[api])
     )
@@ -214,7 +214,7 @@ name = "per-client"
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 "#,
         orders_upstream(&[api.addr])
     );
@@ -282,7 +282,7 @@ match = {{ path_prefix = "/debug/counted", methods = ["GET"] }}
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 "#,
         orders_upstream(&[api])
     )

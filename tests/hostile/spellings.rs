@@ -113,7 +113,7 @@ match = {{ path_prefix = "/debug/users" }}
 key = ["query:user"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 
 [[rules]]
 name = "per-tenant"
@@ -121,7 +121,7 @@ match = {{ path_prefix = "/debug/tenants" }}
 key = ["header:x-tenant"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 "#,
         orders_upstream(&[api])
     )
@@ -338,7 +338,7 @@ match = {{ path_prefix = "/debug/ip" }}
 key = ["ip"]
 algorithm = "fixed_window"
 limit = 1
-window = "1m"
+window = "1h"
 "#,
         orders_upstream(&[api])
     )
