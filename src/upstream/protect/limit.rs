@@ -29,12 +29,16 @@
 //! limit only grows while the window used more than half of it, so an idle upstream does not
 //! drift to `max_limit` and then flood when traffic returns.
 //!
-//! A new guard starts in *slow start*, as TCP does: from `min_limit` the limit doubles every
-//! window whose latency stays within `min_rtt * (1 + BUFFER)` (and that used half of it), so
-//! it reaches the capacity in a few hundred milliseconds rather than the seconds 4% a window
-//! would take (4 to 16: two windows instead of 35). The first window that queues ends slow start
-//! for good, and the limit goes back to half of what queued (the last limit that did not)
-//! before the gradient takes over.
+//! A new guard starts in *slow start*, as TCP does: from `min_limit` the limit grows by
+//! [`SLOW_START_GROWTH`] as soon as [`MIN_SAMPLES`] exchanges that began a `min_rtt` after it
+//! took effect (once a backlog would have formed) have come back with a median within
+//! `min_rtt * (1 + BUFFER)` (and it was half used): two or three round trips per step, so 4 to
+//! 16 takes 12 steps, well under a second, where 2% a window would take 70 windows. The first step that queues ends slow start for good, and the limit
+//! goes back two steps (the one before may already sit in the buffer), below the capacity,
+//! for the gradient to approach it from there. The growth is small
+//! because the overshoot is the growth: a step just within the buffer (1.1 C) is followed by
+//! one at 1.1 C * 1.125 = 1.24 C, within the 1.25 C the benchmark allows (doubling, as TCP
+//! does, held 2 C for a window).
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,8 @@ pub const PROBE_SAMPLES: u32 = 25;
 pub const BUFFER: f64 = 0.10;
 /// Latencies a window or a probe keeps (the latest; their median is its latency).
 const KEPT: usize = 64;
+/// Growth of the limit per window in slow start (see the module's doc for why 12.5%).
+pub const SLOW_START_GROWTH: f64 = 1.125;
 /// Weight of the new value in each update.
 pub const SMOOTHING: f64 = 0.2;
 
@@ -105,7 +111,8 @@ pub struct Gradient {
     min_rtt: Option<Duration>,
     probe: Option<Probe>,
     next_probe: Instant,
-    /// Doubling each window until the first one that queues (see the module's doc).
+    /// Growing by [`SLOW_START_GROWTH`] each window until the first one that queues (see the
+    /// module's doc).
     slow_start: bool,
 }
 
@@ -196,10 +203,21 @@ impl Gradient {
             });
             return Some(self.limit());
         }
+        if self.slow_start
+            && self
+                .min_rtt
+                .is_some_and(|m| began_before(now, rtt, self.window_start + m))
+        {
+            // Slow start judges each limit by the exchanges that began a round trip after it
+            // took effect (when the backlog of a limit too high has formed), as soon as
+            // enough have come back: a window of two or three round trips, not WINDOW, so a
+            // growth that queues is taken back before the next.
+            return None;
+        }
         self.kept.push(rtt);
         self.peak_in_flight = self.peak_in_flight.max(in_flight);
         if self.kept.count < MIN_SAMPLES
-            || now.saturating_duration_since(self.window_start) < WINDOW
+            || (!self.slow_start && now.saturating_duration_since(self.window_start) < WINDOW)
         {
             return None;
         }
@@ -210,13 +228,17 @@ impl Gradient {
         if self.slow_start {
             if mean <= min_rtt * (1.0 + BUFFER) {
                 if used * 2.0 >= self.limit {
-                    self.limit = (self.limit * 2.0).min(self.max_limit as f64);
+                    self.limit = (self.limit * SLOW_START_GROWTH).min(self.max_limit as f64);
                 }
                 return Some(self.limit());
             }
-            // It queued: the limit before the last doubling did not.
+            // It queued. The step before may have been within the buffer already (up to
+            // 1.1 C): go back two steps, below the capacity, and let the gradient approach it
+            // from there (from above it settled higher, as the latency of a backlog that
+            // small hardly moves the median).
             self.slow_start = false;
-            self.limit = (self.limit / 2.0).max(self.min_limit as f64);
+            self.limit =
+                (self.limit / SLOW_START_GROWTH / SLOW_START_GROWTH).max(self.min_limit as f64);
             return Some(self.limit());
         }
         let gradient = (min_rtt * (1.0 + BUFFER) / mean).clamp(0.5, 2.0);
@@ -229,6 +251,11 @@ impl Gradient {
         self.limit = next.clamp(self.min_limit as f64, self.max_limit as f64);
         Some(self.limit())
     }
+}
+
+/// Whether an exchange that took `rtt` and ended `now` began before `at`.
+fn began_before(now: Instant, rtt: Duration, at: Instant) -> bool {
+    now.checked_sub(rtt).is_none_or(|began| began < at)
 }
 
 #[cfg(test)]
@@ -285,15 +312,23 @@ mod tests {
     }
 
     #[test]
-    fn a_cold_start_reaches_the_capacity_within_half_a_second() {
+    fn a_cold_start_reaches_the_capacity_within_a_second_and_a_half_without_overshooting() {
         let mut now = Instant::now();
         let mut g = Gradient::new(4, 1000, now);
-        let at = run_ms(&mut g, &mut now, 500, 16, S);
+        let mut most = 0;
+        for _ in 0..1500 {
+            now += Duration::from_millis(1);
+            let n = g.limit();
+            most = most.max(n);
+            g.sample(latency(S, 16, n), n, now);
+        }
+        let at = g.learned();
         assert!(
             (16..=20).contains(&at),
-            "limit {at} after 500 ms for 16 slots"
+            "limit {at} after 1.5 s for 16 slots"
         );
-        // And it holds there (slow start is over: no doubling past it).
+        assert!(most <= 20, "{most} in flight for 16 slots: over 1.25x");
+        // And it holds there (slow start is over: no growing past it).
         let later = run(&mut g, &mut now, 5, 16, S);
         assert!((16..=20).contains(&later), "limit {later} 5 s later");
     }
@@ -359,13 +394,20 @@ mod tests {
     fn an_idle_upstream_does_not_drift_up() {
         let mut now = Instant::now();
         let mut g = Gradient::new(4, 1000, now);
-        let start = run(&mut g, &mut now, 10, 16, S);
-        // One request at a time, at the service time: the limit is not used, so it stays.
-        for _ in 0..10_000 {
-            now += Duration::from_millis(1);
-            g.sample(S, 1, now);
-        }
-        assert!(g.learned() <= start, "{} > {start}", g.learned());
+        run(&mut g, &mut now, 10, 16, S);
+        // One request at a time, at the service time: the limit is not used, so after the
+        // window that still held the saturated exchanges it stays.
+        let mut idle = |g: &mut Gradient, ms: u32| {
+            for _ in 0..ms {
+                now += Duration::from_millis(1);
+                g.sample(S, 1, now);
+            }
+            g.learned()
+        };
+        let start = idle(&mut g, 1_000);
+        assert!((16..=20).contains(&start), "{start}");
+        let later = idle(&mut g, 20_000);
+        assert!(later <= start, "{later} > {start}");
     }
 
     #[test]
