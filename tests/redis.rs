@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::redis::{gateway, hammer, store, RedisCluster, RedisServer};
+use common::redis::{gateway, gateway_on_threads, hammer, store, RedisCluster, RedisServer};
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,6 +149,37 @@ window = "1m"
         let ttl: i64 = redis.query(&["PTTL", k]);
         assert!(ttl > 0, "{k} has no TTL ({ttl})");
     }
+}
+
+/// Each serving thread calls Redis on a connection of its own (a call on another thread's
+/// connection crosses threads twice), a bounded number of them, and the limit stays exact
+/// over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_serving_thread_calls_redis_on_its_own_connection() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let rules = "[[rules]]\nname = \"shared\"\nkey = [\"header:x-user\"]\nalgorithm = \"fixed_window\"\nlimit = 150\nwindow = \"1h\"\non_store_error = \"closed\"\n";
+    let gw = gateway_on_threads(2, api.addr, &store(&redis.url(), "500ms", ""), rules);
+    let counts = hammer(&[&gw], 200, 16, "/orders", &[("x-user", "alice")]).await;
+    assert_eq!(counts.get(&200), Some(&150), "{counts:?}");
+    assert_eq!(counts.get(&429), Some(&50), "{counts:?}");
+    let clients: String = redis.query(&["CLIENT", "LIST"]);
+    let deciding = clients
+        .lines()
+        .filter(|l| l.contains(" cmd=evalsha "))
+        .count();
+    let others = clients
+        .lines()
+        .filter(|l| !l.contains(" cmd=client|list ") && !l.contains(" cmd=client "))
+        .count();
+    assert!(
+        deciding >= 2,
+        "one connection per serving thread decides: {clients}"
+    );
+    assert!(
+        others <= 5,
+        "shared, reset listener and one per thread: {clients}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

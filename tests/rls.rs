@@ -855,7 +855,7 @@ async fn top_and_the_dashboard_list_rls_limits_and_their_clients() {
     let (ok, out, err) = common::check(&std::fs::read_to_string(gw.config_path()).unwrap(), &[]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("per-user: domain edge | descriptor [user, api_key] | fixed_window 2/1m"),
+        out.contains("per-user: domain edge | descriptor [user, api_key] | fixed_window 2/1h"),
         "{out}"
     );
 }

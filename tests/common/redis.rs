@@ -369,10 +369,24 @@ pub fn store(url: &str, timeout: &str, extra: &str) -> String {
 
 /// A gateway in front of `api` with `store` (see [`store`]), [`ROUTES`] and `rules`.
 pub fn gateway(api: std::net::SocketAddr, store: &str, rules: &str) -> super::Gateway {
-    super::Gateway::start(&format!(
-        "{}{store}{ROUTES}{rules}",
-        super::orders_upstream(&[api])
-    ))
+    gateway_on_threads(1, api, store, rules)
+}
+
+/// [`gateway`] serving on `threads` threads.
+pub fn gateway_on_threads(
+    threads: usize,
+    api: std::net::SocketAddr,
+    store: &str,
+    rules: &str,
+) -> super::Gateway {
+    super::Gateway::start_custom(
+        |addr, admin| {
+            super::server_section(addr, admin)
+                .replace("threads = 1\n", &format!("threads = {threads}\n"))
+        },
+        &format!("{}{store}{ROUTES}{rules}", super::orders_upstream(&[api])),
+        &[],
+    )
 }
 
 /// Sends `n` requests spread round robin over `gws`, `parallel` at a time; counts statuses.

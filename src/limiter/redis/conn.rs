@@ -21,7 +21,7 @@ use redis::{
 };
 
 use super::probe::check_policy;
-use super::resp::RespConn;
+use super::resp::{RespConn, RespError};
 use super::script::Lua;
 use super::Inner;
 use crate::limiter::settings::Backend;
@@ -332,24 +332,39 @@ pub(super) async fn connect_loop(store: Weak<Inner>) {
     }
 }
 
+/// One attempt at floodgate's own connection to `target` (within [`CONNECT_TIMEOUT`] for the
+/// TCP connection and again for the handshake), or `None` when `target` is not a `redis://`
+/// server.
+pub(super) async fn connect_lean(target: &Target) -> Option<Result<RespConn, RespError>> {
+    let Target::Single(client) = target else {
+        return None;
+    };
+    let info = client.get_connection_info();
+    let ConnectionAddr::Tcp(host, port) = info.addr() else {
+        return None;
+    };
+    let settings = info.redis_settings();
+    Some(
+        RespConn::connect(
+            host,
+            *port,
+            settings.username(),
+            settings.password(),
+            settings.db(),
+            CONNECT_TIMEOUT,
+        )
+        .await,
+    )
+}
+
 /// One connection attempt to `target`, unbounded (the caller bounds it).
 async fn connect(target: &Target) -> RedisResult<Conn> {
     match target {
         Target::Single(client) => {
-            let info = client.get_connection_info();
-            if let ConnectionAddr::Tcp(host, port) = info.addr() {
-                let settings = info.redis_settings();
-                return RespConn::connect(
-                    host,
-                    *port,
-                    settings.username(),
-                    settings.password(),
-                    settings.db(),
-                    CONNECT_TIMEOUT,
-                )
-                .await
-                .map(Conn::Lean)
-                .map_err(|e| (ErrorKind::Io, "cannot connect to Redis", e.to_string()).into());
+            if let Some(made) = connect_lean(target).await {
+                return made
+                    .map(Conn::Lean)
+                    .map_err(|e| (ErrorKind::Io, "cannot connect to Redis", e.to_string()).into());
             }
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))

@@ -4,7 +4,8 @@
 //!
 //! Split by concern: [`script`] (the scripts and the Rust↔Lua wire contract), `conn` (what to
 //! connect with, the live connection and the reconnect loop), [`resp`] (floodgate's own
-//! pipelined connection to a `redis://` server), `cluster` (hash slots), `topology` (which
+//! pipelined connection to a `redis://` server), `lanes` (one of those per serving thread),
+//! `cluster` (hash slots), `topology` (which
 //! master holds which slots), `nodes` (each destination's breaker and health), [`breaker`]
 //! (the circuit breaker) and `probe` (the `maxmemory-policy` eviction probe).
 //!
@@ -41,8 +42,9 @@
 //! sorted set never holds more entries than the rule's limit.
 //!
 //! # Round trips
-//! Standalone: one `EVALSHA` per request whatever the number of rules, on one pipelined
-//! connection shared by every request (rebuilt in the background when it breaks). Cluster:
+//! Standalone: one `EVALSHA` per request whatever the number of rules, on a pipelined
+//! connection shared by every request of the serving thread (`lanes`; the instance's shared
+//! one, rebuilt in the background when it breaks, until the thread's own is up). Cluster:
 //! one `EVALSHA` per hash slot among the request's keys, issued concurrently; each call is
 //! atomic, but a request whose keys span slots is not atomic across them (see
 //! [`SharedStore::decide`]).
@@ -60,6 +62,7 @@
 pub mod breaker;
 mod cluster;
 mod conn;
+mod lanes;
 mod nodes;
 mod probe;
 mod resets;
@@ -169,6 +172,8 @@ struct Inner {
     policy: Mutex<Option<String>>,
     /// Reservation true-ups of concurrent requests, coalesced into shared calls.
     true_ups: true_up::Batcher,
+    /// What each serving thread's own connection to this store is known by ([`lanes`]).
+    lanes: lanes::Key,
 }
 
 impl RedisStore {
@@ -235,6 +240,7 @@ impl RedisStore {
                 refreshing: AtomicBool::new(false),
                 policy: Mutex::new(None),
                 true_ups: true_up::Batcher::default(),
+                lanes: lanes::Key::default(),
             }),
         });
         store.start();
@@ -660,8 +666,10 @@ impl Inner {
     /// The connection, waiting for the first one to be established (the caller bounds the
     /// wait with its timeout).
     async fn connection(&self) -> Result<Conn, StoreError> {
-        if let Some(conn) = self.conn.borrow().clone() {
-            return Ok(conn);
+        if let Some(shared) = self.conn.borrow().as_ref() {
+            // The thread's own connection once the shared one is up (the warm-up has loaded
+            // the scripts through it), so that a call does not cross threads ([`lanes`]).
+            return Ok(lanes::own(&self.lanes, &self.target).unwrap_or_else(|| shared.clone()));
         }
         let mut rx = self.conn.subscribe();
         let conn = rx

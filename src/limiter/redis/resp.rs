@@ -180,9 +180,11 @@ impl RespConn {
         })
     }
 
-    /// Whether the connection failed (every call on it fails; a new one is needed).
+    /// Whether the connection failed (every call on it fails; a new one is needed), or its
+    /// tasks are gone (the runtime that ran them shut down: nothing would answer a call).
     pub fn is_broken(&self) -> bool {
         self.handle.shared.state.lock().broken.is_some()
+            || self.handle.tasks.iter().any(AbortHandle::is_finished)
     }
 }
 
