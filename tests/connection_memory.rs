@@ -154,3 +154,65 @@ fn a_connection_mid_request_costs_less_than_pingoras_own_state() {
     );
     drop(held);
 }
+
+/// Slowed downloads held at once by [`a_slowed_download_holds_a_few_small_pieces`].
+const SLOWED: usize = 200;
+
+/// What one slowed download may hold: the pieces Pingora keeps queued for the client while
+/// the pace holds them. With 64 KiB reads of the upstream that was 954 KiB per download in a
+/// release build (`benches/slowdown/run.py`, 4 MiB at 64 KiB/s) and 850 KiB here; with the
+/// upstream's receive window sized by the rate, 124 KiB there and 137 KiB here.
+const MAX_KIB_PER_SLOWED_DOWNLOAD: f64 = 320.0;
+
+#[test]
+fn a_slowed_download_holds_a_few_small_pieces() {
+    let api = OrdersApi::start("a");
+    let gw = Gateway::start_with(
+        &format!(
+            "access_log = false\nmax_connections_per_ip = {}\n",
+            SLOWED + 100
+        ),
+        &format!(
+            "{}\n[[routes]]\nname = \"all\"\nmatch = {{}}\nupstream = \"orders\"\nauth = \"none\"\n\n[[rules]]\nname = \"slowed\"\nkey = [\"header:x-client\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nmode = \"slow\"\nslow_rate = \"64KiB\"\n",
+            orders_upstream(&[api.addr])
+                .replace("read_timeout = \"2s\"", "read_timeout = \"60s\"\ntimeout = \"10m\"")
+        ),
+        &[],
+    );
+    // What is not any one download's: the upstream pool, lazy statics, the allocator's first
+    // pages.
+    let warm: Vec<TcpStream> = (0..20).map(|_| one_request(&gw)).collect();
+    drop(warm);
+    let before = rss_kib(gw.pid());
+    let request =
+        "GET /download?bytes=4194304 HTTP/1.1\r\nhost: floodgate.test\r\nx-client: one\r\n\r\n";
+    // Clients that read nothing: every download runs at the pace until the sockets' buffers
+    // fill, and what floodgate queues for them is what is measured.
+    let held: Vec<TcpStream> = (0..SLOWED)
+        .map(|_| {
+            let mut conn = TcpStream::connect(gw.addr).expect("connect");
+            conn.write_all(request.as_bytes()).expect("write");
+            conn
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, metrics) = admin_get(gw.admin, "/metrics").expect("metrics");
+    let slowed = metric_value(
+        &metrics,
+        "floodgate_ratelimit_decisions_total{result=\"slowed\",rule=\"slowed\"}",
+    )
+    .unwrap_or(0.0);
+    // The rule admits the first at full speed and slows every other.
+    assert!(
+        slowed >= (SLOWED - 1) as f64,
+        "{slowed} requests slowed of {SLOWED}"
+    );
+    let after = rss_kib(gw.pid());
+    let per = after.saturating_sub(before) as f64 / SLOWED as f64;
+    eprintln!("{per:.1} KiB per slowed download ({before} KiB before, {after} KiB after)");
+    assert!(
+        per <= MAX_KIB_PER_SLOWED_DOWNLOAD,
+        "{per:.1} KiB per slowed download ({before} KiB before, {after} KiB with {SLOWED} open)"
+    );
+    drop(held);
+}

@@ -3,7 +3,7 @@
 floodgate in memory, and whether the upstream is read only as fast as clients are served.
 
 Usage: run.py --floodgate target/release/floodgate [--downloads 1000] [--size 1048576]
-              [--rate 64KiB] [--seconds 10] [--baseline]
+              [--rate 64KiB] [--seconds 10] [--baseline] [--nginx nginx]
 
 Starts (all on loopback, all stopped at the end): an upstream (asyncio, one shared buffer, so
 its own memory does not grow with the downloads) that serves `GET /download?bytes=N` and counts
@@ -15,14 +15,16 @@ wrote minus bytes the client read: what sits in socket buffers and in floodgate)
 before and at its peak, the growth per download, the largest and median lead of the upstream,
 and the rate the clients got. Then the downloads are cut (clients close) and RSS is sampled
 once more. `--baseline` runs the same downloads without the rule, the clients reading at
---rate themselves: what Pingora holds for as many slow readers anyway.
+--rate themselves: what Pingora holds for as many slow readers anyway. Then the same downloads
+through nginx (one worker, `limit_rate` at --rate; with --baseline, none) in front of the same
+upstream, its worker's RSS measured the same way, and the ratio per download.
 """
 import argparse, asyncio, os, shutil, signal, socket, subprocess, tempfile, time
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import free_port, rss_kib, stop_processes, wait_port  # noqa: E402  (benches/common.py)
+from common import free_port, nginx_conf, rss_kib, stop_processes, wait_port  # noqa: E402  (benches/common.py)
 
 SENT = {}  # connection id -> bytes the upstream has written to its socket
 BODY = b"x" * (1 << 20)
@@ -89,7 +91,8 @@ async def download(port, source, conn, size, received, started, pace=None):
         w.close()
 
 
-async def run(a, fg_port, up_port, pid):
+async def run(a, fg_port, up_port, pid, name="floodgate"):
+    SENT.clear()
     server = await asyncio.start_server(serve, "127.0.0.1", up_port, backlog=4096)
     # The one request the rule admits at full speed: every later one is slowed.
     first = {}
@@ -122,8 +125,8 @@ async def run(a, fg_port, up_port, pid):
     open_ = len(started)
     done = sum(1 for c in started if received.get(c, 0) >= a.size)
     what = "unslowed downloads read slowly by their clients" if a.baseline else "slowed downloads"
-    print(f"{open_} {what} of {a.size} B at {a.rate}, sampled {a.seconds} s ({done} finished)")
-    print(f"floodgate RSS: {before / 1024:.1f} MiB before, {peak / 1024:.1f} MiB at peak "
+    print(f"{name}: {open_} {what} of {a.size} B at {a.rate}, sampled {a.seconds} s ({done} finished)")
+    print(f"{name} RSS: {before / 1024:.1f} MiB before, {peak / 1024:.1f} MiB at peak "
           f"(+{(peak - before) / max(open_, 1):.0f} KiB per download), {after / 1024:.1f} MiB after the clients left")
     if leads:
         print(f"upstream ahead of the client: median {leads[len(leads) // 2] / 1024:.0f} KiB, "
@@ -131,6 +134,9 @@ async def run(a, fg_port, up_port, pid):
               f"against {a.size / 1024:.0f} KiB per body")
     if rates:
         print(f"client rate: median {rates[len(rates) // 2] / 1024:.1f} KiB/s, max {rates[-1] / 1024:.1f} KiB/s")
+    return {"per_download_kib": (peak - before) / max(open_, 1),
+            "lead_median_kib": leads[len(leads) // 2] / 1024 if leads else None,
+            "rate_median_kib": rates[len(rates) // 2] / 1024 if rates else None}
 
 
 def main():
@@ -142,6 +148,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--baseline", action="store_true",
                     help="no slowing rule: the clients read at --rate themselves (what Pingora holds for slow readers anyway)")
+    ap.add_argument("--nginx", default="nginx",
+                    help="nginx to run the same downloads through with limit_rate (skipped when not found)")
     a = ap.parse_args()
     up, fg, fg_admin = free_port(), free_port(), free_port()
     d = tempfile.mkdtemp()
@@ -173,13 +181,48 @@ auth = "none"
         [a.floodgate, "-c", f"{d}/gateway.toml", "--pid-file", f"{d}/fg.pid", "--upgrade-sock", f"{d}/fg.sock"],
         stderr=open(f"{d}/fg.log", "w"),
     )
+    results = {}
     try:
         wait_port(fg)
-        asyncio.run(run(a, fg, up, fgp.pid))
+        results["floodgate"] = asyncio.run(run(a, fg, up, fgp.pid))
     finally:
         stop_processes([fgp], 10)
-        shutil.rmtree(d, ignore_errors=True)
+    if a.nginx and shutil.which(a.nginx):
+        results["nginx"] = nginx(a, d, up)
+    shutil.rmtree(d, ignore_errors=True)
+    if "nginx" in results:
+        f, n = results["floodgate"]["per_download_kib"], results["nginx"]["per_download_kib"]
+        print(f"per download: floodgate {f:.0f} KiB, nginx {n:.0f} KiB ({f / max(n, 1):.2f}x nginx)")
 
+
+def nginx(a, d, up):
+    """The same downloads through nginx (one worker) with `limit_rate` at --rate (or, with
+    --baseline, none): its worker's RSS is what is measured."""
+    port = free_port()
+    os.makedirs(f"{d}/nginx", exist_ok=True)
+    limit = "" if a.baseline else f"limit_rate {parse_rate(a.rate)};"
+    conf = nginx_conf(f"{d}/nginx", port, f"""location / {{
+            proxy_pass http://127.0.0.1:{up};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_read_timeout 60s;
+            {limit}
+        }}""")
+    p = subprocess.Popen([a.nginx, "-p", f"{d}/nginx", "-c", str(conf)], stderr=open(f"{d}/nginx.log", "w"))
+    try:
+        wait_port(port)
+        worker = None
+        for _ in range(50):
+            kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            if kids:
+                worker = int(kids[0])
+                break
+            time.sleep(0.1)
+        if worker is None:
+            raise SystemExit("nginx started no worker")
+        return asyncio.run(run(a, port, up, worker, "nginx"))
+    finally:
+        stop_processes([p], 10)
 
 if __name__ == "__main__":
     main()

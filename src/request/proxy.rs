@@ -287,6 +287,10 @@ impl ProxyHttp for Proxy {
             // exchange's total timeout (a WebSocket lives as long as it is used).
             peer.options.read_timeout = Some(settings.tunnel_timeout);
         }
+        if let Some(slow) = &ctx.slow {
+            // Read the upstream no faster, and in no bigger pieces, than the client is served.
+            crate::request::throttle::narrow(&mut peer, slow.slowed.rate);
+        }
         ctx.target = Some(target);
         Ok(Box::new(peer))
     }

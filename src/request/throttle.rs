@@ -7,8 +7,11 @@
 //! fills Pingora's four-piece channel and then stops reading: the upstream is read no faster
 //! than the client is served), and `request_body_filter` awaits it before the piece goes
 //! upstream (the client's next piece is not read meanwhile). A request's memory is then
-//! what Pingora holds anyway: at most the channel's pieces (each at most 64 KiB from an
-//! HTTP/1.1 upstream, one 16 KiB frame from HTTP/2) and the socket buffers.
+//! what Pingora holds anyway: the channel's pieces and the batch the client side has taken
+//! from it, and the socket buffers. Each piece is one read of the upstream, up to 64 KiB; so a
+//! slowed exchange's upstream connection gets a receive window of a sixteenth of a second at
+//! its rate ([`upstream_window`], 4 to 64 KiB) in a pool of its own ([`narrow`]), which sizes
+//! the reads, and with them the pieces, by the rate.
 //!
 //! A piece is sent whole: Pingora's filters cannot split it. The wait is counted per byte
 //! (a piece goes when every byte sent so far, itself included, is due at `slow_rate`), so the
@@ -72,6 +75,27 @@ pub fn show_rate(rate: u64) -> String {
         r if r >= 1 << 10 && r % (1 << 10) == 0 => format!("{}KiB", r >> 10),
         r => format!("{r}B"),
     }
+}
+
+/// The upstream receive buffer of a slowed exchange: a sixteenth of a second at its rate,
+/// between 4 and 64 KiB. The kernel then holds at most about that much of the body on
+/// floodgate's side, so each read of the upstream yields a piece of about that size, and the
+/// pieces Pingora keeps queued for the client while the pace holds them (its channel of four,
+/// and the batch in hand) stay a few of those small ones instead of 64 KiB each.
+pub fn upstream_window(rate: u64) -> usize {
+    (rate / 16).clamp(4 * 1024, 64 * 1024) as usize
+}
+
+/// Gives a slowed exchange's upstream connection its narrow receive window
+/// ([`upstream_window`]) and a pool of its own: a connection with a window that small must
+/// not go on to serve requests that are not slowed (nor one slowed at another rate).
+pub fn narrow(peer: &mut pingora::upstreams::peer::HttpPeer, rate: u64) {
+    let window = upstream_window(rate);
+    peer.options.tcp_recv_buf = Some(window);
+    peer.group_key = peer
+        .group_key
+        .rotate_left(17)
+        .wrapping_add(0x5105_ed00_0000_0000 | window as u64);
 }
 
 /// What slowed a request: the rate and the rules, for the proxy and the access log.
@@ -195,6 +219,26 @@ fn due_after(sent: u64, rate: u64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slowed_exchange_reads_its_upstream_through_a_narrow_window_of_its_own() {
+        assert_eq!(upstream_window(64 * 1024), 4 * 1024);
+        assert_eq!(upstream_window(MIN_SLOW_RATE), 4 * 1024);
+        assert_eq!(upstream_window(512 * 1024), 32 * 1024);
+        assert_eq!(upstream_window(MAX_SLOW_RATE), 64 * 1024);
+        let addr: std::net::SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        let plain = pingora::upstreams::peer::HttpPeer::new(addr, false, String::new());
+        let mut slowed = plain.clone();
+        narrow(&mut slowed, 64 * 1024);
+        assert_eq!(slowed.options.tcp_recv_buf, Some(4 * 1024));
+        let mut faster = plain.clone();
+        narrow(&mut faster, 1024 * 1024);
+        // Three pools: a narrow connection never serves an unslowed request, nor one slowed
+        // at another rate.
+        use pingora::upstreams::peer::Peer;
+        assert_ne!(slowed.reuse_hash(), plain.reuse_hash());
+        assert_ne!(slowed.reuse_hash(), faster.reuse_hash());
+    }
 
     #[test]
     fn rates_take_b_kib_and_mib_within_bounds() {
