@@ -101,13 +101,25 @@ fn an_idle_keepalive_connection_costs_a_few_kib() {
         open >= CONNECTIONS as f64,
         "{open} connections open, {CONNECTIONS} held"
     );
-    let per = after.saturating_sub(before) as f64 / CONNECTIONS as f64;
-    eprintln!("{per:.1} KiB per idle connection ({before} KiB before, {after} KiB after)");
-    assert!(
-        per <= MAX_KIB_PER_CONNECTION,
-        "{per:.1} KiB per idle connection ({before} KiB before, {after} KiB with {CONNECTIONS} open)"
+    at_most_per_each(
+        before,
+        after,
+        CONNECTIONS,
+        MAX_KIB_PER_CONNECTION,
+        "idle connection",
     );
     drop(held);
+}
+
+/// Asserts that a resident set that grew from `before` to `after` KiB (VmRSS) for the `n`
+/// things (`what`) the gateway now holds grew by at most `max` KiB for each.
+fn at_most_per_each(before: u64, after: u64, n: usize, max: f64, what: &str) {
+    let per = after.saturating_sub(before) as f64 / n as f64;
+    eprintln!("{per:.1} KiB per {what} ({before} KiB before, {after} KiB after)");
+    assert!(
+        per <= max,
+        "{per:.1} KiB per {what} ({before} KiB before, {after} KiB with {n})"
+    );
 }
 
 /// Requests the upstream answers only after the test is over.
@@ -146,11 +158,12 @@ fn a_connection_mid_request_costs_less_than_pingoras_own_state() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let after = rss_kib(gw.pid());
-    let per = after.saturating_sub(before) as f64 / CONNECTIONS as f64;
-    eprintln!("{per:.1} KiB per connection mid-request ({before} KiB before, {after} KiB after)");
-    assert!(
-        per <= MAX_KIB_MID_REQUEST,
-        "{per:.1} KiB per connection mid-request ({before} KiB before, {after} KiB with {CONNECTIONS} waiting)"
+    at_most_per_each(
+        before,
+        after,
+        CONNECTIONS,
+        MAX_KIB_MID_REQUEST,
+        "connection mid-request",
     );
     drop(held);
 }
@@ -208,11 +221,12 @@ fn a_slowed_download_holds_a_few_small_pieces() {
         "{slowed} requests slowed of {SLOWED}"
     );
     let after = rss_kib(gw.pid());
-    let per = after.saturating_sub(before) as f64 / SLOWED as f64;
-    eprintln!("{per:.1} KiB per slowed download ({before} KiB before, {after} KiB after)");
-    assert!(
-        per <= MAX_KIB_PER_SLOWED_DOWNLOAD,
-        "{per:.1} KiB per slowed download ({before} KiB before, {after} KiB with {SLOWED} open)"
+    at_most_per_each(
+        before,
+        after,
+        SLOWED,
+        MAX_KIB_PER_SLOWED_DOWNLOAD,
+        "slowed download",
     );
     drop(held);
 }
