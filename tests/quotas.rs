@@ -673,9 +673,18 @@ struct Receiver {
 }
 
 impl Receiver {
+    /// A receiver on a port the kernel picks as it binds: a port picked first and bound
+    /// later may meanwhile become the local port of an outgoing connection ("address in
+    /// use", seen once in CI).
+    fn start(hang: bool) -> Receiver {
+        Receiver::start_on(([127, 0, 0, 1], 0).into(), hang)
+    }
+
+    /// A receiver on `addr` (a test that brings one up on a port the gateway already uses).
     fn start_on(addr: std::net::SocketAddr, hang: bool) -> Receiver {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
+        let addr = listener.local_addr().expect("the receiver's address");
         listener.set_nonblocking(true).unwrap();
         let got = Arc::new(std::sync::Mutex::new(Vec::new()));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -804,7 +813,7 @@ fn webhook_count(gws: &[&Gateway], result: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_threshold_fires_once_across_three_instances_signed_and_without_secrets() {
-    let receiver = Receiver::start_on(free_addr(), false);
+    let receiver = Receiver::start(false);
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
     let s = store(&redis.url(), "250ms", "instances = 3");
@@ -976,7 +985,7 @@ async fn events_are_retried_until_the_receiver_is_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_receiver_fills_the_bounded_queue_and_requests_never_wait() {
-    let receiver = Receiver::start_on(free_addr(), true);
+    let receiver = Receiver::start(true);
     let api = OrdersApi::start("orders");
     let rules = format!(
         r#"
@@ -1047,8 +1056,8 @@ thresholds = [1.0]
 /// promptly while the other's worker waits out its timeouts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_hole_receiver_does_not_delay_a_healthy_one() {
-    let hole = Receiver::start_on(free_addr(), true);
-    let healthy = Receiver::start_on(free_addr(), false);
+    let hole = Receiver::start(true);
+    let healthy = Receiver::start(false);
     let api = OrdersApi::start("orders");
     let rules = format!(
         r#"
