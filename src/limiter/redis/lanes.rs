@@ -13,7 +13,7 @@
 //!
 //! Every call is one atomic script, so which connection carries it changes no decision. A
 //! thread keeps connections to at most [`MAX_STORES`] stores (a reload that changes the store
-//! builds a new one); a store's are dropped on the thread's next call after it is gone.
+//! builds a new one); a dropped store's are closed when the thread first calls a new one.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Weak};
@@ -62,31 +62,33 @@ pub(super) fn own(key: &Key, target: &Target) -> Option<Conn> {
     LANES
         .try_with(|lanes| {
             let mut lanes = lanes.try_borrow_mut().ok()?;
-            lanes.retain(|l| l.store.strong_count() > 0);
             let at = match lanes.iter().position(|l| is(l, key)) {
-                Some(i) => i,
+                Some(i) => {
+                    match &lanes[i].state {
+                        State::Ready(c) if !c.is_broken() => return Some(Conn::Lean(c.clone())),
+                        State::Connecting => return None,
+                        State::Failed(when) if when.elapsed() < RETRY => return None,
+                        _ => {}
+                    }
+                    i
+                }
                 None => {
                     if !on_current_thread_runtime() {
                         return None;
                     }
+                    // A new store: the lanes of stores since dropped go now.
+                    lanes.retain(|l| l.store.strong_count() > 0);
                     if lanes.len() >= MAX_STORES {
                         lanes.remove(0);
                     }
                     lanes.push(Lane {
                         store: Arc::downgrade(key),
-                        state: State::Failed(Instant::now() - RETRY),
+                        state: State::Connecting,
                     });
                     lanes.len() - 1
                 }
             };
-            let lane = &mut lanes[at];
-            match &lane.state {
-                State::Ready(c) if !c.is_broken() => return Some(Conn::Lean(c.clone())),
-                State::Connecting => return None,
-                State::Failed(when) if when.elapsed() < RETRY => return None,
-                _ => {}
-            }
-            lane.state = State::Connecting;
+            lanes[at].state = State::Connecting;
             let (store, target) = (Arc::downgrade(key), target.clone());
             // On this thread's runtime: the connection's tasks run here, and the task finds
             // this thread's lanes when it is done.

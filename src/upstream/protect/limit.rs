@@ -33,12 +33,12 @@
 //! [`SLOW_START_GROWTH`] as soon as [`MIN_SAMPLES`] exchanges that began a `min_rtt` after it
 //! took effect (once a backlog would have formed) have come back with a median within
 //! `min_rtt * (1 + BUFFER)` (and it was half used): two or three round trips per step, so 4 to
-//! 16 takes 12 steps, well under a second, where 2% a window would take 70 windows. The first step that queues ends slow start for good, and the limit
-//! goes back two steps (the one before may already sit in the buffer), below the capacity,
-//! for the gradient to approach it from there. The growth is small
-//! because the overshoot is the growth: a step just within the buffer (1.1 C) is followed by
-//! one at 1.1 C * 1.125 = 1.24 C, within the 1.25 C the benchmark allows (doubling, as TCP
-//! does, held 2 C for a window).
+//! 16 takes 12 steps, well under a second, where 2% a window would take 70 windows. The first
+//! step that queues ends slow start for good, and the limit goes back two steps (the one
+//! before may already sit in the buffer), below the capacity, for the gradient to approach it
+//! from there. The growth is small because the overshoot is the growth: a step just within the
+//! buffer (1.1 C) is followed by one at 1.1 C * 1.125 = 1.24 C, within the 1.25 C the benchmark
+//! allows (doubling, as TCP does, held 2 C for a window).
 
 use std::time::{Duration, Instant};
 
@@ -54,7 +54,7 @@ pub const PROBE_SAMPLES: u32 = 25;
 pub const BUFFER: f64 = 0.10;
 /// Latencies a window or a probe keeps (the latest; their median is its latency).
 const KEPT: usize = 64;
-/// Growth of the limit per window in slow start (see the module's doc for why 12.5%).
+/// Growth of the limit per slow-start step (see the module's doc for why 12.5%).
 pub const SLOW_START_GROWTH: f64 = 1.125;
 /// Weight of the new value in each update.
 pub const SMOOTHING: f64 = 0.2;
@@ -270,19 +270,27 @@ mod tests {
 
     /// Runs `secs` seconds of saturated traffic (the gateway always fills the limit in force)
     /// against the model at `service`, one exchange per millisecond; the learned limit at the
-    /// end, and the most in flight during the last `tail` seconds.
+    /// end.
     fn run(g: &mut Gradient, now: &mut Instant, secs: u64, slots: u32, service: Duration) -> u32 {
-        run_ms(g, now, secs * 1000, slots, service)
+        run_ms(g, now, secs * 1000, slots, service).0
     }
 
-    /// [`run`] for `ms` milliseconds.
-    fn run_ms(g: &mut Gradient, now: &mut Instant, ms: u64, slots: u32, service: Duration) -> u32 {
+    /// [`run`] for `ms` milliseconds; also the most in flight meanwhile.
+    fn run_ms(
+        g: &mut Gradient,
+        now: &mut Instant,
+        ms: u64,
+        slots: u32,
+        service: Duration,
+    ) -> (u32, u32) {
+        let mut most = 0;
         for _ in 0..ms {
             *now += Duration::from_millis(1);
             let n = g.limit();
+            most = most.max(n);
             g.sample(latency(service, slots, n), n, *now);
         }
-        g.learned()
+        (g.learned(), most)
     }
 
     const S: Duration = Duration::from_millis(20);
@@ -315,14 +323,7 @@ mod tests {
     fn a_cold_start_reaches_the_capacity_within_a_second_and_a_half_without_overshooting() {
         let mut now = Instant::now();
         let mut g = Gradient::new(4, 1000, now);
-        let mut most = 0;
-        for _ in 0..1500 {
-            now += Duration::from_millis(1);
-            let n = g.limit();
-            most = most.max(n);
-            g.sample(latency(S, 16, n), n, now);
-        }
-        let at = g.learned();
+        let (at, most) = run_ms(&mut g, &mut now, 1500, 16, S);
         assert!(
             (16..=20).contains(&at),
             "limit {at} after 1.5 s for 16 slots"
