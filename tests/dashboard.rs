@@ -77,7 +77,7 @@ fn read_parts(shown: &str) -> Vec<(String, String)> {
 
 fn config(api: SocketAddr) -> String {
     format!(
-        "{DEMO_KEYS}\n{}\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"optional\"\n{RULES}",
+        "{DEMO_KEYS}\n{}[upstreams.protect]\nmin_limit = 6\n\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"optional\"\n{RULES}",
         orders_upstream(&[api])
     )
 }
@@ -402,6 +402,18 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
     assert_eq!(names, "tight,by-secret-header,per-ip,per-tenant");
     let limit = text_of(b, Locator::Css(r#".rule[data-rule="tight"] .limit"#)).await;
     assert!(limit.contains("4 per 1h"), "{limit}");
+    // The upstream's adaptive concurrency limit: it starts at min_limit, with no request out.
+    let protect = must(
+        b,
+        "the upstream's adaptive limit",
+        r#"const p = document.querySelector('.protect[data-protect="orders"]'); return p && p.textContent;"#,
+    )
+    .await;
+    let protect = protect.as_str().unwrap_or_default();
+    assert!(
+        protect.contains("adaptive limit 6") && protect.contains("in flight 0"),
+        "{protect}"
+    );
     let before = must(
         b,
         "the rejected chart",
