@@ -67,7 +67,7 @@ pub const BUFFER: f64 = 0.10;
 /// `Gradient::probe_done`): what the buffer allows, as a probe is cheap (a quarter of the
 /// limit for a few round trips) and a `min_rtt` measured high lets the limit settle high.
 pub const REPROBE_ABOVE: f64 = 1.0 + BUFFER;
-/// Latencies a window or a probe keeps (the latest; their median is its latency).
+/// Latencies a window or a probe keeps (the latest; their typical value, `Kept::typical`, is its latency).
 const KEPT: usize = 64;
 /// Growth of the limit per slow-start step (see the module's doc for why 12.5%).
 pub const SLOW_START_GROWTH: f64 = 1.125;
@@ -280,8 +280,8 @@ impl Gradient {
             }
             // It queued. The step before may have been within the buffer already (up to
             // 1.1 C): go back two steps, below the capacity, and let the gradient approach it
-            // from there (from above it settled higher, as the latency of a backlog that
-            // small hardly moves the median).
+            // from there (from above it settled higher, as a backlog that small hardly moves
+            // the latency).
             self.slow_start = false;
             self.limit =
                 (self.limit / SLOW_START_GROWTH / SLOW_START_GROWTH).max(self.min_limit as f64);
