@@ -14,9 +14,50 @@ use std::time::{Duration, Instant};
 /// before: tests run in parallel, the kernel may give a port just released to the next
 /// `bind(0)`, and two servers told the same port would let one test talk to another test's
 /// process (the likely cause of a one-off 502 in tests/proxy.rs routes_auth_and_404).
+///
+/// It is drawn below the kernel's ephemeral range (`ip_local_port_range`, usually from 32768), not
+/// from `bind(0)`: a port from that range may become the local port of some outgoing
+/// connection (a gateway to its upstream, a client to Redis) in the moment between this call
+/// and the server's own bind, which then fails with "address in use" (seen in CI:
+/// quotas.rs's webhook receiver).
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10000;
+    if ephemeral > LOWEST + 1000 {
+        let span = u64::from(ephemeral - LOWEST);
+        // A different sequence in every test process (several may run at once).
+        let seed = u64::from(std::process::id())
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+        let _ = NEXT.compare_exchange(
+            0,
+            seed | 1,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        for _ in 0..10_000 {
+            // xorshift64: cheap, and good enough to spread the draws over the span.
+            let mut x = NEXT.load(std::sync::atomic::Ordering::Relaxed);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            NEXT.store(x, std::sync::atomic::Ordering::Relaxed);
+            let port = LOWEST + (x % span) as u16;
+            if given.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+                continue;
+            }
+            given.push(port);
+            return port;
+        }
+    }
     loop {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
         let port = l.local_addr().expect("local addr").port();
