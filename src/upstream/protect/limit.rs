@@ -67,7 +67,8 @@ pub const BUFFER: f64 = 0.10;
 /// `Gradient::probe_done`): what the buffer allows, as a probe is cheap (a quarter of the
 /// limit for a few round trips) and a `min_rtt` measured high lets the limit settle high.
 pub const REPROBE_ABOVE: f64 = 1.0 + BUFFER;
-/// Latencies a window or a probe keeps (the latest; their typical value, `Kept::typical`, is its latency).
+/// Latencies a window or a probe keeps (the latest; their typical value, `Kept::typical`, is
+/// its latency).
 const KEPT: usize = 64;
 /// Growth of the limit per slow-start step (see the module's doc for why 12.5%).
 pub const SLOW_START_GROWTH: f64 = 1.125;
@@ -141,7 +142,7 @@ pub struct Gradient {
     min_rtt: Option<Duration>,
     probe: Option<Probe>,
     next_probe: Instant,
-    /// Growing by [`SLOW_START_GROWTH`] each window until the first one that queues (see the
+    /// Growing by [`SLOW_START_GROWTH`] each step until two judgments in a row queue (see the
     /// module's doc).
     slow_start: bool,
     /// Slow start's last judgment said "queued": one more ends it (a single window slowed by
@@ -253,18 +254,18 @@ impl Gradient {
         {
             return None;
         }
-        let mean = self.kept.typical().as_secs_f64().max(1e-6);
+        let latency = self.kept.typical().as_secs_f64().max(1e-6);
         let used = self.peak_in_flight as f64;
         self.reset_window(now);
         let min_rtt = self.min_rtt?.as_secs_f64();
         if self.slow_start {
-            if mean <= min_rtt * (1.0 + BUFFER) {
+            if latency <= min_rtt * (1.0 + BUFFER) {
                 self.queued_once = false;
                 if used * 2.0 >= self.limit {
                     // In the upper half of the buffer the backlog may be starting (part of the
                     // limit's permits are held inside the gateway, not at the upstream): a
                     // half step, so the step past the capacity overshoots by less.
-                    let growth = if mean <= min_rtt * (1.0 + BUFFER / 2.0) {
+                    let growth = if latency <= min_rtt * (1.0 + BUFFER / 2.0) {
                         SLOW_START_GROWTH
                     } else {
                         SLOW_START_GROWTH.sqrt()
@@ -287,7 +288,7 @@ impl Gradient {
                 (self.limit / SLOW_START_GROWTH / SLOW_START_GROWTH).max(self.min_limit as f64);
             return Some(self.limit());
         }
-        let gradient = (min_rtt * (1.0 + BUFFER) / mean).clamp(0.5, 2.0);
+        let gradient = (min_rtt * (1.0 + BUFFER) / latency).clamp(0.5, 2.0);
         let mut new = self.limit * gradient;
         if new > self.limit && used * 2.0 < self.limit {
             // Not using half of it: no evidence that more would be fine.
@@ -297,9 +298,7 @@ impl Gradient {
         self.limit = next.clamp(self.min_limit as f64, self.max_limit as f64);
         Some(self.limit())
     }
-}
 
-impl Gradient {
     /// Halves the limit to `level` to measure `min_rtt`; `previous` is what the probe before
     /// it in this round measured.
     fn start_probe(&mut self, level: u32, previous: Option<Duration>, in_flight: u32) {
