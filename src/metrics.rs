@@ -67,6 +67,10 @@ pub struct Metrics {
     /// (the export queue was full, or the export failed or timed out; see
     /// [`crate::telemetry`]).
     pub trace_spans_dropped: IntCounter,
+    /// `floodgate_store_coalesced_decisions_total`: decisions of global rules made in a Redis
+    /// call shared with other requests of the same counter (see
+    /// `crate::limiter::redis` coalescing).
+    pub store_coalesced: IntCounter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -301,6 +305,14 @@ impl Metrics {
                 IntCounter::new(
                     "floodgate_trace_spans_dropped_total",
                     "Finished trace spans dropped: the export queue was full, or the collector failed or timed out.",
+                )
+                .expect("static metric definition"),
+            ),
+            store_coalesced: registered(
+                r,
+                IntCounter::new(
+                    "floodgate_store_coalesced_decisions_total",
+                    "Decisions of global rules made in one Redis call with other concurrent requests of the same counter.",
                 )
                 .expect("static metric definition"),
             ),

@@ -182,6 +182,84 @@ async fn each_serving_thread_calls_redis_on_its_own_connection() {
     );
 }
 
+/// Concurrent requests of one hot counter on a serving thread share script calls (a batch
+/// charges their summed cost), and the limit stays exact over two instances: exactly the
+/// limit is admitted, each admitted request sees a `remaining` of its own (0 to limit - 1,
+/// each once, as one by one), and Redis runs fewer calls than requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_of_one_counter_share_calls_and_stay_exact() {
+    let redis = RedisServer::start();
+    let api = OrdersApi::start("orders");
+    let mut rules = String::new();
+    for (name, algorithm, extra) in [
+        ("window", "fixed_window", ""),
+        ("counter", "sliding_window_counter", ""),
+        ("bucket", "token_bucket", "burst = 150\n"),
+    ] {
+        rules.push_str(&format!(
+            "\n[[rules]]\nname = \"{name}\"\nmatch = {{ header = {{ name = \"x-test\", value = \"{name}\" }} }}\nkey = [\"header:x-user\"]\nalgorithm = \"{algorithm}\"\nlimit = 150\nwindow = \"1h\"\n{extra}on_store_error = \"closed\"\n"
+        ));
+    }
+    let s = store(&redis.url(), "2s", "instances = 2");
+    let gws = [gateway(api.addr, &s, &rules), gateway(api.addr, &s, &rules)];
+    let c = client();
+    for name in ["window", "counter", "bucket"] {
+        let _: String = redis.query(&["CONFIG", "RESETSTAT"]);
+        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+        let mut tasks = Vec::new();
+        for i in 0..400 {
+            let req = c
+                .get(gws[i % 2].url("/orders"))
+                .header("x-test", name)
+                .header("x-user", "hot");
+            let permit = sem.clone().acquire_owned().await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let r = req.send().await;
+                drop(permit);
+                let r = r.expect("the gateway answers");
+                let state = r
+                    .headers()
+                    .get("ratelimit")
+                    .map(|v| v.to_str().unwrap().to_string());
+                (r.status().as_u16(), state)
+            }));
+        }
+        let mut statuses = BTreeMap::new();
+        let mut remaining = Vec::new();
+        for t in tasks {
+            let (status, state) = t.await.unwrap();
+            *statuses.entry(status).or_insert(0) += 1;
+            if status == 200 {
+                let state = state.expect("an admitted request has RateLimit");
+                let r = state
+                    .split(';')
+                    .find_map(|f| f.strip_prefix("r="))
+                    .and_then(|r| r.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no remaining in {state}"));
+                remaining.push(r);
+            }
+        }
+        assert_eq!(statuses.get(&200), Some(&150), "{name}: {statuses:?}");
+        assert_eq!(statuses.get(&429), Some(&250), "{name}: {statuses:?}");
+        remaining.sort_unstable();
+        let expected: Vec<u64> = (0..150).collect();
+        assert_eq!(
+            remaining, expected,
+            "{name}: each admitted request has the remaining of its place"
+        );
+        let calls = redis.command_calls("evalsha") + redis.command_calls("eval");
+        eprintln!("{name}: 400 requests, 64 at a time, over 2 instances: {calls} script calls");
+        assert!(calls < 400, "{name}: {calls} script calls for 400 requests");
+    }
+    let mut coalesced = 0.0;
+    for gw in &gws {
+        let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+        coalesced += metric_value(&metrics, "floodgate_store_coalesced_decisions_total")
+            .expect("the metric is exported");
+    }
+    assert!(coalesced > 0.0, "no decision shared a call");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_modes_and_recovery() {
     let mut redis = RedisServer::start();

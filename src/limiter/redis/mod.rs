@@ -5,6 +5,7 @@
 //! Split by concern: [`script`] (the scripts and the Rust↔Lua wire contract), `conn` (what to
 //! connect with, the live connection and the reconnect loop), [`resp`] (floodgate's own
 //! pipelined connection to a `redis://` server), `lanes` (one of those per serving thread),
+//! `coalesce` (concurrent decisions of one counter in one call),
 //! `cluster` (hash slots), `topology` (which
 //! master holds which slots), `nodes` (each destination's breaker and health), [`breaker`]
 //! (the circuit breaker) and `probe` (the `maxmemory-policy` eviction probe).
@@ -42,9 +43,10 @@
 //! sorted set never holds more entries than the rule's limit.
 //!
 //! # Round trips
-//! Standalone: one `EVALSHA` per request whatever the number of rules, on a pipelined
+//! Standalone: at most one `EVALSHA` per request whatever the number of rules, on a pipelined
 //! connection shared by every request of the serving thread (`lanes`; the instance's shared
-//! one, rebuilt in the background when it breaks, until the thread's own is up). Cluster:
+//! one, rebuilt in the background when it breaks, until the thread's own is up); concurrent
+//! single-rule decisions of one counter on a thread share one call (`coalesce`). Cluster:
 //! one `EVALSHA` per hash slot among the request's keys, issued concurrently; each call is
 //! atomic, but a request whose keys span slots is not atomic across them (see
 //! [`SharedStore::decide`]).
@@ -61,6 +63,7 @@
 
 pub mod breaker;
 mod cluster;
+mod coalesce;
 mod conn;
 mod lanes;
 mod nodes;
@@ -367,6 +370,88 @@ impl RedisStore {
         }
         self.start();
         let inner = &self.inner;
+        if let ([check], [0], None) = (checks, wants, now_us) {
+            if coalesce::eligible(check) {
+                let call = coalesce::CallOf {
+                    lease,
+                    timeout,
+                    instances,
+                };
+                return inner.decide_coalesced(check, call).await.map(|a| vec![a]);
+            }
+        }
+        inner
+            .decide_now(checks, wants, instances, lease, timeout, now_us)
+            .await
+    }
+}
+
+impl Inner {
+    /// One check of a counter that concurrent requests of this thread may share a call with
+    /// (see [`coalesce`]).
+    async fn decide_coalesced(
+        self: &Arc<Self>,
+        check: &Check,
+        call: coalesce::CallOf,
+    ) -> coalesce::Answer {
+        match coalesce::join(self, check, call) {
+            coalesce::Join::Lead(leading) => {
+                let answer = self.decide_one(check, call).await;
+                leading.finish(&answer);
+                answer
+            }
+            coalesce::Join::Wait(waiting) => {
+                let deadline = Instant::now() + call.timeout;
+                match waiting.answer(deadline).await {
+                    coalesce::Waited::Decided(answer) => {
+                        if matches!(answer, Err(StoreError::Timeout)) {
+                            metrics().store_errors.with_label_values(&["timeout"]).inc();
+                        }
+                        answer
+                    }
+                    coalesce::Waited::Alone => {
+                        let timeout = deadline.saturating_duration_since(Instant::now());
+                        self.decide_one(check, coalesce::CallOf { timeout, ..call })
+                            .await
+                    }
+                }
+            }
+            coalesce::Join::Alone => self.decide_one(check, call).await,
+        }
+    }
+
+    /// One exact check, in a call of its own.
+    async fn decide_one(
+        self: &Arc<Self>,
+        check: &Check,
+        call: coalesce::CallOf,
+    ) -> coalesce::Answer {
+        let mut answers = self
+            .decide_now(
+                std::slice::from_ref(check),
+                &[0],
+                call.instances,
+                call.lease,
+                call.timeout,
+                None,
+            )
+            .await?;
+        answers
+            .pop()
+            .ok_or_else(|| StoreError::Failed("the store answered no decision".into()))
+    }
+
+    /// Decides `checks` now, one script call per cluster slot (see [`SharedStore::decide`]).
+    async fn decide_now(
+        self: &Arc<Self>,
+        checks: &[Check],
+        wants: &[u64],
+        instances: u64,
+        lease: u64,
+        timeout: Duration,
+        now_us: Option<u64>,
+    ) -> Result<Vec<(Decision, Grant)>, StoreError> {
+        let inner = self;
         if let Target::Broken(why) = &inner.target {
             // Never built: down for good, and every decision says so.
             metrics().store_errors.with_label_values(&["error"]).inc();
@@ -426,9 +511,7 @@ impl RedisStore {
         }
         Ok(decisions.into_iter().flatten().collect())
     }
-}
 
-impl Inner {
     /// The breaker guarding each call of `groups` (`guard_of[g]` indexes `nodes`): a cluster
     /// call by the master of its hash slot, a standalone one by the one node.
     fn guards<'t>(

@@ -1,0 +1,369 @@
+//! Concurrent decisions of one hot counter on one serving thread, made in one script call.
+//!
+//! Under a hot key (one tenant, one descriptor) every request of a global rule runs the same
+//! script on the same Redis key, and the one Redis process running them bounds the gateway.
+//! So while a decision of a counter is in flight on a thread, the decisions of the same
+//! counter that arrive on that thread wait for it and are then decided together: one call
+//! charging their summed cost. Charging `a + b` at one instant admits exactly when charging
+//! `a` and then `b` at that instant both admit, for the algorithms allowed here (a fixed
+//! window's count, a sliding counter's current window, a token bucket's tokens are sums), so
+//! a batch admitted whole is what the same requests one by one would have got, and each gets
+//! the `remaining` of its place in the batch. A batch the store refuses is not split: each of
+//! its requests asks alone, as it would have without coalescing, so near the limit the
+//! decisions are the exact ones of single calls.
+//!
+//! Requests join a batch only while the counter's last answer left room for the whole batch
+//! ([`Counter::room`]): a counter that rejects, or that is about to run out, is decided call
+//! by call, so the rejection path pays no extra call. A lone request never waits: it leads
+//! (its call starts at once), and only requests that arrive while a call is in flight queue.
+//!
+//! What is left out: concurrency slots and sliding logs (their state names each request),
+//! leaky buckets (a shaped request's delay is its own), rules with `block_for` (a refused
+//! batch would ban the key although some of its requests fit), quota leases (they have a
+//! batching of their own) and every call that is not a single check. Coalescing runs on the
+//! serving threads' current-thread runtimes only (its state is per thread, so a batch, its
+//! waiters and the thread's own Redis connection are on one thread and no wake crosses
+//! threads).
+//!
+//! Bounds: at most [`MAX_COUNTERS`] counters remembered per thread (the least useful, those
+//! not in flight, are forgotten first), at most [`MAX_BATCH`] requests in one batch; a waiter
+//! waits at most its own timeout, whatever the batch does.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::Inner;
+use crate::limiter::store::{Grant, StoreError};
+use crate::limiter::{Algorithm, Check, Decision, Limit};
+use crate::metrics::metrics;
+
+/// Counters one thread remembers (in flight, or with the room their last answer left).
+pub const MAX_COUNTERS: usize = 1024;
+
+/// Requests one batch carries; later ones ask alone.
+pub const MAX_BATCH: usize = 512;
+
+/// One decision's answer: the check's decision and grant, or why the store gave none.
+pub(super) type Answer = Result<(Decision, Grant), StoreError>;
+
+/// Whether `check` may share a call with other requests of its counter (see the module doc).
+pub(super) fn eligible(check: &Check) -> bool {
+    matches!(
+        check.limit.algorithm(),
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket
+    ) && check.limit.block_for().is_zero()
+        && check.cost > 0
+}
+
+/// A counter as one thread's coalescing knows it: the store (by address), the rule, the key.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    store: usize,
+    rule: Arc<str>,
+    counter: u64,
+}
+
+/// What one thread knows of one counter.
+struct Counter {
+    /// The rule's numbers when the counter was last decided here: a request under other
+    /// numbers (a reload in between) never joins a batch of the old ones.
+    limit: Limit,
+    /// The cost of the call in flight led from here (`None`: none in flight).
+    flying: Option<u64>,
+    /// What the counter's last answer left (0 after a rejection; `None` before the first
+    /// answer and after a failure): a request joins a batch only while it covers the call in
+    /// flight, those queued and its own.
+    room: Option<u64>,
+    /// The cost queued for the next batch.
+    queued: u64,
+    waiters: Vec<Waiter>,
+}
+
+/// A request queued for the next batch of its counter.
+struct Waiter {
+    cost: u64,
+    tx: oneshot::Sender<Turn>,
+}
+
+/// What a waiter is told when its batch is over.
+enum Turn {
+    /// The batch was admitted: this request's decision and grant.
+    Answered(Decision, Grant),
+    /// The batch was refused: the request asks alone.
+    Alone,
+    /// The batch's call failed.
+    Failed(StoreError),
+}
+
+thread_local! {
+    static COUNTERS: RefCell<HashMap<Key, Counter>> = RefCell::new(HashMap::new());
+}
+
+/// How a request's decision is to be made.
+pub(super) enum Join {
+    /// Make the call now; hand what queued meanwhile on with [`Leading::finish`].
+    Lead(Leading),
+    /// Wait for the batch this request joined ([`Waiting::answer`]).
+    Wait(Waiting),
+    /// Make the call alone, outside any batch.
+    Alone,
+}
+
+/// How a batch's call is made: the leader's lease id, timeout and `instances`.
+#[derive(Clone, Copy)]
+pub(super) struct CallOf {
+    pub lease: u64,
+    pub timeout: Duration,
+    pub instances: u64,
+}
+
+/// Where `check` (of the store `inner`, [`eligible`]) is decided: see [`Join`].
+pub(super) fn join(inner: &Arc<Inner>, check: &Check, call: CallOf) -> Join {
+    if !on_current_thread_runtime() {
+        return Join::Alone;
+    }
+    let key = Key {
+        store: Arc::as_ptr(inner) as usize,
+        rule: check.rule.clone(),
+        counter: check.counter,
+    };
+    let joined = COUNTERS.try_with(|counters| {
+        let Ok(mut counters) = counters.try_borrow_mut() else {
+            return Join::Alone;
+        };
+        if !counters.contains_key(&key) && counters.len() >= MAX_COUNTERS {
+            counters.retain(|_, c| c.flying.is_some());
+            if counters.len() >= MAX_COUNTERS {
+                return Join::Alone;
+            }
+        }
+        let counter = counters.entry(key.clone()).or_insert_with(|| Counter {
+            limit: check.limit.clone(),
+            flying: None,
+            room: None,
+            queued: 0,
+            waiters: Vec::new(),
+        });
+        let Some(flying) = counter.flying else {
+            if counter.limit != check.limit {
+                counter.limit = check.limit.clone();
+                counter.room = None;
+            }
+            counter.flying = Some(check.cost);
+            return Join::Lead(Leading {
+                inner: Arc::clone(inner),
+                key: key.clone(),
+                check: check.clone(),
+                call,
+                handed_on: false,
+            });
+        };
+        let needed = flying
+            .saturating_add(counter.queued)
+            .saturating_add(check.cost);
+        let fits = counter.room.is_some_and(|room| room >= needed);
+        if !fits || counter.limit != check.limit || counter.waiters.len() >= MAX_BATCH {
+            return Join::Alone;
+        }
+        let (tx, rx) = oneshot::channel();
+        counter.queued += check.cost;
+        counter.waiters.push(Waiter {
+            cost: check.cost,
+            tx,
+        });
+        Join::Wait(Waiting { rx })
+    });
+    joined.unwrap_or(Join::Alone)
+}
+
+/// A request whose call leads its counter's batches on this thread.
+pub(super) struct Leading {
+    inner: Arc<Inner>,
+    key: Key,
+    /// The leader's check: a batch is the same check at the batch's summed cost.
+    check: Check,
+    call: CallOf,
+    handed_on: bool,
+}
+
+impl Leading {
+    /// The leader's call is over: what it left is remembered, and the requests that queued
+    /// meanwhile are decided as one batch.
+    pub(super) fn finish(mut self, answer: &Answer) {
+        self.handed_on = true;
+        self.hand_on(Some(room_after(answer)));
+    }
+
+    /// Starts the next batch with what queued (recording `room`, when given), or marks the
+    /// counter idle.
+    fn hand_on(&self, room: Option<Option<u64>>) {
+        let Some(waiters) = take_waiters(&self.key, room) else {
+            return;
+        };
+        let batch = Batch {
+            inner: Arc::clone(&self.inner),
+            key: self.key.clone(),
+            check: self.check.clone(),
+            call: self.call,
+            armed: true,
+        };
+        tokio::spawn(batch.run(waiters));
+    }
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        // The leader was dropped mid-call (its client went away): those queued behind it
+        // must not wait for an answer that will never be handed on.
+        if !self.handed_on {
+            self.hand_on(None);
+        }
+    }
+}
+
+/// What an answer leaves of its counter for the next batch: its `remaining` when admitted,
+/// nothing when refused, unknown when the call failed.
+fn room_after(answer: &Answer) -> Option<u64> {
+    match answer {
+        Ok((d, _)) if d.allowed => Some(d.remaining),
+        Ok(_) => Some(0),
+        Err(_) => None,
+    }
+}
+
+/// Records `room` (when given: what the call just over left) and takes the waiters of `key`
+/// for the next call, which then counts as in flight; `None` (the counter now idle) when
+/// nobody waits.
+fn take_waiters(key: &Key, room: Option<Option<u64>>) -> Option<Vec<Waiter>> {
+    COUNTERS
+        .try_with(|counters| {
+            let mut counters = counters.try_borrow_mut().ok()?;
+            let counter = counters.get_mut(key)?;
+            if let Some(room) = room {
+                counter.room = room;
+            }
+            // Waiters whose request is gone are not charged.
+            counter.waiters.retain(|w| !w.tx.is_closed());
+            if counter.waiters.is_empty() {
+                counter.flying = None;
+                counter.queued = 0;
+                return None;
+            }
+            let waiters = std::mem::take(&mut counter.waiters);
+            counter.flying = Some(waiters.iter().map(|w| w.cost).sum());
+            counter.queued = 0;
+            Some(waiters)
+        })
+        .ok()
+        .flatten()
+}
+
+/// The task deciding a counter's batches until nobody waits.
+struct Batch {
+    inner: Arc<Inner>,
+    key: Key,
+    check: Check,
+    call: CallOf,
+    /// The task has not ended on an empty queue (see [`Drop`]).
+    armed: bool,
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Dropped mid-call (the runtime shut down): the counter must not stay in flight.
+        if self.armed {
+            let _ = COUNTERS.try_with(|counters| {
+                if let Ok(mut counters) = counters.try_borrow_mut() {
+                    counters.remove(&self.key);
+                }
+            });
+        }
+    }
+}
+
+impl Batch {
+    async fn run(mut self, mut waiters: Vec<Waiter>) {
+        loop {
+            let cost: u64 = waiters.iter().map(|w| w.cost).sum();
+            let mut check = self.check.clone();
+            check.cost = cost;
+            let answer = self.inner.decide_one(&check, self.call).await;
+            let room = room_after(&answer);
+            metrics().store_coalesced.inc_by(waiters.len() as u64);
+            hand_out(answer, waiters);
+            match take_waiters(&self.key, Some(room)) {
+                Some(next) => waiters = next,
+                None => {
+                    self.armed = false;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Gives each waiter its part of the batch's answer: admitted, the `remaining` of its place
+/// (the last one the batch's own, each earlier one that plus the cost after it) and a grant
+/// of its own cost in the batch's window.
+fn hand_out(answer: Answer, waiters: Vec<Waiter>) {
+    match answer {
+        Ok((decision, grant)) if decision.allowed => {
+            let mut remaining = decision.remaining;
+            for w in waiters.into_iter().rev() {
+                let mine = Decision {
+                    remaining,
+                    ..decision
+                };
+                let granted = if grant.granted > 0 { w.cost } else { 0 };
+                let _ = w.tx.send(Turn::Answered(mine, Grant { granted, ..grant }));
+                remaining = remaining.saturating_add(w.cost);
+            }
+        }
+        Ok(_) => {
+            for w in waiters {
+                let _ = w.tx.send(Turn::Alone);
+            }
+        }
+        Err(e) => {
+            for w in waiters {
+                let _ = w.tx.send(Turn::Failed(e.clone()));
+            }
+        }
+    }
+}
+
+/// A request queued for its counter's next batch.
+pub(super) struct Waiting {
+    rx: oneshot::Receiver<Turn>,
+}
+
+/// What a waiter ends with.
+pub(super) enum Waited {
+    /// Decided by its batch (or the batch failed).
+    Decided(Answer),
+    /// To ask alone, before `deadline`.
+    Alone,
+}
+
+impl Waiting {
+    /// Waits for the batch, at most until `deadline` (then [`StoreError::Timeout`]).
+    pub(super) async fn answer(self, deadline: Instant) -> Waited {
+        match tokio::time::timeout_at(deadline, self.rx).await {
+            Ok(Ok(Turn::Answered(d, g))) => Waited::Decided(Ok((d, g))),
+            Ok(Ok(Turn::Failed(e))) => Waited::Decided(Err(e)),
+            // Refused whole, or the batch was dropped: ask alone.
+            Ok(Ok(Turn::Alone)) | Ok(Err(_)) => Waited::Alone,
+            Err(_) => Waited::Decided(Err(StoreError::Timeout)),
+        }
+    }
+}
+
+fn on_current_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+}
