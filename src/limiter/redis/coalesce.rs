@@ -294,7 +294,6 @@ impl Batch {
             check.cost = cost;
             let answer = self.inner.decide_one(&check, self.call).await;
             let room = room_after(&answer);
-            metrics().store_coalesced.inc_by(waiters.len() as u64);
             hand_out(answer, waiters);
             match take_waiters(&self.key, Some(room)) {
                 Some(next) => waiters = next,
@@ -313,6 +312,7 @@ impl Batch {
 fn hand_out(answer: Answer, waiters: Vec<Waiter>) {
     match answer {
         Ok((decision, grant)) if decision.allowed => {
+            metrics().store_coalesced.inc_by(waiters.len() as u64);
             let mut remaining = decision.remaining;
             for w in waiters.into_iter().rev() {
                 let mine = Decision {
@@ -366,4 +366,174 @@ impl Waiting {
 fn on_current_thread_runtime() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The queue's bounds and its hand-overs, on a store whose server is not there: every call
+    //! made fails (nothing listens on its port), which is what a batch must survive.
+    use super::*;
+    use crate::limiter::redis::RedisStore;
+    use crate::limiter::settings::{Backend, Store};
+
+    fn store() -> Arc<RedisStore> {
+        // A loopback port that was free a moment ago: nothing answers there.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        RedisStore::new(&Store {
+            backend: Backend::Redis,
+            urls: vec![format!("redis://127.0.0.1:{port}")],
+            timeout: Duration::from_millis(100),
+            key_prefix: "t:".into(),
+            instances: 1,
+            max_keys: 10,
+            max_bans: crate::limiter::settings::DEFAULT_MAX_BANS,
+            connect_timeout: Duration::from_millis(100),
+        })
+        .unwrap()
+    }
+
+    fn check(counter: u64) -> Check {
+        Check {
+            rule: "hot".into(),
+            counter,
+            limit: Limit::police(Algorithm::FixedWindow, 1000, Duration::from_secs(60), 1000),
+            cost: 1,
+        }
+    }
+
+    const CALL: CallOf = CallOf {
+        lease: 1,
+        timeout: Duration::from_millis(100),
+        instances: 1,
+    };
+
+    fn admitted(remaining: u64) -> Answer {
+        let mut d = Decision::unlimited(1000);
+        d.remaining = remaining;
+        Ok((d, Grant::default()))
+    }
+
+    /// A counter whose last answer left `room`, with a call of it in flight (the leader).
+    fn flying_with_room(inner: &Arc<Inner>, c: &Check, room: u64) -> Leading {
+        let Join::Lead(first) = join(inner, c, CALL) else {
+            panic!("an idle counter leads");
+        };
+        first.finish(&admitted(room));
+        let Join::Lead(leader) = join(inner, c, CALL) else {
+            panic!("an idle counter leads");
+        };
+        leader
+    }
+
+    #[tokio::test]
+    async fn a_leader_dropped_mid_call_hands_its_waiters_on_and_the_counter_comes_back() {
+        let store = store();
+        let inner = &store.inner;
+        let c = check(1);
+        let leader = flying_with_room(inner, &c, 100);
+        let waiters: Vec<Waiting> = (0..3)
+            .map(|_| match join(inner, &c, CALL) {
+                Join::Wait(w) => w,
+                _ => panic!("room for them: they queue"),
+            })
+            .collect();
+        // The leader's request goes away before its call answers.
+        drop(leader);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for w in waiters {
+            // The batch ran (and failed: no server): each waiter hears it, well before its
+            // own deadline would have answered for it.
+            match w.answer(deadline).await {
+                Waited::Decided(Err(_)) => {}
+                Waited::Decided(Ok(_)) => panic!("no server, no admission"),
+                Waited::Alone => panic!("a failed batch is a failure, not a refusal"),
+            }
+        }
+        assert!(Instant::now() < deadline, "the waiters were left waiting");
+        // Nothing in flight any more: the next request leads, it does not queue forever.
+        let mut next = join(inner, &c, CALL);
+        for _ in 0..100 {
+            if matches!(next, Join::Lead(_)) {
+                break;
+            }
+            tokio::task::yield_now().await;
+            next = join(inner, &c, CALL);
+        }
+        assert!(
+            matches!(next, Join::Lead(_)),
+            "the counter stayed in flight"
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_queue_only_while_the_last_answer_leaves_room_for_the_batch() {
+        let store = store();
+        let inner = &store.inner;
+        let c = check(2);
+        // Room 3: the leader's own 1 and two more.
+        let _leader = flying_with_room(inner, &c, 3);
+        assert!(matches!(join(inner, &c, CALL), Join::Wait(_)));
+        let _kept = join(inner, &c, CALL);
+        assert!(matches!(_kept, Join::Wait(_)));
+        assert!(
+            matches!(join(inner, &c, CALL), Join::Alone),
+            "a fourth would not fit: it asks alone"
+        );
+        // A counter whose last answer refused queues nobody.
+        let refused = check(3);
+        let Join::Lead(first) = join(inner, &refused, CALL) else {
+            panic!("an idle counter leads");
+        };
+        let mut no = Decision::unlimited(1000);
+        no.allowed = false;
+        first.finish(&Ok((no, Grant::default())));
+        let _leader = join(inner, &refused, CALL);
+        assert!(matches!(join(inner, &refused, CALL), Join::Alone));
+        // Another limit for the same counter (a reload in between) never joins the old batch.
+        let mut other = c.clone();
+        other.limit = Limit::police(Algorithm::FixedWindow, 5, Duration::from_secs(60), 5);
+        assert!(matches!(join(inner, &other, CALL), Join::Alone));
+    }
+
+    #[tokio::test]
+    async fn a_batch_and_the_counters_remembered_are_bounded() {
+        let store = store();
+        let inner = &store.inner;
+        let c = check(4);
+        let _leader = flying_with_room(inner, &c, u64::MAX);
+        let mut queued = Vec::new();
+        loop {
+            match join(inner, &c, CALL) {
+                Join::Wait(w) => queued.push(w),
+                Join::Alone => break,
+                Join::Lead(_) => panic!("a call is in flight"),
+            }
+            assert!(queued.len() <= MAX_BATCH, "the batch grew past its cap");
+        }
+        assert_eq!(queued.len(), MAX_BATCH);
+        // Counters in flight fill the table; one more is decided alone, not remembered.
+        let mut leaders = Vec::new();
+        for counter in 100.. {
+            match join(inner, &check(counter), CALL) {
+                Join::Lead(l) => leaders.push(l),
+                Join::Alone => break,
+                Join::Wait(_) => panic!("a new counter has nothing in flight"),
+            }
+            assert!(leaders.len() <= MAX_COUNTERS, "the table grew past its cap");
+        }
+        let in_table = COUNTERS.with(|c| c.borrow().len());
+        assert_eq!(in_table, MAX_COUNTERS);
+        // Once they are idle, new counters take their place.
+        for l in leaders {
+            l.finish(&admitted(10));
+        }
+        assert!(matches!(
+            join(inner, &check(5_000_000), CALL),
+            Join::Lead(_)
+        ));
+        assert!(COUNTERS.with(|c| c.borrow().len()) <= MAX_COUNTERS);
+    }
 }
