@@ -67,8 +67,8 @@ pub struct Metrics {
     /// (the export queue was full, or the export failed or timed out; see
     /// [`crate::telemetry`]).
     pub trace_spans_dropped: IntCounter,
-    /// `floodgate_store_coalesced_decisions_total`: decisions of global rules made in a Redis
-    /// call shared with other requests of the same counter (see
+    /// `floodgate_store_coalesced_decisions_total`: admitted decisions of global rules made by
+    /// a batch call (requests that queued behind a call of their counter; see
     /// `crate::limiter::redis` coalescing).
     pub store_coalesced: IntCounter,
 }
@@ -312,7 +312,7 @@ impl Metrics {
                 r,
                 IntCounter::new(
                     "floodgate_store_coalesced_decisions_total",
-                    "Decisions of global rules made in one Redis call with other concurrent requests of the same counter.",
+                    "Admitted decisions of global rules made by a batch call: requests that queued behind a call of their counter and were decided together.",
                 )
                 .expect("static metric definition"),
             ),

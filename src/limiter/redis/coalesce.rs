@@ -25,9 +25,15 @@
 //! waiters and the thread's own Redis connection are on one thread and no wake crosses
 //! threads).
 //!
+//! The price is latency for the queued requests: one waits for the call in flight and then for
+//! its batch's, two round trips in a row (three when the batch is refused), against one on a
+//! pipelined connection. Under a hot key that is what frees Redis; a lone request pays nothing.
+//!
 //! Bounds: at most [`MAX_COUNTERS`] counters remembered per thread (the least useful, those
 //! not in flight, are forgotten first), at most [`MAX_BATCH`] requests in one batch; a waiter
-//! waits at most its own timeout, whatever the batch does.
+//! waits at most [`WAIT_TIMEOUTS`] times the store's timeout for its batch (the rest of the
+//! call in flight, then its own), and a counter in flight for longer than `STALE_AFTER`
+//! timeouts is taken for lost.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -47,6 +53,13 @@ pub const MAX_COUNTERS: usize = 1024;
 
 /// Requests one batch carries; later ones ask alone.
 pub const MAX_BATCH: usize = 512;
+
+/// A queued request waits for the call in flight and then its batch's call, each bounded by
+/// the store's timeout: at most this many timeouts in all.
+pub const WAIT_TIMEOUTS: u32 = 2;
+
+/// A counter's call in flight for longer than this many timeouts is taken for lost.
+const STALE_AFTER: u32 = 4;
 
 /// One decision's answer: the check's decision and grant, or why the store gave none.
 pub(super) type Answer = Result<(Decision, Grant), StoreError>;
@@ -75,6 +88,9 @@ struct Counter {
     limit: Limit,
     /// The cost of the call in flight led from here (`None`: none in flight).
     flying: Option<u64>,
+    /// When that call started: one in flight for longer than [`STALE_AFTER`] times its
+    /// timeout is taken for lost (see [`join`]), so no counter can stay in flight for good.
+    since: Instant,
     /// What the counter's last answer left (0 after a rejection; `None` before the first
     /// answer and after a failure): a request joins a batch only while it covers the call in
     /// flight, those queued and its own.
@@ -145,16 +161,25 @@ pub(super) fn join(inner: &Arc<Inner>, check: &Check, call: CallOf) -> Join {
         let counter = counters.entry(key.clone()).or_insert_with(|| Counter {
             limit: check.limit.clone(),
             flying: None,
+            since: Instant::now(),
             room: None,
             queued: 0,
             waiters: Vec::new(),
         });
+        if counter.flying.is_some() && counter.since.elapsed() > call.timeout * STALE_AFTER {
+            // A call that never handed on (it cannot, by construction; this is the bound if it
+            // ever did): its waiters ask alone, and this request leads anew.
+            counter.flying = None;
+            counter.queued = 0;
+            counter.waiters.clear();
+        }
         let Some(flying) = counter.flying else {
             if counter.limit != check.limit {
                 counter.limit = check.limit.clone();
                 counter.room = None;
             }
             counter.flying = Some(check.cost);
+            counter.since = Instant::now();
             return Join::Lead(Leading {
                 inner: Arc::clone(inner),
                 key: key.clone(),
@@ -256,6 +281,7 @@ fn take_waiters(key: &Key, room: Option<Option<u64>>) -> Option<Vec<Waiter>> {
             }
             let waiters = std::mem::take(&mut counter.waiters);
             counter.flying = Some(waiters.iter().map(|w| w.cost).sum());
+            counter.since = Instant::now();
             counter.queued = 0;
             Some(waiters)
         })
@@ -312,7 +338,6 @@ impl Batch {
 fn hand_out(answer: Answer, waiters: Vec<Waiter>) {
     match answer {
         Ok((decision, grant)) if decision.allowed => {
-            metrics().store_coalesced.inc_by(waiters.len() as u64);
             let mut remaining = decision.remaining;
             for w in waiters.into_iter().rev() {
                 let mine = Decision {
@@ -320,7 +345,12 @@ fn hand_out(answer: Answer, waiters: Vec<Waiter>) {
                     ..decision
                 };
                 let granted = if grant.granted > 0 { w.cost } else { 0 };
-                let _ = w.tx.send(Turn::Answered(mine, Grant { granted, ..grant }));
+                if w.tx
+                    .send(Turn::Answered(mine, Grant { granted, ..grant }))
+                    .is_ok()
+                {
+                    metrics().store_coalesced.inc();
+                }
                 remaining = remaining.saturating_add(w.cost);
             }
         }
@@ -346,19 +376,21 @@ pub(super) struct Waiting {
 pub(super) enum Waited {
     /// Decided by its batch (or the batch failed).
     Decided(Answer),
-    /// To ask alone, before `deadline`.
+    /// To ask alone.
     Alone,
+    /// Its own deadline passed before the batch answered.
+    TimedOut,
 }
 
 impl Waiting {
-    /// Waits for the batch, at most until `deadline` (then [`StoreError::Timeout`]).
+    /// Waits for the batch, at most until `deadline`.
     pub(super) async fn answer(self, deadline: Instant) -> Waited {
         match tokio::time::timeout_at(deadline, self.rx).await {
             Ok(Ok(Turn::Answered(d, g))) => Waited::Decided(Ok((d, g))),
             Ok(Ok(Turn::Failed(e))) => Waited::Decided(Err(e)),
             // Refused whole, or the batch was dropped: ask alone.
             Ok(Ok(Turn::Alone)) | Ok(Err(_)) => Waited::Alone,
-            Err(_) => Waited::Decided(Err(StoreError::Timeout)),
+            Err(_) => Waited::TimedOut,
         }
     }
 }
@@ -448,6 +480,7 @@ mod tests {
             // own deadline would have answered for it.
             match w.answer(deadline).await {
                 Waited::Decided(Err(_)) => {}
+                Waited::TimedOut => panic!("the waiters were left waiting"),
                 Waited::Decided(Ok(_)) => panic!("no server, no admission"),
                 Waited::Alone => panic!("a failed batch is a failure, not a refusal"),
             }
@@ -465,6 +498,30 @@ mod tests {
         assert!(
             matches!(next, Join::Lead(_)),
             "the counter stayed in flight"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_never_hands_on_is_taken_for_lost() {
+        let store = store();
+        let inner = &store.inner;
+        let c = check(6);
+        // A leader that never hands on (what no path does: this is the bound if one did).
+        std::mem::forget(flying_with_room(inner, &c, 100));
+        let Join::Wait(stranded) = join(inner, &c, CALL) else {
+            panic!("room for it: it queues");
+        };
+        tokio::time::advance(CALL.timeout * STALE_AFTER + Duration::from_millis(1)).await;
+        assert!(
+            matches!(join(inner, &c, CALL), Join::Lead(_)),
+            "the counter stayed in flight"
+        );
+        let answer = stranded
+            .answer(Instant::now() + Duration::from_secs(1))
+            .await;
+        assert!(
+            matches!(answer, Waited::Alone),
+            "the stranded waiter asks alone"
         );
     }
 

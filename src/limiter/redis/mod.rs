@@ -401,19 +401,18 @@ impl Inner {
                 answer
             }
             coalesce::Join::Wait(waiting) => {
-                let deadline = Instant::now() + call.timeout;
+                // The call in flight, then the batch's own: each within the timeout.
+                let deadline = Instant::now() + call.timeout * coalesce::WAIT_TIMEOUTS;
                 match waiting.answer(deadline).await {
-                    coalesce::Waited::Decided(answer) => {
-                        if matches!(answer, Err(StoreError::Timeout)) {
-                            metrics().store_errors.with_label_values(&["timeout"]).inc();
-                        }
-                        answer
+                    // A failed batch call was counted where it failed.
+                    coalesce::Waited::Decided(answer) => answer,
+                    coalesce::Waited::TimedOut => {
+                        metrics().store_errors.with_label_values(&["timeout"]).inc();
+                        Err(StoreError::Timeout)
                     }
-                    coalesce::Waited::Alone => {
-                        let timeout = deadline.saturating_duration_since(Instant::now());
-                        self.decide_one(check, coalesce::CallOf { timeout, ..call })
-                            .await
-                    }
+                    // Refused whole: the store answers, so the request asks with a timeout of
+                    // its own.
+                    coalesce::Waited::Alone => self.decide_one(check, call).await,
                 }
             }
             coalesce::Join::Alone => self.decide_one(check, call).await,
