@@ -7,7 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::redis::{gateway, gateway_on_threads, hammer, store, RedisCluster, RedisServer};
+use common::redis::{
+    gateway, gateway_on_threads, hammer, hammer_ratelimit, store, RedisCluster, RedisServer,
+};
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,32 +204,21 @@ async fn concurrent_requests_of_one_counter_share_calls_and_stay_exact() {
     }
     let s = store(&redis.url(), "2s", "instances = 2");
     let gws = [gateway(api.addr, &s, &rules), gateway(api.addr, &s, &rules)];
+    let refs: Vec<&Gateway> = gws.iter().collect();
     let c = client();
     for name in ["window", "counter", "bucket"] {
         let _: String = redis.query(&["CONFIG", "RESETSTAT"]);
-        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
-        let mut tasks = Vec::new();
-        for i in 0..400 {
-            let req = c
-                .get(gws[i % 2].url("/orders"))
-                .header("x-test", name)
-                .header("x-user", "hot");
-            let permit = sem.clone().acquire_owned().await.unwrap();
-            tasks.push(tokio::spawn(async move {
-                let r = req.send().await;
-                drop(permit);
-                let r = r.expect("the gateway answers");
-                let state = r
-                    .headers()
-                    .get("ratelimit")
-                    .map(|v| v.to_str().unwrap().to_string());
-                (r.status().as_u16(), state)
-            }));
-        }
+        let answers = hammer_ratelimit(
+            &refs,
+            400,
+            64,
+            "/orders",
+            &[("x-test", name), ("x-user", "hot")],
+        )
+        .await;
         let mut statuses = BTreeMap::new();
         let mut remaining = Vec::new();
-        for t in tasks {
-            let (status, state) = t.await.unwrap();
+        for (status, state) in answers {
             *statuses.entry(status).or_insert(0) += 1;
             if status == 200 {
                 let state = state.expect("an admitted request has RateLimit");

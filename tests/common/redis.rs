@@ -397,6 +397,22 @@ pub async fn hammer(
     path: &str,
     headers: &[(&str, &str)],
 ) -> std::collections::BTreeMap<u16, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for (status, _) in hammer_ratelimit(gws, n, parallel, path, headers).await {
+        *counts.entry(status).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// [`hammer`], answer by answer: each request's status (0: no answer) and its `RateLimit`
+/// header, in the order sent.
+pub async fn hammer_ratelimit(
+    gws: &[&super::Gateway],
+    n: usize,
+    parallel: usize,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Vec<(u16, Option<String>)> {
     let c = super::client();
     let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = Vec::new();
@@ -407,16 +423,23 @@ pub async fn hammer(
         }
         let permit = sem.clone().acquire_owned().await.unwrap();
         tasks.push(tokio::spawn(async move {
-            let status = req.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+            let answer = req.send().await.map(|r| {
+                let state = r
+                    .headers()
+                    .get("ratelimit")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                (r.status().as_u16(), state)
+            });
             drop(permit);
-            status
+            answer.unwrap_or((0, None))
         }));
     }
-    let mut counts = std::collections::BTreeMap::new();
+    let mut answers = Vec::with_capacity(n);
     for t in tasks {
-        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
+        answers.push(t.await.unwrap());
     }
-    counts
+    answers
 }
 
 /// A TCP server on a free loopback port that answers whatever it is sent with bytes that are

@@ -43,6 +43,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::lanes::on_current_thread_runtime;
 use super::Inner;
 use crate::limiter::store::{Grant, StoreError};
 use crate::limiter::{Algorithm, Check, Decision, Limit};
@@ -227,7 +228,7 @@ impl Leading {
     /// Starts the next batch with what queued (recording `room`, when given), or marks the
     /// counter idle.
     fn hand_on(&self, room: Option<Option<u64>>) {
-        let Some(waiters) = take_waiters(&self.key, room) else {
+        let Some(batch_of) = take_waiters(&self.key, room) else {
             return;
         };
         let batch = Batch {
@@ -237,7 +238,7 @@ impl Leading {
             call: self.call,
             armed: true,
         };
-        tokio::spawn(batch.run(waiters));
+        tokio::spawn(batch.run(batch_of));
     }
 }
 
@@ -262,9 +263,9 @@ fn room_after(answer: &Answer) -> Option<u64> {
 }
 
 /// Records `room` (when given: what the call just over left) and takes the waiters of `key`
-/// for the next call, which then counts as in flight; `None` (the counter now idle) when
-/// nobody waits.
-fn take_waiters(key: &Key, room: Option<Option<u64>>) -> Option<Vec<Waiter>> {
+/// for the next call, which then counts as in flight, with their summed cost; `None` (the
+/// counter now idle) when nobody waits.
+fn take_waiters(key: &Key, room: Option<Option<u64>>) -> Option<(Vec<Waiter>, u64)> {
     COUNTERS
         .try_with(|counters| {
             let mut counters = counters.try_borrow_mut().ok()?;
@@ -280,10 +281,11 @@ fn take_waiters(key: &Key, room: Option<Option<u64>>) -> Option<Vec<Waiter>> {
                 return None;
             }
             let waiters = std::mem::take(&mut counter.waiters);
-            counter.flying = Some(waiters.iter().map(|w| w.cost).sum());
+            let cost = waiters.iter().map(|w| w.cost).sum();
+            counter.flying = Some(cost);
             counter.since = Instant::now();
             counter.queued = 0;
-            Some(waiters)
+            Some((waiters, cost))
         })
         .ok()
         .flatten()
@@ -313,16 +315,17 @@ impl Drop for Batch {
 }
 
 impl Batch {
-    async fn run(mut self, mut waiters: Vec<Waiter>) {
+    /// Decides `batch` (its waiters and their summed cost), then each batch queued meanwhile.
+    async fn run(mut self, mut batch: (Vec<Waiter>, u64)) {
         loop {
-            let cost: u64 = waiters.iter().map(|w| w.cost).sum();
+            let (waiters, cost) = batch;
             let mut check = self.check.clone();
             check.cost = cost;
             let answer = self.inner.decide_one(&check, self.call).await;
             let room = room_after(&answer);
             hand_out(answer, waiters);
             match take_waiters(&self.key, Some(room)) {
-                Some(next) => waiters = next,
+                Some(next) => batch = next,
                 None => {
                     self.armed = false;
                     return;
@@ -393,11 +396,6 @@ impl Waiting {
             Err(_) => Waited::TimedOut,
         }
     }
-}
-
-fn on_current_thread_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
 #[cfg(test)]

@@ -120,7 +120,8 @@ fn is(lane: &Lane, key: &Key) -> bool {
     std::ptr::eq(lane.store.as_ptr(), Arc::as_ptr(key))
 }
 
-fn on_current_thread_runtime() -> bool {
+/// Whether the caller runs on a current-thread Tokio runtime (a serving thread's own).
+pub(super) fn on_current_thread_runtime() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }

@@ -450,19 +450,18 @@ impl Inner {
         timeout: Duration,
         now_us: Option<u64>,
     ) -> Result<Vec<(Decision, Grant)>, StoreError> {
-        let inner = self;
-        if let Target::Broken(why) = &inner.target {
+        if let Target::Broken(why) = &self.target {
             // Never built: down for good, and every decision says so.
             metrics().store_errors.with_label_values(&["error"]).inc();
             metrics().store_up.set(0);
             return Err(StoreError::Failed(why.to_string()));
         }
-        let keys: Vec<String> = checks.iter().map(|c| inner.redis_key(c)).collect();
-        let groups = inner.groups(&keys);
+        let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
+        let groups = self.groups(&keys);
         // Each call is guarded by the breaker of the node it goes to: one ticket per node,
         // all or none, so that a request touching an open node charges nothing anywhere.
-        let topology = inner.topology.load_full();
-        let (nodes, guard_of) = inner.guards(&topology, &keys, &groups);
+        let topology = self.topology.load_full();
+        let (nodes, guard_of) = self.guards(&topology, &keys, &groups);
         let mut tickets = Vec::with_capacity(nodes.len());
         for node in &nodes {
             let Some(ticket) = node.breaker.try_call() else {
@@ -475,12 +474,12 @@ impl Inner {
             tickets.push(ticket);
         }
         let deadline = Instant::now() + timeout;
-        let outcomes = inner
+        let outcomes = self
             .run(
                 &keys, &groups, checks, wants, instances, lease, now_us, deadline,
             )
             .await;
-        if let Some(error) = inner.settle_tickets(&nodes, &guard_of, tickets, &outcomes) {
+        if let Some(error) = self.settle_tickets(&nodes, &guard_of, tickets, &outcomes) {
             let kind = if matches!(error, StoreError::Timeout) {
                 "timeout"
             } else {
@@ -488,7 +487,7 @@ impl Inner {
             };
             metrics().store_errors.with_label_values(&[kind]).inc();
             // The calls may have taken slots before they failed or after we stopped waiting.
-            inner.spawn_release(checks, lease);
+            self.spawn_release(checks, lease);
             return Err(error);
         }
         let mut decisions: Vec<Option<(Decision, Grant)>> = vec![None; checks.len()];
@@ -506,7 +505,7 @@ impl Inner {
         }
         if some_admitted && some_rejected {
             // Cluster: another slot rejected; slots this request took elsewhere go back.
-            inner.spawn_release(checks, lease);
+            self.spawn_release(checks, lease);
         }
         Ok(decisions.into_iter().flatten().collect())
     }
