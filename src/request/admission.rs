@@ -400,6 +400,10 @@ fn request_host<'r>(
 /// The authority of an HTTP/1.1 absolute-form target (`GET http://host/x HTTP/1.1`): Pingora
 /// keeps only the path in the URI and the whole target in the raw bytes.
 fn absolute_form_authority(raw_target: &[u8]) -> Option<&str> {
+    // Origin form, nearly every request: no scheme to look for (nor UTF-8 to check).
+    if raw_target.first() == Some(&b'/') {
+        return None;
+    }
     let raw = std::str::from_utf8(raw_target).ok()?;
     let (scheme, rest) = raw.split_once("://")?;
     if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {

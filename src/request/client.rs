@@ -131,11 +131,15 @@ impl RequestId {
 }
 
 /// A random 128-bit id in hex.
+///
+/// Its bytes live in one shared allocation from the start: the value is cloned into the
+/// upstream request and into the response, and a clone of a `Bytes` made from a `String`
+/// allocates again to become shared.
 fn new_request_id() -> HeaderValue {
-    let mut id = String::with_capacity(32);
-    crate::text::push_hex16(&mut id, fastrand::u64(..));
-    crate::text::push_hex16(&mut id, fastrand::u64(..));
-    HeaderValue::from_maybe_shared(Bytes::from(id)).expect("hex digits are a header value")
+    let mut id = [0u8; 32];
+    crate::text::hex16_into(&mut id[..16], fastrand::u64(..));
+    crate::text::hex16_into(&mut id[16..], fastrand::u64(..));
+    HeaderValue::from_maybe_shared(Bytes::from_owner(id)).expect("hex digits are a header value")
 }
 
 /// The `X-Forwarded-For` to send upstream: the chain the client sent, byte for byte (an

@@ -10,6 +10,7 @@ use pingora::{ErrorSource, ErrorType};
 
 use crate::request::auth::Identity;
 use crate::request::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
+use crate::request::header_names as names;
 
 /// The status floodgate answers for a proxying error; 0: answer nothing, only close (the
 /// client is gone, or the connection is a tunnel whose stream must not be written into).
@@ -129,11 +130,13 @@ pub struct Forwarded<'a> {
 /// normalized target and host, floodgate's identity headers (a client's claims removed) and
 /// the client's key removed.
 pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> {
-    // Each insert through Pingora's case-preserving header map parses and copies the name:
-    // values are built once (`forwarded_for`, the request id) and nothing is inserted that is
-    // already there. The peer is appended to the chain it sent.
+    // Names go in pre-parsed (`header_names`), values are built once (`forwarded_for`, the
+    // request id), nothing is inserted that is already there, and the room for what is added
+    // is made once: a client's head of few headers would otherwise grow both of Pingora's
+    // header maps on each insert. The peer is appended to the chain it sent.
+    req.reserve_headers(3 + if f.identity.is_some() { 3 } else { 0 })?;
     let xff = forwarded_for(req.headers.get(&X_FORWARDED_FOR), f.peer);
-    req.insert_header("x-forwarded-for", xff)?;
+    names::X_FORWARDED_FOR.set_request(req, xff)?;
     if let Some(target) = f.target {
         // Cloned, not taken: a retry's upstream_peer hashes the normalized path again.
         req.set_uri(target.clone());
@@ -142,9 +145,9 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
         req.insert_header(http::header::HOST, host)?;
     }
     let proto = if f.tls { "https" } else { "http" };
-    req.insert_header("x-forwarded-proto", HeaderValue::from_static(proto))?;
+    names::X_FORWARDED_PROTO.set_request(req, HeaderValue::from_static(proto))?;
     if !f.request_id.from_client() {
-        req.insert_header("x-request-id", f.request_id.header_value().clone())?;
+        names::X_REQUEST_ID.set_request(req, f.request_id.header_value().clone())?;
     }
     // Identity headers are ours alone: a client must not be able to claim one. (One pass over
     // the names finds them; three lookups would cost more on every request.)
@@ -159,10 +162,10 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
     }
     if let Some(id) = f.identity {
         // Checked to be header values when the config was loaded: these cannot fail.
-        req.insert_header(IDENTITY_HEADERS[0], id.id.header_value().clone())?;
-        req.insert_header(IDENTITY_HEADERS[1], id.user.header_value().clone())?;
+        names::IDENTITY[0].set_request(req, id.id.header_value().clone())?;
+        names::IDENTITY[1].set_request(req, id.user.header_value().clone())?;
         if let Some(plan) = &id.plan {
-            req.insert_header(IDENTITY_HEADERS[2], plan.header_value().clone())?;
+            names::IDENTITY[2].set_request(req, plan.header_value().clone())?;
         }
     }
     // Every header that can carry a key goes, whichever one authenticated: a client that sends

@@ -10,6 +10,7 @@
 //! 5. [`body`]: its body's deadline and read-ahead; [`throttle`]: the pace of a slowed request.
 //! 6. [`forwarding`]: what the upstream receives, retries, error statuses.
 //! 7. [`response`]: every answer floodgate makes itself (problem+json, RateLimit fields);
+//!    [`header_names`]: the names floodgate writes, parsed once;
 //!    [`response_cost`]: what a response-aware rule reads from the upstream's answer.
 //! 8. [`access_log`]: its line, written off the request path.
 //!
@@ -21,6 +22,7 @@ pub mod auth;
 pub mod body;
 pub mod client;
 pub mod forwarding;
+pub mod header_names;
 pub mod header_policy;
 pub mod matching;
 pub mod normalize;

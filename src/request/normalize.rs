@@ -333,7 +333,22 @@ pub fn host(raw: &str) -> Result<Cow<'_, str>, HostError> {
     if raw.len() > MAX_HOST_VALUE {
         return Err(HostError::TooLong);
     }
-    if raw.contains('@') {
+    // One pass finds what the rare spellings need (a userinfo `@`, the colons of an IPv6
+    // literal or a port): this runs on every request.
+    let mut userinfo = false;
+    let mut colons = 0usize;
+    let mut first_colon = None;
+    for (i, &b) in raw.as_bytes().iter().enumerate() {
+        match b {
+            b'@' => userinfo = true,
+            b':' => {
+                first_colon.get_or_insert(i);
+                colons += 1;
+            }
+            _ => {}
+        }
+    }
+    if userinfo {
         return Err(HostError::Userinfo);
     }
     if let Some(rest) = raw.strip_prefix('[') {
@@ -342,11 +357,11 @@ pub fn host(raw: &str) -> Result<Cow<'_, str>, HostError> {
         let ip: Ipv6Addr = literal.parse().map_err(|_| HostError::BadIpLiteral)?;
         return Ok(Cow::Owned(format!("[{ip}]")));
     }
-    if raw.bytes().filter(|&b| b == b':').count() > 1 {
+    if colons > 1 {
         let ip: Ipv6Addr = raw.parse().map_err(|_| HostError::BadChar)?;
         return Ok(Cow::Owned(format!("[{ip}]")));
     }
-    let (name, port) = match raw.find(':') {
+    let (name, port) = match first_colon {
         Some(at) => raw.split_at(at),
         None => (raw, ""),
     };
@@ -358,19 +373,26 @@ pub fn host(raw: &str) -> Result<Cow<'_, str>, HostError> {
     if name.len() > MAX_HOST {
         return Err(HostError::TooLong);
     }
+    // Labels are checked in the same pass as their bytes: an empty one is a dot at the start,
+    // after another dot or at the end.
     let mut upper = false;
-    for label in name.split('.') {
-        if label.is_empty() {
-            return Err(HostError::BadChar);
-        }
-        for b in label.bytes() {
-            match b {
-                b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => {}
-                b'A'..=b'Z' => upper = true,
-                b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' => {}
-                _ => return Err(HostError::BadChar),
+    let mut after_dot = true;
+    for b in name.bytes() {
+        match b {
+            b'.' if after_dot => return Err(HostError::BadChar),
+            b'.' => {
+                after_dot = true;
+                continue;
             }
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => {}
+            b'A'..=b'Z' => upper = true,
+            b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' => {}
+            _ => return Err(HostError::BadChar),
         }
+        after_dot = false;
+    }
+    if after_dot {
+        return Err(HostError::BadChar);
     }
     if upper {
         Ok(Cow::Owned(name.to_ascii_lowercase()))
@@ -612,6 +634,97 @@ mod tests {
         assert_eq!(host("[v1.x]"), Err(HostError::BadIpLiteral));
         assert_eq!(host("[::1]x"), Err(HostError::BadIpLiteral));
         assert_eq!(host("[::1]:"), Err(HostError::EmptyPort));
+    }
+
+    /// `host` as it was written before its checks shared one pass over the bytes: the
+    /// one-pass version must answer every input alike.
+    fn host_reference(raw: &str) -> Result<Cow<'_, str>, HostError> {
+        if raw.len() > MAX_HOST_VALUE {
+            return Err(HostError::TooLong);
+        }
+        if raw.contains('@') {
+            return Err(HostError::Userinfo);
+        }
+        if let Some(rest) = raw.strip_prefix('[') {
+            let (literal, after) = rest.split_once(']').ok_or(HostError::BadIpLiteral)?;
+            check_port(after)?;
+            let ip: Ipv6Addr = literal.parse().map_err(|_| HostError::BadIpLiteral)?;
+            return Ok(Cow::Owned(format!("[{ip}]")));
+        }
+        if raw.bytes().filter(|&b| b == b':').count() > 1 {
+            let ip: Ipv6Addr = raw.parse().map_err(|_| HostError::BadChar)?;
+            return Ok(Cow::Owned(format!("[{ip}]")));
+        }
+        let (name, port) = match raw.find(':') {
+            Some(at) => raw.split_at(at),
+            None => (raw, ""),
+        };
+        check_port(port)?;
+        let name = name.strip_suffix('.').unwrap_or(name);
+        if name.is_empty() {
+            return Err(HostError::Empty);
+        }
+        if name.len() > MAX_HOST {
+            return Err(HostError::TooLong);
+        }
+        let mut upper = false;
+        for label in name.split('.') {
+            if label.is_empty() {
+                return Err(HostError::BadChar);
+            }
+            for b in label.bytes() {
+                match b {
+                    b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => {}
+                    b'A'..=b'Z' => upper = true,
+                    b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' => {
+                    }
+                    _ => return Err(HostError::BadChar),
+                }
+            }
+        }
+        if upper {
+            Ok(Cow::Owned(name.to_ascii_lowercase()))
+        } else {
+            Ok(Cow::Borrowed(name))
+        }
+    }
+
+    #[test]
+    fn the_one_pass_host_check_answers_as_the_reference() {
+        // Every string of up to 5 bytes over the bytes the checks branch on, and longer names.
+        const ALPHABET: &[u8] = b"a.A:@[]1-$ ";
+        let mut inputs: Vec<String> = vec![String::new()];
+        let mut last: Vec<String> = vec![String::new()];
+        for _ in 0..5 {
+            let mut next = Vec::new();
+            for s in &last {
+                for &b in ALPHABET {
+                    let mut t = s.clone();
+                    t.push(b as char);
+                    next.push(t);
+                }
+            }
+            inputs.extend(next.iter().cloned());
+            last = next;
+        }
+        for extra in [
+            "api.example.com",
+            "API.example.com.:8080",
+            "[2001:db8::1]:443",
+            "2001:db8::1",
+            "a..b",
+            ".a",
+            "a.",
+            "a..",
+            "a.b.:80",
+        ] {
+            inputs.push(extra.to_string());
+        }
+        inputs.push("a".repeat(MAX_HOST + 1));
+        inputs.push("a".repeat(MAX_HOST_VALUE + 1));
+        for raw in &inputs {
+            assert_eq!(host(raw), host_reference(raw), "{raw:?}");
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::request::auth::Identity;
 use crate::request::body::ReadAhead;
 use crate::request::client::RequestId;
 use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError, ProxyRetry};
+use crate::request::header_names as names;
 use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
 use crate::upstream::{TargetInfo, TargetState};
@@ -580,7 +581,9 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        resp.insert_header("x-request-id", ctx.request_id.header_value().clone())?;
+        let ratelimit = ctx.headers.as_ref().map_or(0, |h| h.count());
+        resp.reserve_headers(1 + ratelimit)?;
+        names::X_REQUEST_ID.set_response(resp, ctx.request_id.header_value().clone())?;
         if let Some(h) = &ctx.headers {
             h.apply(resp)?;
         }

@@ -16,6 +16,7 @@ use pingora::prelude::*;
 
 use crate::limiter::policy::Policy;
 use crate::limiter::Decision;
+use crate::request::header_names as names;
 use crate::text::push_u64;
 
 /// The content type of every error floodgate answers.
@@ -306,20 +307,21 @@ impl Answer {
 
     /// The response header, Content-Length set for `body_len` bytes of body.
     pub fn header(&self, request_id: &HeaderValue, body_len: usize) -> Result<ResponseHeader> {
-        let mut resp = ResponseHeader::build(self.status(), Some(7))?;
+        let ratelimit = self.ratelimit.as_ref().map_or(0, RateLimitHeaders::count);
+        let mut resp = ResponseHeader::build(self.status(), Some(6 + ratelimit))?;
         let mut len = String::with_capacity(8);
         push_u64(&mut len, body_len as u64);
-        resp.insert_header(http::header::CONTENT_TYPE, PROBLEM_JSON)?;
-        resp.insert_header(http::header::CONTENT_LENGTH, len)?;
-        resp.insert_header(http::header::CACHE_CONTROL, "no-store")?;
-        resp.insert_header("x-request-id", request_id.clone())?;
+        names::CONTENT_TYPE.set_response(&mut resp, HeaderValue::from_static(PROBLEM_JSON))?;
+        names::CONTENT_LENGTH.set_response(&mut resp, header_value(len))?;
+        names::CACHE_CONTROL.set_response(&mut resp, HeaderValue::from_static("no-store"))?;
+        names::X_REQUEST_ID.set_response(&mut resp, request_id.clone())?;
         if let Some(secs) = self.retry_after() {
             let mut v = String::with_capacity(8);
             push_u64(&mut v, secs);
-            resp.insert_header(http::header::RETRY_AFTER, v)?;
+            names::RETRY_AFTER.set_response(&mut resp, header_value(v))?;
         }
         if let Some(c) = self.challenge() {
-            resp.insert_header(http::header::WWW_AUTHENTICATE, c)?;
+            names::WWW_AUTHENTICATE.set_response(&mut resp, HeaderValue::from_static(c))?;
         }
         if let Some(h) = &self.ratelimit {
             h.apply(&mut resp)?;
@@ -544,19 +546,38 @@ impl RateLimitHeaders {
         h
     }
 
+    /// How many header fields [`Self::apply`] adds.
+    pub fn count(&self) -> usize {
+        let ietf = if self.policy.is_empty() { 0 } else { 2 };
+        ietf + if self.legacy.is_some() { 3 } else { 0 }
+    }
+
     /// Adds the fields to a response.
     pub fn apply(&self, resp: &mut ResponseHeader) -> Result<()> {
         if !self.policy.is_empty() {
-            resp.insert_header("RateLimit-Policy", &self.policy)?;
-            resp.insert_header("RateLimit", &self.state)?;
+            names::RATELIMIT_POLICY.set_response(resp, field_value(&self.policy)?)?;
+            names::RATELIMIT.set_response(resp, field_value(&self.state)?)?;
         }
         if let Some((limit, remaining, reset)) = self.legacy {
-            resp.insert_header("X-RateLimit-Limit", limit.to_string())?;
-            resp.insert_header("X-RateLimit-Remaining", remaining.to_string())?;
-            resp.insert_header("X-RateLimit-Reset", reset.to_string())?;
+            names::X_RATELIMIT_LIMIT.set_response(resp, limit.into())?;
+            names::X_RATELIMIT_REMAINING.set_response(resp, remaining.into())?;
+            names::X_RATELIMIT_RESET.set_response(resp, reset.into())?;
         }
         Ok(())
     }
+}
+
+/// A value floodgate formatted from digits: always a valid header value.
+fn header_value(digits: String) -> HeaderValue {
+    HeaderValue::try_from(digits).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// A RateLimit field's value: structured-field text built from rule names that validation kept
+/// to header-safe characters, so the error is not reachable; answered as Pingora's own would be.
+fn field_value(text: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(text).explain_err(ErrorType::InvalidHTTPHeader, |_| {
+        "invalid RateLimit field value"
+    })
 }
 
 #[cfg(test)]

@@ -28,9 +28,16 @@ pub fn humantime(d: std::time::Duration) -> String {
 
 /// Appends `n` as 16 lowercase hex digits, zero-padded (like `{:016x}`).
 pub fn push_hex16(out: &mut String, n: u64) {
+    let mut digits = [0u8; 16];
+    hex16_into(&mut digits, n);
+    out.extend(digits.iter().map(|&b| char::from(b)));
+}
+
+/// Writes `n` as 16 lowercase hex digits into `out` (16 bytes; fewer are left as they are).
+pub fn hex16_into(out: &mut [u8], n: u64) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..16).rev() {
-        out.push(char::from(DIGITS[((n >> (shift * 4)) & 0xf) as usize]));
+    for (i, d) in out.iter_mut().take(16).enumerate() {
+        *d = DIGITS[((n >> ((15 - i) * 4)) & 0xf) as usize];
     }
 }
 
