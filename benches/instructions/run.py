@@ -13,7 +13,8 @@ the whole answer before its next request.
 
 Systems: pingora-bare (benches/load/bare_proxy.rs), pingora-contract (`--contract`), fg-none
 (floodgate, no rules), fg-local (one local token bucket keyed on the client IP admitting
-everything: benches/load/run.py's fg-local). The floodgate config is the load bench's:
+everything: benches/load/run.py's fg-local), fg-429 (not run by default: every request over
+its limit, answered 429 at the edge) and pingora-429 (`--reject`, its floor). The floodgate config is the load bench's:
 `threads = 1`, `access_log = false`, one route `match = {}`, `auth = "none"`.
 
     python3 benches/instructions/run.py --floodgate target/release/floodgate \
@@ -62,6 +63,19 @@ key = ["ip"]
 algorithm = "token_bucket"
 limit = 1000000000
 window = "1s"
+scope = "local"
+"""
+
+# benches/load/run.py's fg-429: a bucket of one token an hour, every request but the first
+# answered 429 (the first is in both runs of a pair, so it cancels out).
+REFUSING_RULE = """
+[[rules]]
+name = "tiny"
+match = {}
+key = ["ip"]
+algorithm = "token_bucket"
+limit = 1
+window = "1h"
 scope = "local"
 """
 
@@ -116,12 +130,14 @@ def read_answer(s: socket.socket, buf: bytearray) -> int:
     return status
 
 
-def drive(port: int, total: int, conns: int) -> None:
-    """`total` requests over `conns` kept-alive connections, each answered 200."""
+def drive(port: int, total: int, conns: int, refused: bool = False) -> None:
+    """`total` requests over `conns` kept-alive connections, each answered 200 (`refused`: each
+    but the first answered 429)."""
     if total == 0:
         return
     req = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: instructions\r\n\r\n"
     errors: list[str] = []
+    admitted: list[int] = []
 
     def one(n: int) -> None:
         try:
@@ -131,7 +147,9 @@ def drive(port: int, total: int, conns: int) -> None:
                 for _ in range(n):
                     s.sendall(req)
                     st = read_answer(s, buf)
-                    if st != 200:
+                    if refused and st == 200:
+                        admitted.append(1)
+                    elif st != (429 if refused else 200):
                         raise RuntimeError(f"status {st}")
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(str(e))
@@ -144,16 +162,19 @@ def drive(port: int, total: int, conns: int) -> None:
         t.join()
     if errors:
         raise RuntimeError(f"requests failed: {errors[0]}")
+    if len(admitted) > 1:
+        raise RuntimeError(f"{len(admitted)} requests admitted by a rule that admits one")
 
 
-def wait_ready(port: int, p: subprocess.Popen, limit: float = 300) -> None:
-    """Until a `GET /` through the proxy is answered 200 (valgrind starts slowly)."""
+def wait_ready(port: int, p: subprocess.Popen, refused: bool, limit: float = 300) -> None:
+    """Until a `GET /` through the proxy is answered 200 (`refused`: 200 or 429; valgrind starts
+    slowly)."""
     end = time.time() + limit
     while time.time() < end:
         if p.poll() is not None:
             raise RuntimeError(f"the proxy exited ({p.returncode}) before it answered")
         try:
-            drive(port, 1, 1)
+            drive(port, 1, 1, refused)
             return
         except (OSError, RuntimeError):
             time.sleep(0.5)
@@ -190,13 +211,14 @@ def parse_callgrind(path: Path) -> tuple[int, int]:
     return total, allocs
 
 
-def run_once(argv: list[str], port: int, requests: int, conns: int, out: Path, env: dict) -> tuple[int, int]:
+def run_once(argv: list[str], port: int, requests: int, conns: int, out: Path, env: dict,
+             refused: bool = False) -> tuple[int, int]:
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--separate-threads=no"] + argv
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=open(str(out) + ".log", "w"), env=env, start_new_session=True)
     try:
-        wait_ready(port, p)
-        drive(port, requests, conns)
+        wait_ready(port, p, refused)
+        drive(port, requests, conns, refused)
         time.sleep(0.5)
     finally:
         common.stop_processes([p], limit=120)
@@ -212,7 +234,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1000, help="requests in both runs (1000)")
     ap.add_argument("--connections", type=int, default=4, help="kept-alive connections (4)")
     ap.add_argument("--only", nargs="*", default=["pingora-bare", "pingora-contract", "fg-none", "fg-local"],
-                    help="systems (pingora-bare pingora-contract fg-none fg-local)")
+                    help="systems (pingora-bare pingora-contract fg-none fg-local; not by default: fg-429, "
+                         "every request over its limit, answered 429, and its floor pingora-429, "
+                         "the bare proxy answering 429 in request_filter)")
     ap.add_argument("--label", default="", help="a suffix for the systems' names in the report (a build's name)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="pairs of runs per system; the report gives their median (1). Two runs of one "
@@ -241,9 +265,10 @@ def main() -> int:
             port = common.free_port()
             if name.startswith("pingora-"):
                 argv = [args.bare_proxy, "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{up}",
-                        "--threads", "1"] + (["--contract"] if name == "pingora-contract" else [])
+                        "--threads", "1"] + {"pingora-contract": ["--contract"],
+                                             "pingora-429": ["--reject"]}.get(name, [])
             else:
-                rules = LOCAL_RULE if name == "fg-local" else ""
+                rules = {"fg-local": LOCAL_RULE, "fg-429": REFUSING_RULE}.get(name, "")
                 conf = floodgate_conf(tmp, name, port, common.free_port(), up, rules)
                 argv = [args.floodgate, "-c", str(conf), "--pid-file", str(tmp / f"{name}.pid"),
                         "--upgrade-sock", str(tmp / f"{name}.sock")]
@@ -251,9 +276,11 @@ def main() -> int:
             pairs = []
             for i in range(args.repeat):
                 suffix = f".{i + 1}" if args.repeat > 1 else ""
-                lo = run_once(argv, port, args.warmup, args.connections, out / f"{label}{suffix}.low.out", env)
+                refused = name.endswith("-429")
+                lo = run_once(argv, port, args.warmup, args.connections, out / f"{label}{suffix}.low.out", env,
+                              refused)
                 hi = run_once(argv, port, args.warmup + args.requests, args.connections,
-                              out / f"{label}{suffix}.high.out", env)
+                              out / f"{label}{suffix}.high.out", env, refused)
                 pairs.append(((hi[0] - lo[0]) / args.requests, (hi[1] - lo[1]) / args.requests))
                 log(f"{label}{suffix}: {pairs[-1][0]:,.0f} instructions, {pairs[-1][1]:.2f} allocations per request")
             r = {"ir_per_request": statistics.median(p[0] for p in pairs),

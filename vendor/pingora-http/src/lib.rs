@@ -900,10 +900,16 @@ fn http_header_map_upper_bound(size_hint: Option<usize>) -> usize {
     // We select the size hint or the max size here, ensuring that we pick a value substantially lower
     // than 1 << 15 with room to grow the header map.
     std::cmp::min(
-        size_hint.unwrap_or(INIT_HEADER_SIZE),
+        size_hint.map_or(INIT_HEADER_SIZE, |n| n.saturating_add(PROXY_HEADROOM)),
         PINGORA_MAX_HEADER_COUNT,
     )
 }
+
+/// Room for the headers a proxy adds to a head it parsed (floodgate patch, see PATCHES.md):
+/// a size hint is the count of headers parsed, and a short head (a load generator's, a
+/// health check's) would otherwise make both maps grow, a reallocation and a rehash each, as
+/// soon as `X-Forwarded-For`, `X-Request-Id`, `Connection` or the RateLimit fields go in.
+const PROXY_HEADROOM: usize = 4;
 
 #[inline]
 fn append_header_value<T>(
@@ -1186,7 +1192,7 @@ mod tests {
     #[test]
     fn header_map_upper_bound() {
         assert_eq!(8, http_header_map_upper_bound(None));
-        assert_eq!(16, http_header_map_upper_bound(Some(16)));
+        assert_eq!(16 + PROXY_HEADROOM, http_header_map_upper_bound(Some(16)));
         assert_eq!(4096, http_header_map_upper_bound(Some(7777)));
     }
 
