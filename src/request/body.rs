@@ -105,11 +105,12 @@ impl Body {
         session: &mut Session,
         timeout: Duration,
     ) -> pingora::Result<ReadAhead> {
-        let deadline = Instant::now() + timeout;
-        self.deadline = Some(deadline);
+        // A request without a body (most) has no body deadline to keep: no clock read.
         if session.as_mut().is_body_empty() || session.as_mut().is_body_done() {
             return Ok(ReadAhead::Forward);
         }
+        let deadline = Instant::now() + timeout;
+        self.deadline = Some(deadline);
         let h2 = session.as_ref().is_http2();
         let _waiting = if h2 {
             match Waiting::enter(connection_key(session)) {

@@ -42,8 +42,15 @@ pub fn hex16_into(out: &mut [u8], n: u64) {
 }
 
 /// Appends `n` in decimal (like `{}`).
-pub fn push_u64(out: &mut String, mut n: u64) {
+pub fn push_u64(out: &mut String, n: u64) {
     let mut digits = [0u8; 20];
+    let at = u64_digits(&mut digits, n);
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
+/// Writes `n` in decimal at the end of `digits`; returns where the digits begin (they are
+/// `digits[at..]`). For callers that want the digits without a `String`.
+pub fn u64_digits(digits: &mut [u8; 20], mut n: u64) -> usize {
     let mut at = digits.len();
     loop {
         at -= 1;
@@ -53,9 +60,7 @@ pub fn push_u64(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[at..] {
-        out.push(char::from(d));
-    }
+    at
 }
 
 #[cfg(test)]

@@ -119,7 +119,9 @@ impl TargetInfo {
 impl TargetState {
     /// Whether passive detection has it ejected now.
     pub fn ejected(&self) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms()
+        // A target never ejected (or cleared) reads no clock: this runs for every request.
+        let until = self.ejected_until_ms.load(Ordering::Relaxed);
+        until != 0 && until > now_ms()
     }
 
     /// Seconds until the ejection ends (0 when not ejected).

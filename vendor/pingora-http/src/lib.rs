@@ -537,15 +537,14 @@ impl From<Box<ResponseHeader>> for Box<RespParts> {
 impl ResponseHeader {
     fn new(size_hint: Option<usize>) -> Self {
         let mut resp_header = Self::new_no_case(size_hint);
-        resp_header.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
-            size_hint,
-        )));
+        resp_header.header_name_map =
+            Some(CaseMap::with_capacity(response_header_map_bound(size_hint)));
         resp_header
     }
 
     fn new_no_case(size_hint: Option<usize>) -> Self {
         let mut base = RespBuilder::new().body(()).unwrap().into_parts().0;
-        base.headers.reserve(http_header_map_upper_bound(size_hint));
+        base.headers.reserve(response_header_map_bound(size_hint));
         ResponseHeader {
             base,
             header_name_map: None,
@@ -900,16 +899,23 @@ fn http_header_map_upper_bound(size_hint: Option<usize>) -> usize {
     // We select the size hint or the max size here, ensuring that we pick a value substantially lower
     // than 1 << 15 with room to grow the header map.
     std::cmp::min(
-        size_hint.map_or(INIT_HEADER_SIZE, |n| n.saturating_add(PROXY_HEADROOM)),
+        size_hint.unwrap_or(INIT_HEADER_SIZE),
         PINGORA_MAX_HEADER_COUNT,
     )
 }
 
-/// Room for the headers a proxy adds to a head it parsed (floodgate patch, see PATCHES.md):
-/// a size hint is the count of headers parsed, and a short head (a load generator's, a
-/// health check's) would otherwise make both maps grow, a reallocation and a rehash each, as
-/// soon as `X-Forwarded-For`, `X-Request-Id`, `Connection` or the RateLimit fields go in.
+/// Room for the headers a proxy adds to a response head (floodgate patch, see PATCHES.md): a
+/// size hint is the count of headers parsed (or about to be inserted), and a short head would
+/// otherwise make both maps grow, a reallocation and a rehash each, as soon as `X-Request-Id`,
+/// the RateLimit fields or Pingora's own `Connection` and `Date` go in. Not for requests: a
+/// proxy inserts into the upstream copy of a request, a clone, which does not keep spare room,
+/// while the parsed original is held for the whole exchange.
 const PROXY_HEADROOM: usize = 4;
+
+/// [http_header_map_upper_bound] of a response's size hint, with [PROXY_HEADROOM].
+fn response_header_map_bound(size_hint: Option<usize>) -> usize {
+    http_header_map_upper_bound(size_hint.map(|n| n.saturating_add(PROXY_HEADROOM)))
+}
 
 #[inline]
 fn append_header_value<T>(
@@ -1192,7 +1198,9 @@ mod tests {
     #[test]
     fn header_map_upper_bound() {
         assert_eq!(8, http_header_map_upper_bound(None));
-        assert_eq!(16 + PROXY_HEADROOM, http_header_map_upper_bound(Some(16)));
+        assert_eq!(16, http_header_map_upper_bound(Some(16)));
+        assert_eq!(16 + PROXY_HEADROOM, response_header_map_bound(Some(16)));
+        assert_eq!(8, response_header_map_bound(None));
         assert_eq!(4096, http_header_map_upper_bound(Some(7777)));
     }
 
