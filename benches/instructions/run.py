@@ -55,29 +55,17 @@ ROOT = Path(__file__).resolve().parents[2]
 # jemalloc's allocation entry points as tikv-jemallocator links them (prefixed `_rjem_`).
 ALLOC_FNS = ("_rjem_malloc", "_rjem_mallocx", "_rjem_calloc", "_rjem_realloc", "_rjem_rallocx")
 
-LOCAL_RULE = """
-[[rules]]
-name = "local"
-match = {}
-key = ["ip"]
-algorithm = "token_bucket"
-limit = 1000000000
-window = "1s"
-scope = "local"
-"""
+def token_bucket_rule(name: str, limit: int, window: str) -> str:
+    """A local token bucket keyed on the client IP, matching every request."""
+    return (f'\n[[rules]]\nname = "{name}"\nmatch = {{}}\nkey = ["ip"]\nalgorithm = "token_bucket"\n'
+            f'limit = {limit}\nwindow = "{window}"\nscope = "local"\n')
 
+
+# benches/load/run.py's fg-local: admits everything.
+LOCAL_RULE = token_bucket_rule("local", 1_000_000_000, "1s")
 # benches/load/run.py's fg-429: a bucket of one token an hour, every request but the first
 # answered 429 (the first is in both runs of a pair, so it cancels out).
-REFUSING_RULE = """
-[[rules]]
-name = "tiny"
-match = {}
-key = ["ip"]
-algorithm = "token_bucket"
-limit = 1
-window = "1h"
-scope = "local"
-"""
+REFUSING_RULE = token_bucket_rule("tiny", 1, "1h")
 
 
 def nginx_conf(d: Path, port: int) -> Path:

@@ -4,13 +4,10 @@
 use std::net::IpAddr;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 
-/// `X-Forwarded-For`, as a name the header map need not parse for each lookup.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-/// `X-Request-Id`, likewise.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+use crate::request::header_names as names;
 
 /// The client IP. The peer address is the truth unless the peer is a trusted proxy; then
 /// `X-Forwarded-For` is read from the right, one element at a time (its lines are one list),
@@ -33,7 +30,7 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         return peer;
     }
     let mut client = peer;
-    for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
+    for value in headers.get_all(names::X_FORWARDED_FOR.name()).iter().rev() {
         for hop in value.as_bytes().rsplit(|&b| b == b',') {
             let hop = hop.trim_ascii();
             if hop.is_empty() {
@@ -93,7 +90,7 @@ impl Default for RequestId {
 impl RequestId {
     /// The request's id, from its headers or fresh.
     pub fn of(headers: &HeaderMap) -> RequestId {
-        let mut sent = headers.get_all(&X_REQUEST_ID).iter();
+        let mut sent = headers.get_all(names::X_REQUEST_ID.name()).iter();
         if let (Some(v), None) = (sent.next(), sent.next()) {
             let b = v.as_bytes();
             if !b.is_empty()

@@ -9,7 +9,7 @@ use pingora::http::RequestHeader;
 use pingora::{ErrorSource, ErrorType};
 
 use crate::request::auth::Identity;
-use crate::request::client::{forwarded_for, RequestId, X_FORWARDED_FOR};
+use crate::request::client::{forwarded_for, RequestId};
 use crate::request::header_names as names;
 
 /// The status floodgate answers for a proxying error; 0: answer nothing, only close (the
@@ -98,10 +98,8 @@ pub fn retry_after_proxy_error(e: ProxyError<'_>) -> ProxyRetry {
     }
 }
 
-/// The identity headers (key id, user, plan): set by floodgate only, never by a client.
-pub const IDENTITY_HEADERS: [&str; 3] =
-    ["x-floodgate-key-id", "x-floodgate-user", "x-floodgate-plan"];
-/// What the identity headers' names start with.
+/// What the identity headers' names (`header_names::IDENTITY`: key id, user, plan; set by
+/// floodgate only, never by a client) start with.
 const IDENTITY_PREFIX: &str = "x-floodgate-";
 
 /// What the upstream request is built from, besides the client's own head.
@@ -135,7 +133,7 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
     // is made once: a client's head of few headers would otherwise grow both of Pingora's
     // header maps on each insert. The peer is appended to the chain it sent.
     req.reserve_headers(3 + if f.identity.is_some() { 3 } else { 0 })?;
-    let xff = forwarded_for(req.headers.get(&X_FORWARDED_FOR), f.peer);
+    let xff = forwarded_for(req.headers.get(names::X_FORWARDED_FOR.name()), f.peer);
     names::X_FORWARDED_FOR.set_request(req, xff)?;
     if let Some(target) = f.target {
         // Cloned, not taken: a retry's upstream_peer hashes the normalized path again.
@@ -156,8 +154,8 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
         .keys()
         .any(|k| k.as_str().starts_with(IDENTITY_PREFIX));
     if claimed {
-        for h in IDENTITY_HEADERS {
-            req.remove_header(h);
+        for h in &names::IDENTITY {
+            req.remove_header(h.name());
         }
     }
     if let Some(id) = f.identity {
@@ -183,6 +181,17 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
 mod tests {
     use super::*;
     use crate::request::auth::HeaderText;
+
+    #[test]
+    fn the_claim_check_sees_every_identity_header() {
+        for h in &names::IDENTITY {
+            assert!(
+                h.name().as_str().starts_with(IDENTITY_PREFIX),
+                "{:?}",
+                h.name()
+            );
+        }
+    }
 
     #[test]
     fn errors_become_statuses() {

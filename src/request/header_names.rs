@@ -50,9 +50,8 @@ pub static X_FORWARDED_FOR: Known = Known::new("x-forwarded-for", "x-forwarded-f
 pub static X_FORWARDED_PROTO: Known = Known::new("x-forwarded-proto", "x-forwarded-proto");
 /// `x-request-id`, both ways.
 pub static X_REQUEST_ID: Known = Known::new("x-request-id", "x-request-id");
-/// `Host`, when floodgate rewrites it.
-pub static HOST: Known = Known::new("host", "Host");
-/// The identity headers (key id, user, plan), in that order.
+/// The identity headers (key id, user, plan), in that order: floodgate's alone (a client's
+/// are removed), all starting `x-floodgate-`.
 pub static IDENTITY: [Known; 3] = [
     Known::new("x-floodgate-key-id", "x-floodgate-key-id"),
     Known::new("x-floodgate-user", "x-floodgate-user"),
@@ -89,7 +88,6 @@ mod tests {
             &X_FORWARDED_FOR,
             &X_FORWARDED_PROTO,
             &X_REQUEST_ID,
-            &HOST,
             &RATELIMIT_POLICY,
             &RATELIMIT,
             &X_RATELIMIT_LIMIT,

@@ -15,7 +15,7 @@ use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 
-use crate::request::client::X_FORWARDED_FOR;
+use crate::request::header_names::X_FORWARDED_FOR;
 
 /// What to do with a request header whose name has an underscore:
 /// `[server] headers_with_underscores`.
@@ -109,7 +109,7 @@ fn spells_our_header(name: &HeaderName) -> bool {
 /// list). The bytes are kept as sent, so an element floodgate cannot read still reaches the
 /// upstream.
 fn merge_forwarded_for(req: &mut RequestHeader) {
-    let lines = req.headers.get_all(&X_FORWARDED_FOR);
+    let lines = req.headers.get_all(X_FORWARDED_FOR.name());
     if lines.iter().nth(1).is_none() {
         return;
     }
@@ -122,7 +122,7 @@ fn merge_forwarded_for(req: &mut RequestHeader) {
     }
     // Header values joined by ", " are a header value; should that ever fail, the lines stay.
     if let Ok(value) = HeaderValue::from_bytes(&joined) {
-        let _ = req.insert_header(X_FORWARDED_FOR, value);
+        let _ = X_FORWARDED_FOR.set_request(req, value);
     }
 }
 
@@ -217,14 +217,14 @@ mod tests {
         for_upstream(&mut req, Underscores::Drop);
         let lines: Vec<&[u8]> = req
             .headers
-            .get_all(&X_FORWARDED_FOR)
+            .get_all(X_FORWARDED_FOR.name())
             .iter()
             .map(HeaderValue::as_bytes)
             .collect();
         assert_eq!(lines, [&b"1.2.3.4, \xc3\xa9, 5.6.7.8"[..]]);
         let mut one = request(&[("x-forwarded-for", b"1.2.3.4")]);
         for_upstream(&mut one, Underscores::Drop);
-        assert_eq!(one.headers[&X_FORWARDED_FOR], "1.2.3.4");
+        assert_eq!(one.headers[X_FORWARDED_FOR.name()], "1.2.3.4");
     }
 
     #[test]
