@@ -387,8 +387,10 @@ on_store_error = "closed"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_slot_is_renewed_while_its_request_runs() {
-    // The slot TTL shortened to 300 ms (an internal test hook; 300 s in production).
-    std::env::set_var("FLOODGATE_TEST_SLOT_TTL_MS", "300");
+    // The slot TTL shortened to 1 s (an internal test hook; 300 s in production), given to this
+    // gateway alone. Renewal runs every third of it, so one renewal may be late by up to two
+    // thirds of a TTL (a loaded machine) before the slot lapses.
+    const TTL_MS: u64 = 1000;
     let redis = RedisServer::start();
     let api = OrdersApi::start("orders");
     let rules = r#"
@@ -399,12 +401,18 @@ algorithm = "concurrency"
 limit = 1
 on_store_error = "closed"
 "#;
-    // The upstream may take its time: the request under test lasts 4 s, past 13 slot TTLs.
-    let gw = Gateway::start(&format!(
-        "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\"]\nread_timeout = \"20s\"\n{}{ROUTES}{rules}",
-        api.addr,
-        leasing_store(&redis.url(), "")
-    ));
+    // The upstream may take its time: the request under test lasts 6 s, six slot TTLs.
+    let ttl = TTL_MS.to_string();
+    let gw = Gateway::start_env(
+        server_section,
+        &format!(
+            "[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\"]\nread_timeout = \"20s\"\n{}{ROUTES}{rules}",
+            api.addr,
+            leasing_store(&redis.url(), "")
+        ),
+        &[],
+        &[("RUST_LOG", "info"), ("FLOODGATE_TEST_SLOT_TTL_MS", &ttl)],
+    );
     let c = client();
     let probe = || async {
         c.get(gw.url("/orders"))
@@ -422,7 +430,7 @@ on_store_error = "closed"
             start.elapsed() < Duration::from_secs(20),
             "the long request never held its slot"
         );
-        let req = c.get(gw.url("/orders?delay_ms=4000")).header("x-user", "e");
+        let req = c.get(gw.url("/orders?delay_ms=6000")).header("x-user", "e");
         let long = tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) });
         let mut held = false;
         while !long.is_finished() {
@@ -459,7 +467,7 @@ on_store_error = "closed"
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        held_at.elapsed() >= Duration::from_millis(900),
+        held_at.elapsed() >= Duration::from_millis(3 * TTL_MS),
         "the request ended before three slot TTLs passed: nothing was shown"
     );
     assert_eq!(ended.unwrap().unwrap().unwrap(), 200);
