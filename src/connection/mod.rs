@@ -299,6 +299,26 @@ impl GuardedStream {
         .await
     }
 
+    /// The bytes read ahead of the exchange (the wait for its first bytes, the h2c preface
+    /// peek), taken out to be handed to the session as its first bytes: copied into an
+    /// allocation of their own size. Pingora's head parser would otherwise read them into a
+    /// 4 KiB buffer that the parsed request keeps (its header values point into it) for the
+    /// whole exchange, waiting on the upstream included. They count as handed, as if read.
+    fn take_read_ahead(&mut self) -> Option<bytes::BytesMut> {
+        if self.peeked.is_empty() {
+            return None;
+        }
+        let prefix = bytes::BytesMut::from(&self.peeked[..]);
+        self.handed += prefix.len();
+        self.peeked = Vec::new();
+        Some(prefix)
+    }
+
+    /// Whether bytes read ahead of the exchange wait to be handed out.
+    fn has_read_ahead(&self) -> bool {
+        !self.peeked.is_empty()
+    }
+
     /// The whole head was read: the rest of the exchange is not on the head deadline.
     fn head_received(&self) {
         self.phase.fetch_and(!AWAITING_HEAD, Ordering::Relaxed);

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Peek, Ssl, Stream, ALPN};
@@ -67,7 +68,14 @@ pub async fn serve<A>(
         ServerApp::process_new(&app, stream, shutdown).await;
         return;
     }
-    let mut result = exchange(&app, stream, Exchange::First, shutdown).await;
+    // The first request's bytes are awaited here too (unless the h2c peek already read them),
+    // so that its head is parsed from an allocation of its own size.
+    if !stream.has_read_ahead() && !first_bytes(&mut stream, &closing).await {
+        return;
+    }
+    stream.begin_exchange();
+    let read_ahead = stream.take_read_ahead();
+    let mut result = exchange(&app, stream, read_ahead, Exchange::First, shutdown).await;
     // The exchange began with bytes Pingora carried over from the one before.
     let mut carried = false;
     while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
@@ -77,14 +85,15 @@ pub async fn serve<A>(
         let pipelined = settings
             .as_ref()
             .is_some_and(|s| (carried || !read_exactly(&stream)) && carries_pipelined_bytes(s));
+        let mut read_ahead = None;
         if !pipelined {
-            let Some(next) = next_request(stream, &closing).await else {
+            let Some((next, first)) = next_request(stream, &closing).await else {
                 return;
             };
-            stream = next;
+            (stream, read_ahead) = (next, Some(first));
         }
         carried = pipelined;
-        result = exchange(&app, stream, Exchange::Next(settings), shutdown).await;
+        result = exchange(&app, stream, read_ahead, Exchange::Next(settings), shutdown).await;
     }
 }
 
@@ -98,9 +107,12 @@ enum Exchange {
 
 /// One exchange's future: the session is built here, outside `serve`'s own state, so that the
 /// connection's task (alive for as long as the connection) does not keep room for one.
+/// `read_ahead`: the request's first bytes, already read (see
+/// [`GuardedStream::take_read_ahead`]).
 fn exchange<'a, A>(
     app: &'a Arc<A>,
     stream: Stream,
+    read_ahead: Option<BytesMut>,
     which: Exchange,
     shutdown: &'a ShutdownWatch,
 ) -> impl std::future::Future<Output = Option<ReusedHttpStream>> + Send + 'a
@@ -118,6 +130,9 @@ where
         }
         Exchange::Next(Some(settings)) => settings.apply_to_session(&mut session),
         Exchange::Next(None) => {}
+    }
+    if let Some(first) = read_ahead {
+        session.set_pipelined_prefix(first);
     }
     app.process_new_http(session, shutdown)
 }
@@ -233,24 +248,26 @@ async fn is_h2<A: HttpServerApp>(app: &A, stream: &mut GuardedStream) -> Option<
 }
 
 /// Waits for the first bytes of the next request on a kept-alive connection (or its close, a
-/// deadline, the service stopping: `None`).
-async fn next_request(stream: Stream, closing: &Closing) -> Option<Stream> {
+/// deadline, the service stopping: `None`), and takes them out for the session.
+async fn next_request(stream: Stream, closing: &Closing) -> Option<(Stream, BytesMut)> {
     let mut guarded: Box<GuardedStream> = stream.into_any().downcast().ok()?;
-    if !guarded.idle().await {
+    if !guarded.idle().await || !first_bytes(&mut guarded, closing).await {
         return None;
     }
+    guarded.begin_exchange();
+    let first = guarded.take_read_ahead()?;
+    Some((guarded, first))
+}
+
+/// Waits for a request's first bytes (kept in the stream's read-ahead). `false`: the client
+/// closed, a deadline passed, or the service is stopping.
+async fn first_bytes(guarded: &mut GuardedStream, closing: &Closing) -> bool {
     let arrived = tokio::select! {
         biased;
         r = guarded.await_next_request() => r,
-        _ = closing.closed() => return None,
+        _ = closing.closed() => return false,
     };
-    match arrived {
-        Ok(true) => {
-            guarded.begin_exchange();
-            Some(guarded)
-        }
-        _ => None,
-    }
+    matches!(arrived, Ok(true))
 }
 
 #[cfg(test)]

@@ -311,6 +311,44 @@ async fn kept_alive_requests_with_bodies_and_split_pipelined_heads_are_answered_
     );
 }
 
+/// floodgate reads a request's first bytes itself and hands them to the head parser: a head
+/// that comes in pieces, and a head larger than that first read (1 KiB) with its last header
+/// intact, are answered, on a connection's first exchange and on a kept-alive one.
+#[tokio::test]
+async fn heads_in_pieces_and_heads_past_the_first_read_are_answered_whole() {
+    let api = OrdersApi::start("orders-1");
+    let gw = Gateway::start(&config(api.addr));
+    let filler = "f".repeat(3000);
+    let big = |path: &str, close: &str| {
+        format!("GET {path} HTTP/1.1\r\nhost: floodgate.test\r\nx-filler: {filler}\r\nx-last: the-last-header\r\n{close}\r\n")
+    };
+    let first = big("/debug/headers", "");
+    let pieces: Vec<Vec<u8>> = vec![
+        first.as_bytes()[..2].to_vec(),
+        first.as_bytes()[2..1500].to_vec(),
+        first.as_bytes()[1500..].to_vec(),
+        b"GE".to_vec(),
+        b"T /debug/two HTTP/1.1\r\nhost: floo".to_vec(),
+        b"dgate.test\r\n\r\n".to_vec(),
+        big("/debug/headers", "connection: close\r\n").into_bytes(),
+    ];
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    for piece in pieces {
+        conn.write_all(&piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (got, closed) = read_until_close(&mut conn, Duration::from_secs(10)).await;
+    assert!(closed, "{got}");
+    assert_eq!(got.matches("HTTP/1.1 200").count(), 3, "{got}");
+    assert_eq!(
+        got.matches(&filler).count(),
+        2,
+        "both large heads arrived whole: {got}"
+    );
+    assert_eq!(got.matches("the-last-header").count(), 2, "{got}");
+    assert!(got.contains("/debug/two"), "{got}");
+}
+
 #[tokio::test]
 async fn idle_h2_connection_is_closed_after_keepalive_timeout() {
     let api = OrdersApi::start("orders-1");
