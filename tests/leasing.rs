@@ -411,7 +411,7 @@ on_store_error = "closed"
             leasing_store(&redis.url(), "")
         ),
         &[],
-        &[("RUST_LOG", "info"), ("FLOODGATE_TEST_SLOT_TTL_MS", &ttl)],
+        &[("FLOODGATE_TEST_SLOT_TTL_MS", &ttl)],
     );
     let c = client();
     let probe = || async {

@@ -68,14 +68,12 @@ pub async fn serve<A>(
         ServerApp::process_new(&app, stream, shutdown).await;
         return;
     }
-    // The first request's bytes are awaited here too (unless the h2c peek already read them),
-    // so that its head is parsed from an allocation of its own size.
-    if !stream.has_read_ahead() && !first_bytes(&mut stream, &closing).await {
+    // The first request's bytes are awaited here too, as a kept-alive one's, so that its head
+    // is parsed from an allocation of its own size.
+    let Some(read_ahead) = request_start(&mut stream, &closing).await else {
         return;
-    }
-    stream.begin_exchange();
-    let read_ahead = stream.take_read_ahead();
-    let mut result = exchange(&app, stream, read_ahead, Exchange::First, shutdown).await;
+    };
+    let mut result = exchange(&app, stream, Some(read_ahead), Exchange::First, shutdown).await;
     // The exchange began with bytes Pingora carried over from the one before.
     let mut carried = false;
     while let Some((mut stream, settings)) = result.map(|r| r.consume()) {
@@ -251,23 +249,29 @@ async fn is_h2<A: HttpServerApp>(app: &A, stream: &mut GuardedStream) -> Option<
 /// deadline, the service stopping: `None`), and takes them out for the session.
 async fn next_request(stream: Stream, closing: &Closing) -> Option<(Stream, BytesMut)> {
     let mut guarded: Box<GuardedStream> = stream.into_any().downcast().ok()?;
-    if !guarded.idle().await || !first_bytes(&mut guarded, closing).await {
+    if !guarded.idle().await {
         return None;
     }
-    guarded.begin_exchange();
-    let first = guarded.take_read_ahead()?;
+    let first = request_start(&mut guarded, closing).await?;
     Some((guarded, first))
 }
 
-/// Waits for a request's first bytes (kept in the stream's read-ahead). `false`: the client
-/// closed, a deadline passed, or the service is stopping.
-async fn first_bytes(guarded: &mut GuardedStream, closing: &Closing) -> bool {
-    let arrived = tokio::select! {
-        biased;
-        r = guarded.await_next_request() => r,
-        _ = closing.closed() => return false,
-    };
-    matches!(arrived, Ok(true))
+/// Begins an exchange on `guarded`: waits for its request's first bytes unless they were
+/// already read (the h2c peek), and takes them out for the session. `None`: the client closed,
+/// a deadline passed, or the service is stopping.
+async fn request_start(guarded: &mut GuardedStream, closing: &Closing) -> Option<BytesMut> {
+    if !guarded.has_read_ahead() {
+        let arrived = tokio::select! {
+            biased;
+            r = guarded.await_next_request() => r,
+            _ = closing.closed() => return None,
+        };
+        if !matches!(arrived, Ok(true)) {
+            return None;
+        }
+    }
+    guarded.begin_exchange();
+    guarded.take_read_ahead()
 }
 
 #[cfg(test)]
