@@ -74,13 +74,15 @@ pub struct RequestCtx {
     /// Set when no target was available: the 503's Retry-After.
     no_healthy: Option<u64>,
     /// Concurrency slots: dropping the context releases them, however the exchange ends.
-    slots: Option<Slots>,
+    /// Boxed, as are `cost` and `slow`: most requests have none, and the context sits inline in
+    /// Pingora's per-request future, whose size every request allocates.
+    slots: Option<Box<Slots>>,
     /// Reads `cost_from` rules' true costs from the upstream's response as it streams by.
-    cost: Option<crate::request::response_cost::CostReader>,
+    cost: Option<Box<crate::request::response_cost::CostReader>>,
     /// The request body's deadline and what was read ahead of the upstream.
     body: crate::request::body::Body,
     /// Set when a `mode = "slow"` rule slowed the request: the pace of its bodies.
-    slow: Option<crate::request::throttle::Throttle>,
+    slow: Option<Box<crate::request::throttle::Throttle>>,
     /// The request's slot at a `[upstreams.protect]` upstream, held for the whole exchange
     /// (retries included); dropping it gives the slot to the next waiter.
     protect: Option<crate::upstream::protect::Permit>,
@@ -197,8 +199,10 @@ impl ProxyHttp for Proxy {
         ctx.identity = admitted.identity;
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
-        ctx.slots = admitted.slots;
-        ctx.slow = admitted.slowed.map(crate::request::throttle::Throttle::new);
+        ctx.slots = admitted.slots.map(Box::new);
+        ctx.slow = admitted
+            .slowed
+            .map(|pace| Box::new(crate::request::throttle::Throttle::new(pace)));
         match admitted.next {
             Next::Forward { delay, ratelimit } => {
                 ctx.headers = ratelimit;
@@ -442,12 +446,15 @@ impl ProxyHttp for Proxy {
             trace.upstream_status(upstream_response.status.as_u16());
         }
         crate::request::response_cost::settle_on_status(
-            ctx.slots.as_mut(),
+            ctx.slots.as_deref_mut(),
             upstream_response.status,
         )
         .await;
-        ctx.cost =
-            crate::request::response_cost::CostReader::start(ctx.slots.as_mut(), upstream_response);
+        ctx.cost = crate::request::response_cost::CostReader::start(
+            ctx.slots.as_deref_mut(),
+            upstream_response,
+        )
+        .map(Box::new);
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // The client's side of the tunnel gets the same idle timeout as the upstream's.
             if let Some(u) = ctx.upstream() {
@@ -633,7 +640,11 @@ impl ProxyHttp for Proxy {
         crate::connection::exchange_done(session);
         // The exchange is over (also when the client left mid-stream): cost_from rules are
         // charged what was read.
-        crate::request::response_cost::settle_costs(ctx.slots.as_mut(), ctx.cost.take()).await;
+        crate::request::response_cost::settle_costs(
+            ctx.slots.as_deref_mut(),
+            ctx.cost.take().map(|c| *c),
+        )
+        .await;
         // Give concurrency slots back now rather than when Pingora drops the context.
         ctx.slots = None;
         ctx.protect = None;

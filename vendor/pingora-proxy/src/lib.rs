@@ -92,6 +92,7 @@ mod proxy_custom;
 mod proxy_h1;
 mod proxy_h2;
 mod proxy_purge;
+mod pipe;
 mod proxy_trait;
 pub mod subrequest;
 
@@ -414,85 +415,71 @@ where
 
         // floodgate patch: the connect future (TCP and TLS connect state, 8.8 KB) is boxed, so
         // that the request's future is not sized for it while it waits on the upstream.
-        let client_session = Box::pin(self.client_upstream.get_http_session(&*peer)).await;
-        match client_session {
-            Ok((client_session, client_reused)) => {
-                let (server_reused, error) = match client_session {
-                    ClientSession::H1(mut h1) => {
-                        let (server_reused, client_reuse, error) = self
-                            .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
-                            .await;
-                        if client_reuse {
-                            let session = ClientSession::H1(h1);
-                            self.client_upstream
-                                .release_http_session(session, &*peer, peer.idle_timeout())
-                                .await;
-                        }
-                        (server_reused, error)
-                    }
-                    ClientSession::H2(mut h2) => {
-                        // floodgate patch: boxed, so that the future of an HTTP/1 exchange is
-                        // not sized for the h2 one (see get_http_session above).
-                        let (server_reused, mut error) = Box::pin(
-                            self.proxy_to_h2_upstream(session, &mut h2, client_reused, &peer, ctx),
-                        )
-                        .await;
-                        let session = ClientSession::H2(h2);
-                        self.client_upstream
-                            .release_http_session(session, &*peer, peer.idle_timeout())
-                            .await;
-
-                        if let Some(e) = error.as_mut() {
-                            // try to downgrade if A. origin says so or B. origin sends an invalid
-                            // response, which usually means origin h2 is not production ready
-                            if matches!(e.etype, H2Downgrade | InvalidH2) {
-                                if peer
-                                    .get_alpn()
-                                    .is_none_or(|alpn| alpn.get_min_http_version() == 1)
-                                {
-                                    // Add the peer to prefer h1 so that all following requests
-                                    // will use h1
-                                    self.client_upstream.prefer_h1(&*peer);
-                                } else {
-                                    // the peer doesn't allow downgrading to h1 (e.g. gRPC)
-                                    e.retry = false.into();
-                                }
-                            }
-                        }
-
-                        (server_reused, error)
-                    }
-                    ClientSession::Custom(mut c) => {
-                        // floodgate patch: boxed, as the h2 exchange above.
-                        let (server_reused, error) = Box::pin(self.proxy_to_custom_upstream(
-                            session,
-                            &mut c,
-                            client_reused,
-                            &peer,
-                            ctx,
-                        ))
-                        .await;
-                        let session = ClientSession::Custom(c);
-                        self.client_upstream
-                            .release_http_session(session, &*peer, peer.idle_timeout())
-                            .await;
-                        (server_reused, error)
-                    }
-                };
-                (
-                    server_reused,
-                    error.map(|e| {
-                        self.inner
-                            .error_while_proxy(&peer, session, e, ctx, client_reused)
-                    }),
-                )
+        let (mut client_session, client_reused) =
+            match Box::pin(self.client_upstream.get_http_session(&*peer)).await {
+                Ok(connected) => connected,
+                Err(mut e) => {
+                    e.as_up();
+                    let new_err = self.inner.fail_to_connect(session, &peer, ctx, e);
+                    return (false, Some(new_err.into_up()));
+                }
+            };
+        // floodgate patch: the exchange borrows the connection where it lies instead of moving it
+        // out of the enum and back in (`ClientSession::H1(h1)` then `ClientSession::H1(h1)`
+        // again), which kept two copies of the 1.3 KB HTTP/1 session in the request's future.
+        let (server_reused, release, mut error) = match &mut client_session {
+            ClientSession::H1(h1) => {
+                self.proxy_to_h1_upstream(session, h1, client_reused, &peer, ctx)
+                    .await
             }
-            Err(mut e) => {
-                e.as_up();
-                let new_err = self.inner.fail_to_connect(session, &peer, ctx, e);
-                (false, Some(new_err.into_up()))
+            ClientSession::H2(h2) => {
+                // floodgate patch: boxed, so that the future of an HTTP/1 exchange is not
+                // sized for the h2 one (see get_http_session above).
+                let (server_reused, error) =
+                    Box::pin(self.proxy_to_h2_upstream(session, h2, client_reused, &peer, ctx))
+                        .await;
+                (server_reused, true, error)
+            }
+            ClientSession::Custom(c) => {
+                // floodgate patch: boxed, as the h2 exchange above.
+                let (server_reused, error) =
+                    Box::pin(self.proxy_to_custom_upstream(session, c, client_reused, &peer, ctx))
+                        .await;
+                (server_reused, true, error)
+            }
+        };
+        let is_h2 = matches!(client_session, ClientSession::H2(_));
+        if release {
+            self.client_upstream
+                .release_http_session(client_session, &*peer, peer.idle_timeout())
+                .await;
+        }
+        if is_h2 {
+            if let Some(e) = error.as_mut() {
+                // try to downgrade if A. origin says so or B. origin sends an invalid
+                // response, which usually means origin h2 is not production ready
+                if matches!(e.etype, H2Downgrade | InvalidH2) {
+                    if peer
+                        .get_alpn()
+                        .is_none_or(|alpn| alpn.get_min_http_version() == 1)
+                    {
+                        // Add the peer to prefer h1 so that all following requests
+                        // will use h1
+                        self.client_upstream.prefer_h1(&*peer);
+                    } else {
+                        // the peer doesn't allow downgrading to h1 (e.g. gRPC)
+                        e.retry = false.into();
+                    }
+                }
             }
         }
+        (
+            server_reused,
+            error.map(|e| {
+                self.inner
+                    .error_while_proxy(&peer, session, e, ctx, client_reused)
+            }),
+        )
     }
 
     async fn upstream_filter(
@@ -529,6 +516,9 @@ where
         Ok(duration)
     }
 
+    // floodgate patch: the session is borrowed, not moved in: an `async fn` keeps its
+    // by-value arguments twice in its future (the argument and its binding), and the caller's
+    // storage of the moved-out session stays reserved too, as it was borrowed before.
     async fn finish(
         &self,
         mut session: Session,
@@ -554,13 +544,14 @@ where
             if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
-            session
-                .downstream_session
-                .finish()
-                .await
-                .ok()
-                .flatten()
-                .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
+            // floodgate patch: finished in place (see `ServerSession::finish_in_place`).
+            match session.downstream_session.finish_in_place().await {
+                Ok(true) => session
+                    .downstream_session
+                    .into_reusable()
+                    .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings)),
+                _ => None,
+            }
         } else {
             None
         }
@@ -1156,225 +1147,268 @@ impl<SV, C> HttpProxy<SV, C>
 where
     C: custom::Connector,
 {
-    async fn process_request(
+    /// The request's `Session` and context, for a session whose head has been read.
+    // floodgate patch: split out of `process_new_http` (see there).
+    fn begin_request(
         self: &Arc<Self>,
-        mut session: Session,
-        mut ctx: <SV as ProxyHttp>::CTX,
-    ) -> Option<ReusedHttpStream>
+        downstream_session: Box<HttpSession>,
+        shutting_down: bool,
+        prev_user_ctx: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> (Session, <SV as ProxyHttp>::CTX)
     where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        if let Err(e) = self
-            .inner
-            .early_request_filter(&mut session, &mut ctx)
-            .await
-        {
-            return self
-                .handle_error(session, &mut ctx, e, "Fail to early filter request:")
-                .await;
+        let mut session = Session::new(
+            downstream_session,
+            &self.downstream_modules,
+            #[cfg(feature = "upstream_modules")]
+            &self.upstream_modules,
+            self.shutdown_flag.clone(),
+        );
+
+        if shutting_down {
+            // stop downstream from reusing if this service is shutting down soon
+            session.set_keepalive(None);
         }
 
-        if self.inner.allow_spawning_subrequest(&session, &ctx) {
-            session.subrequest_spawner = Some(SubrequestSpawner::new(self.clone()));
+        let mut ctx = self.inner.new_ctx();
+
+        // Deliver user context from the previous request on this reused connection
+        if let Some(prev_ctx) = prev_user_ctx {
+            self.inner
+                .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
         }
+        (session, ctx)
+    }
 
-        let req = session.downstream_session.req_header_mut();
-
-        // Built-in downstream request filters go first
-        if let Err(e) = session
-            .downstream_modules_ctx
-            .request_header_filter(req)
-            .await
-        {
-            return self
-                .handle_error(
-                    session,
-                    &mut ctx,
-                    e,
-                    "Failed in downstream modules request filter:",
-                )
-                .await;
-        }
-
-        match self.inner.request_filter(&mut session, &mut ctx).await {
-            Ok(response_sent) => {
-                if response_sent {
-                    // TODO: log error
-                    self.inner.logging(&mut session, None, &mut ctx).await;
-                    self.cleanup_sub_req(&mut session);
-                    let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-                    if let Some(uc) = self.inner.persist_connection_context(&session, &ctx) {
-                        persistent_settings.set_user_context(uc);
-                    }
-                    return session
-                        .downstream_session
-                        .finish()
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings));
-                }
-                /* else continue */
-            }
-            Err(e) => {
+    // floodgate patch: an `async move` block rather than an `async fn`, which would store its
+    // arguments twice (as the future's captures and as the locals they are moved into): the
+    // block uses `session` and `ctx` where they were captured.
+    fn process_request<'a>(
+        self: &'a Arc<Self>,
+        mut session: Session,
+        mut ctx: <SV as ProxyHttp>::CTX,
+    ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a
+    where
+        SV: ProxyHttp + Send + Sync + 'static,
+        <SV as ProxyHttp>::CTX: Send + Sync,
+    {
+        async move {
+            if let Err(e) = self
+                .inner
+                .early_request_filter(&mut session, &mut ctx)
+                .await
+            {
                 return self
-                    .handle_error(session, &mut ctx, e, "Fail to filter request:")
+                    .handle_error(session, &mut ctx, e, "Fail to early filter request:")
                     .await;
             }
-        }
 
-        if let Some((reuse, err)) = self.proxy_cache(&mut session, &mut ctx).await {
-            // cache hit
-            return self.finish(session, &mut ctx, reuse, err).await;
-        }
-        // either uncacheable, or cache miss
-
-        // there should not be a write lock in the sub req ctx after this point
-        self.cleanup_sub_req(&mut session);
-
-        // decide if the request is allowed to go to upstream
-        match self
-            .inner
-            .proxy_upstream_filter(&mut session, &mut ctx)
-            .await
-        {
-            Ok(proxy_to_upstream) => {
-                if !proxy_to_upstream {
-                    // The hook can choose to write its own response, but if it doesn't, we respond
-                    // with a generic 502
-                    if session.cache.enabled() {
-                        // drop the cache lock that this request may be holding onto
-                        session.cache.disable(NoCacheReason::DeclinedToUpstream);
-                    }
-                    if session.response_written().is_none() {
-                        match session.write_response_header_ref(&BAD_GATEWAY, true).await {
-                            Ok(()) => {}
-                            Err(e) => {
-                                return self
-                                    .handle_error(
-                                        session,
-                                        &mut ctx,
-                                        e,
-                                        "Error responding with Bad Gateway:",
-                                    )
-                                    .await;
-                            }
-                        }
-                    }
-
-                    return self.finish(session, &mut ctx, true, None).await;
-                }
-                /* else continue */
+            if self.inner.allow_spawning_subrequest(&session, &ctx) {
+                session.subrequest_spawner = Some(SubrequestSpawner::new(self.clone()));
             }
-            Err(e) => {
-                if session.cache.enabled() {
-                    session.cache.disable(NoCacheReason::InternalError);
-                }
 
+            let req = session.downstream_session.req_header_mut();
+
+            // Built-in downstream request filters go first
+            if let Err(e) = session
+                .downstream_modules_ctx
+                .request_header_filter(req)
+                .await
+            {
                 return self
                     .handle_error(
                         session,
                         &mut ctx,
                         e,
-                        "Error deciding if we should proxy to upstream:",
+                        "Failed in downstream modules request filter:",
                     )
                     .await;
             }
-        }
 
-        let mut retries: usize = 0;
-
-        let mut server_reuse = false;
-        let mut proxy_error: Option<Box<Error>> = None;
-
-        while retries < self.max_retries {
-            retries += 1;
-
-            let (reuse, e) = self.proxy_to_upstream(&mut session, &mut ctx).await;
-            server_reuse = reuse;
-
-            match e {
-                Some(error) => {
-                    let retry = error.retry();
-                    // only log error that will be retried here, the final error will be logged below
-                    if retry
-                        && !self.inner.suppress_proxy_warn_log(
-                            &session,
-                            &ctx,
-                            &error,
-                            ProxyWarnLogContext::UpstreamRetry,
-                        )
-                    {
-                        warn!(
-                            "Fail to proxy: {}, tries: {}, retry: {}, {}",
-                            error,
-                            retries,
-                            retry,
-                            self.inner.request_summary(&session, &ctx)
-                        );
+            match self.inner.request_filter(&mut session, &mut ctx).await {
+                Ok(response_sent) => {
+                    if response_sent {
+                        // TODO: log error
+                        self.inner.logging(&mut session, None, &mut ctx).await;
+                        self.cleanup_sub_req(&mut session);
+                        let mut persistent_settings = HttpPersistentSettings::for_session(&session);
+                        if let Some(uc) = self.inner.persist_connection_context(&session, &ctx) {
+                            persistent_settings.set_user_context(uc);
+                        }
+                        // floodgate patch: finished in place (see `ServerSession::finish_in_place`).
+                        return match session.downstream_session.finish_in_place().await {
+                            Ok(true) => session.downstream_session.into_reusable().map(|s| {
+                                ReusedHttpStream::from_reusable_stream(s, persistent_settings)
+                            }),
+                            _ => None,
+                        };
                     }
-                    proxy_error = Some(error);
-                    if !retry {
+                    /* else continue */
+                }
+                Err(e) => {
+                    return self
+                        .handle_error(session, &mut ctx, e, "Fail to filter request:")
+                        .await;
+                }
+            }
+
+            if let Some((reuse, err)) = self.proxy_cache(&mut session, &mut ctx).await {
+                // cache hit
+                return self.finish(session, &mut ctx, reuse, err).await;
+            }
+            // either uncacheable, or cache miss
+
+            // there should not be a write lock in the sub req ctx after this point
+            self.cleanup_sub_req(&mut session);
+
+            // decide if the request is allowed to go to upstream
+            match self
+                .inner
+                .proxy_upstream_filter(&mut session, &mut ctx)
+                .await
+            {
+                Ok(proxy_to_upstream) => {
+                    if !proxy_to_upstream {
+                        // The hook can choose to write its own response, but if it doesn't, we respond
+                        // with a generic 502
+                        if session.cache.enabled() {
+                            // drop the cache lock that this request may be holding onto
+                            session.cache.disable(NoCacheReason::DeclinedToUpstream);
+                        }
+                        if session.response_written().is_none() {
+                            match session.write_response_header_ref(&BAD_GATEWAY, true).await {
+                                Ok(()) => {}
+                                Err(e) => {
+                                    return self
+                                        .handle_error(
+                                            session,
+                                            &mut ctx,
+                                            e,
+                                            "Error responding with Bad Gateway:",
+                                        )
+                                        .await;
+                                }
+                            }
+                        }
+
+                        return self.finish(session, &mut ctx, true, None).await;
+                    }
+                    /* else continue */
+                }
+                Err(e) => {
+                    if session.cache.enabled() {
+                        session.cache.disable(NoCacheReason::InternalError);
+                    }
+
+                    return self
+                        .handle_error(
+                            session,
+                            &mut ctx,
+                            e,
+                            "Error deciding if we should proxy to upstream:",
+                        )
+                        .await;
+                }
+            }
+
+            let mut retries: usize = 0;
+
+            let mut server_reuse = false;
+            let mut proxy_error: Option<Box<Error>> = None;
+
+            while retries < self.max_retries {
+                retries += 1;
+
+                let (reuse, e) = self.proxy_to_upstream(&mut session, &mut ctx).await;
+                server_reuse = reuse;
+
+                match e {
+                    Some(error) => {
+                        let retry = error.retry();
+                        // only log error that will be retried here, the final error will be logged below
+                        if retry
+                            && !self.inner.suppress_proxy_warn_log(
+                                &session,
+                                &ctx,
+                                &error,
+                                ProxyWarnLogContext::UpstreamRetry,
+                            )
+                        {
+                            warn!(
+                                "Fail to proxy: {}, tries: {}, retry: {}, {}",
+                                error,
+                                retries,
+                                retry,
+                                self.inner.request_summary(&session, &ctx)
+                            );
+                        }
+                        proxy_error = Some(error);
+                        if !retry {
+                            break;
+                        }
+                    }
+                    None => {
+                        proxy_error = None;
                         break;
                     }
-                }
-                None => {
-                    proxy_error = None;
-                    break;
-                }
-            };
-        }
-
-        // serve stale if error
-        // Check both error and cache before calling the function because await is not cheap
-        // allow unwrap until if let chains
-        #[allow(clippy::unnecessary_unwrap)]
-        let serve_stale_result = if proxy_error.is_some() && session.cache.can_serve_stale_error() {
-            self.handle_stale_if_error(&mut session, &mut ctx, proxy_error.as_ref().unwrap())
-                .await
-        } else {
-            None
-        };
-
-        let final_error = if let Some((reuse, stale_cache_error)) = serve_stale_result {
-            // don't reuse server conn if serve stale polluted it
-            server_reuse = server_reuse && reuse;
-            stale_cache_error
-        } else {
-            proxy_error
-        };
-
-        if let Some(e) = final_error.as_ref() {
-            // If we have errored and are still holding a cache lock, release it.
-            if session.cache.enabled() {
-                let reason = if *e.esource() == ErrorSource::Upstream {
-                    NoCacheReason::UpstreamError
-                } else {
-                    NoCacheReason::InternalError
                 };
-                session.cache.disable(reason);
             }
-            let res = self.inner.fail_to_proxy(&mut session, e, &mut ctx).await;
 
-            // final error will have > 0 status unless downstream connection is dead
-            if !self.inner.suppress_error_log(&session, &ctx, e) {
-                error!(
-                    "Fail to proxy: {}, status: {}, tries: {}, retry: {}, {}",
-                    e,
-                    res.error_code,
-                    retries,
-                    false, // we never retry here
-                    self.inner.request_summary(&session, &ctx),
-                );
+            // serve stale if error
+            // Check both error and cache before calling the function because await is not cheap
+            // allow unwrap until if let chains
+            #[allow(clippy::unnecessary_unwrap)]
+            let serve_stale_result = if proxy_error.is_some()
+                && session.cache.can_serve_stale_error()
+            {
+                self.handle_stale_if_error(&mut session, &mut ctx, proxy_error.as_ref().unwrap())
+                    .await
+            } else {
+                None
+            };
+
+            let final_error = if let Some((reuse, stale_cache_error)) = serve_stale_result {
+                // don't reuse server conn if serve stale polluted it
+                server_reuse = server_reuse && reuse;
+                stale_cache_error
+            } else {
+                proxy_error
+            };
+
+            if let Some(e) = final_error.as_ref() {
+                // If we have errored and are still holding a cache lock, release it.
+                if session.cache.enabled() {
+                    let reason = if *e.esource() == ErrorSource::Upstream {
+                        NoCacheReason::UpstreamError
+                    } else {
+                        NoCacheReason::InternalError
+                    };
+                    session.cache.disable(reason);
+                }
+                let res = self.inner.fail_to_proxy(&mut session, e, &mut ctx).await;
+
+                // final error will have > 0 status unless downstream connection is dead
+                if !self.inner.suppress_error_log(&session, &ctx, e) {
+                    error!(
+                        "Fail to proxy: {}, status: {}, tries: {}, retry: {}, {}",
+                        e,
+                        res.error_code,
+                        retries,
+                        false, // we never retry here
+                        self.inner.request_summary(&session, &ctx),
+                    );
+                }
             }
+
+            // logging() will be called in finish()
+            self.finish(session, &mut ctx, server_reuse, final_error)
+                .await
         }
-
-        // logging() will be called in finish()
-        self.finish(session, &mut ctx, server_reuse, final_error)
-            .await
     }
 
+    // floodgate patch: the session is borrowed, as in `finish`.
     async fn handle_error(
         &self,
         mut session: Session,
@@ -1405,13 +1439,14 @@ where
             if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
-            session
-                .downstream_session
-                .finish()
-                .await
-                .ok()
-                .flatten()
-                .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
+            // floodgate patch: finished in place (see `ServerSession::finish_in_place`).
+            match session.downstream_session.finish_in_place().await {
+                Ok(true) => session
+                    .downstream_session
+                    .into_reusable()
+                    .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings)),
+                _ => None,
+            }
         } else {
             None
         }
@@ -1568,42 +1603,34 @@ where
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    async fn process_new_http(
-        self: &Arc<Self>,
+    // floodgate patch: written out instead of through `async_trait`, which would move the
+    // `ServerSession` (1.3 KB) into the future and keep it there for the whole request; it is
+    // boxed here before the future is made. The `Session` and context are built by a plain
+    // function (`begin_request`) and only moved in this future, so that it does not keep a
+    // copy of them beside the `process_request` future they are moved into.
+    fn process_new_http<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
         mut session: HttpSession,
-        shutdown: &ShutdownWatch,
-    ) -> Option<ReusedHttpStream> {
+        shutdown: &'life1 ShutdownWatch,
+    ) -> BoxFuture<'async_trait, Option<ReusedHttpStream>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
         // Extract user context from the previous request before the session is moved into the Box
         let prev_user_ctx = session.take_connection_user_context();
 
         let session = Box::new(session);
 
-        // TODO: keepalive pool, use stack
-        let mut session = match self.handle_new_request(session).await {
-            Some(downstream_session) => Session::new(
-                downstream_session,
-                &self.downstream_modules,
-                #[cfg(feature = "upstream_modules")]
-                &self.upstream_modules,
-                self.shutdown_flag.clone(),
-            ),
-            None => return None, // bad request
-        };
-
-        if *shutdown.borrow() {
-            // stop downstream from reusing if this service is shutting down soon
-            session.set_keepalive(None);
-        }
-
-        let mut ctx = self.inner.new_ctx();
-
-        // Deliver user context from the previous request on this reused connection
-        if let Some(prev_ctx) = prev_user_ctx {
-            self.inner
-                .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
-        }
-
-        self.process_request(session, ctx).await
+        Box::pin(async move {
+            // TODO: keepalive pool, use stack
+            // None: bad request
+            let downstream_session = self.handle_new_request(session).await?;
+            let (session, ctx) =
+                self.begin_request(downstream_session, *shutdown.borrow(), prev_user_ctx);
+            self.process_request(session, ctx).await
+        })
     }
 
     async fn http_cleanup(&self) {

@@ -16,6 +16,7 @@ use futures::future::OptionFuture;
 use futures::StreamExt;
 
 use super::*;
+use crate::pipe;
 use crate::proxy_cache::{range_filter::RangeBodyFilter, ServeFromCache};
 use crate::proxy_common::*;
 use pingora_cache::CachePhase;
@@ -139,8 +140,8 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
-        let (tx_upstream, rx_upstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
-        let (tx_downstream, rx_downstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
+        let (tx_upstream, rx_upstream) = pipe::channel::<HttpTask>(TASK_BUFFER_SIZE);
+        let (tx_downstream, rx_downstream) = pipe::channel::<HttpTask>(TASK_BUFFER_SIZE);
 
         session.as_mut().enable_retry_buffering();
 
@@ -248,8 +249,8 @@ where
     async fn proxy_handle_upstream(
         &self,
         client_session: &mut HttpSessionV1,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: pipe::Sender<HttpTask>,
+        mut rx: pipe::Receiver<HttpTask>,
         pipe_state: Arc<AtomicU8>,
     ) -> Result<bool>
     where
@@ -365,7 +366,7 @@ where
         session: &mut Session,
         ctx: &mut SV::CTX,
         initial_task: HttpTask,
-        rx: &mut mpsc::Receiver<HttpTask>,
+        rx: &mut pipe::Receiver<HttpTask>,
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
@@ -444,8 +445,8 @@ where
     async fn proxy_handle_downstream(
         &self,
         session: &mut Session,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: pipe::Sender<HttpTask>,
+        mut rx: pipe::Receiver<HttpTask>,
         ctx: &mut SV::CTX,
         downstream_custom_message_writer: &mut Option<Box<dyn CustomMessageWrite>>,
         downstream_custom_message_reader: &mut Option<
@@ -1022,7 +1023,7 @@ where
         session: &mut Session,
         mut data: Option<Bytes>,
         end_of_body: bool,
-        tx: mpsc::Permit<'_, HttpTask>,
+        tx: pipe::Permit<'_, HttpTask>,
         ctx: &mut SV::CTX,
     ) -> Result<bool>
     where
