@@ -107,6 +107,11 @@ impl RequestCtx {
 impl ProxyHttp for Proxy {
     type CTX = RequestCtx;
 
+    /// No downstream modules. Pingora's default is a response-compression module, disabled,
+    /// which still costs every request a module context (two allocations) and two boxed
+    /// filter calls that return at once; floodgate compresses no response.
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
+
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
             start: None,
