@@ -37,7 +37,9 @@ type Shared<T> = Arc<Mutex<State<T>>>;
 fn lock<T>(shared: &Shared<T>) -> MutexGuard<'_, State<T>> {
     // No code holding the lock can panic (no user code runs under it): a poisoned lock still
     // holds a consistent state.
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Registers `cx`'s waker in `slot`; a different waker it replaces is woken, so that a wake-up
@@ -46,6 +48,15 @@ fn register(slot: &mut Option<Waker>, cx: &Context<'_>) -> Option<Waker> {
     match slot {
         Some(w) if w.will_wake(cx.waker()) => None,
         _ => slot.replace(cx.waker().clone()),
+    }
+}
+
+/// Unlocks `state`, then wakes `waker`: a woken task may poll at once (on another thread) and
+/// must find the lock free.
+fn unlock_and_wake<T>(state: MutexGuard<'_, State<T>>, waker: Option<Waker>) {
+    drop(state);
+    if let Some(w) = waker {
+        w.wake();
     }
 }
 
@@ -105,10 +116,7 @@ impl<T> Sender<T> {
             return Poll::Ready(Ok(()));
         }
         let replaced = register(&mut state.tx_waker, cx);
-        drop(state);
-        if let Some(w) = replaced {
-            w.wake();
-        }
+        unlock_and_wake(state, replaced);
         Poll::Pending
     }
 
@@ -153,10 +161,7 @@ impl<T> Drop for Sender<T> {
         let mut state = lock(&self.shared);
         state.sender_alive = false;
         let waker = state.rx_waker.take();
-        drop(state);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        unlock_and_wake(state, waker);
     }
 }
 
@@ -172,12 +177,9 @@ impl<T> Permit<'_, T> {
             undelivered = Some(value);
         }
         let waker = state.rx_waker.take();
-        drop(state);
+        unlock_and_wake(state, waker);
         std::mem::forget(self);
         drop(undelivered);
-        if let Some(w) = waker {
-            w.wake();
-        }
     }
 }
 
@@ -186,10 +188,7 @@ impl<T> Drop for Permit<'_, T> {
         let mut state = lock(&self.sender.shared);
         state.used -= 1;
         let waker = state.tx_waker.take();
-        drop(state);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        unlock_and_wake(state, waker);
     }
 }
 
@@ -199,20 +198,14 @@ impl<T> Receiver<T> {
         if let Some(value) = state.queue.pop_front() {
             state.used -= 1;
             let waker = state.tx_waker.take();
-            drop(state);
-            if let Some(w) = waker {
-                w.wake();
-            }
+            unlock_and_wake(state, waker);
             return Poll::Ready(Some(value));
         }
         if !state.sender_alive {
             return Poll::Ready(None);
         }
         let replaced = register(&mut state.rx_waker, cx);
-        drop(state);
-        if let Some(w) = replaced {
-            w.wake();
-        }
+        unlock_and_wake(state, replaced);
         Poll::Pending
     }
 
@@ -229,11 +222,8 @@ impl<T> Drop for Receiver<T> {
         let queued = std::mem::take(&mut state.queue);
         state.used -= queued.len();
         let waker = state.tx_waker.take();
-        drop(state);
+        unlock_and_wake(state, waker);
         drop(queued);
-        if let Some(w) = waker {
-            w.wake();
-        }
     }
 }
 
