@@ -97,6 +97,7 @@ pub mod listeners;
 pub mod modules;
 pub(crate) mod offload;
 pub mod protocols;
+mod runtime_thread;
 pub mod server;
 pub mod services;
 pub mod upstreams;

@@ -249,7 +249,11 @@ impl TransportConnector {
 
     /// Try to find a reusable connection to the given server [Peer]
     pub async fn reused_stream<P: Peer + Send + Sync>(&self, peer: &P) -> Option<Stream> {
-        match self.connection_pool.get(&peer.reuse_hash()) {
+        // floodgate patch: pooled per runtime thread (crate::runtime_thread::pool_key).
+        match self
+            .connection_pool
+            .get(&crate::runtime_thread::pool_key(peer.reuse_hash()))
+        {
             Some(s) => {
                 debug!("find reusable stream, trying to acquire it");
                 {
@@ -319,7 +323,9 @@ impl TransportConnector {
             return;
         }
         let id = stream.id();
-        let meta = ConnectionMeta::new(key, id);
+        // floodgate patch: a connection is reused only on the runtime thread it is registered
+        // with (crate::runtime_thread), and watched while idle there.
+        let meta = ConnectionMeta::new(crate::runtime_thread::pool_key(key), id);
         debug!("Try to keepalive client session");
         let stream = Arc::new(Mutex::new(stream));
         let locked_stream = stream.clone().try_lock_owned().unwrap(); // safe as we just created it
@@ -327,8 +333,7 @@ impl TransportConnector {
         let idle_meta = IdleConnection::new(meta);
         let pool = self.connection_pool.clone(); //clone the arc
         let keepalive_pool_callback = self.keepalive_pool_callback.clone();
-        let rt = pingora_runtime::current_handle();
-        rt.spawn(async move {
+        tokio::spawn(async move {
             if pool
                 .idle_poll(
                     locked_stream,

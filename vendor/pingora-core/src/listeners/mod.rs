@@ -80,7 +80,7 @@ use crate::protocols::{l4::socket::SocketAddr, tls::TlsRef, Stream};
 use crate::server::ListenFds;
 
 use async_trait::async_trait;
-use pingora_error::Result;
+use pingora_error::{ErrorType::AcceptError, OrErr, Result};
 use std::{any::Any, fs::Permissions, sync::Arc};
 
 use l4::{ListenerEndpoint, Stream as L4Stream};
@@ -294,6 +294,7 @@ impl TransportStack {
         let stream = self.l4.accept().await?;
         Ok(UninitializedStream {
             l4: stream,
+            accepted_on: crate::runtime_thread::current(),
             tls: self.tls.clone(),
             l4_buffer: self.l4_buffer,
             pre_tls_callback: self.pre_tls_callback.clone(),
@@ -307,6 +308,8 @@ impl TransportStack {
 
 pub(crate) struct UninitializedStream {
     l4: L4Stream,
+    /// floodgate patch: the runtime thread the stream was accepted (and registered) on.
+    accepted_on: u64,
     tls: Option<Arc<Acceptor>>,
     l4_buffer: L4BufferSettings,
     pre_tls_callback: Option<PreTlsCallback>,
@@ -314,6 +317,16 @@ pub(crate) struct UninitializedStream {
 
 impl UninitializedStream {
     pub async fn handshake(mut self) -> Result<Stream> {
+        // floodgate patch: the connection was spawned on a runtime of its own choosing (at
+        // random, `pingora_runtime::current_handle`); served there while registered with the
+        // acceptor's driver, each of its reads would wait for the acceptor's thread to notice
+        // it and wake this one.
+        let here = crate::runtime_thread::current();
+        if here != 0 && here != self.accepted_on {
+            self.l4
+                .register_here()
+                .or_err(AcceptError, "while registering an accepted connection")?;
+        }
         self.l4.set_buffer(self.l4_buffer);
         if let Some(tls) = self.tls {
             // Process pre-TLS data if a callback is configured (e.g., PROXY protocol)

@@ -639,6 +639,25 @@ impl Stream {
         });
         let _ = mem::replace(&mut self.stream, stream);
     }
+
+    /// floodgate patch: registers a TCP stream with the I/O driver of the runtime this is
+    /// called on instead of the one it was accepted on (`crate::runtime_thread`). Only for a
+    /// stream nothing was read from or written to yet: whatever its buffers held is lost. On
+    /// an error the socket is closed and the stream is left without one; it can only be
+    /// dropped.
+    pub(crate) fn register_here(&mut self) -> io::Result<()> {
+        let Some(buffered) = self.stream.take() else {
+            return Ok(());
+        };
+        let mut raw = buffered.into_inner();
+        let stream = match raw.stream {
+            RawStream::Tcp(s) => RawStream::Tcp(TcpStream::from_std(s.into_std()?)?),
+            other => other,
+        };
+        raw.stream = stream;
+        self.stream = Some(BufferedStream::with_capacity(0, 0, raw));
+        Ok(())
+    }
 }
 
 impl From<TcpStream> for Stream {
@@ -824,8 +843,12 @@ impl Drop for Stream {
         if let Some(t) = self.tracer.as_ref() {
             t.0.on_disconnected();
         }
+        // floodgate patch: a stream whose `register_here` failed holds no socket.
+        let Some(stream) = self.stream.as_ref() else {
+            return;
+        };
         /* use nodelay/local_addr function to detect socket status */
-        let ret = match &self.stream().get_ref().stream {
+        let ret = match &stream.get_ref().stream {
             RawStream::Tcp(s) => s.nodelay().err(),
             #[cfg(unix)]
             RawStream::Unix(s) => s.local_addr().err(),
