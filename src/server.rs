@@ -60,6 +60,12 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         // one write (about 0.5 writes per request under load instead of 0.8) and cost ~1 µs
         // less CPU per request with global rules (docs/benchmarks.md).
         work_stealing: false,
+        // Timeouts of a second or more (every upstream read and write timeout by default) on
+        // tokio's timer wheel, which each single-threaded runtime has to itself, instead of
+        // Pingora's process-wide "fast" timer: its registration (a lock, an ordered map, a
+        // shared notifier and a boxed future per wait) cost ~2,400 more instructions per
+        // proxied request (callgrind, docs/benchmarks.md). Shorter ones stay on Pingora's.
+        fast_timeout_to_tokio_threshold_seconds: Some(0),
         ..ServerConf::default()
     };
     if let Some(sock) = &flags.upgrade_sock {

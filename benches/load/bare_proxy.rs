@@ -1,7 +1,8 @@
 //! `bare-proxy`: the smallest Pingora proxy, a system of its own in the load benchmark
 //! (benches/load/run.py, docs/benchmarks.md). Its `ProxyHttp` only picks the one upstream;
 //! everything else is what floodgate runs with — Pingora 0.9, jemalloc as the global allocator,
-//! one single-threaded runtime per thread (`work_stealing: false`), h2c on the plain listener —
+//! one single-threaded runtime per thread (`work_stealing: false`), tokio's timers for timeouts of
+//! a second or more, h2c on the plain listener —
 //! so that floodgate without rules against this shows the cost of floodgate's own work per
 //! request. Two variants are floors of their own: `--reject` answers every request 429 at the
 //! edge (`pingora-429`), `--contract` does only the per-request work floodgate's contract asks
@@ -167,6 +168,8 @@ fn main() {
     let conf = ServerConf {
         threads: cli.threads.max(1),
         work_stealing: false,
+        // As floodgate (src/server.rs): tokio's timers for timeouts of a second or more.
+        fast_timeout_to_tokio_threshold_seconds: Some(0),
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()

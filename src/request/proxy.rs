@@ -31,7 +31,7 @@ use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError,
 use crate::request::header_names as names;
 use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
-use crate::upstream::{TargetInfo, TargetState};
+use crate::upstream::{Pool, TargetInfo, TargetState};
 
 /// The proxy service.
 pub struct Proxy {
@@ -62,6 +62,9 @@ pub struct RequestCtx {
     upstream_start: Option<Instant>,
     /// The upstream target of the current attempt.
     target: Option<Arc<TargetInfo>>,
+    /// The pool `target` was chosen from (this config generation's), kept so that the
+    /// response's accounting does not look it up again.
+    pool: Option<Arc<Pool>>,
     /// Targets this request has tried: a retry always goes to another (inline: most requests
     /// try one).
     tried: SmallVec<[SocketAddr; 2]>,
@@ -129,6 +132,7 @@ impl ProxyHttp for Proxy {
             attempts: 0,
             upstream_start: None,
             target: None,
+            pool: None,
             tried: SmallVec::new(),
             target_in_flight: None,
             deadline: None,
@@ -302,6 +306,7 @@ impl ProxyHttp for Proxy {
             crate::request::throttle::narrow(&mut peer, slow.slowed.rate);
         }
         ctx.target = Some(target);
+        ctx.pool = Some(pool);
         Ok(Box::new(peer))
     }
 
@@ -467,9 +472,11 @@ impl ProxyHttp for Proxy {
                 session.set_read_timeout(Some(idle));
             }
         }
-        if let (Some(start), Some(upstream)) = (ctx.upstream_start, ctx.upstream()) {
+        if let (Some(start), Some(upstream), Some(pool)) =
+            (ctx.upstream_start, ctx.upstream(), &ctx.pool)
+        {
             let took = start.elapsed();
-            upstream.pool().duration.observe(took.as_secs_f64());
+            pool.duration.observe(took.as_secs_f64());
             if let Some(permit) = &ctx.protect {
                 permit.sample(took);
             }
@@ -477,9 +484,9 @@ impl ProxyHttp for Proxy {
                 let status = upstream_response.status.as_u16();
                 t.count(&upstream.name, Some(status), Some(took));
                 if status >= 500 {
-                    upstream.pool().failed(t);
+                    pool.failed(t);
                 } else {
-                    upstream.pool().succeeded(t);
+                    pool.succeeded(t);
                 }
             }
         }

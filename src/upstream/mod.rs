@@ -418,7 +418,8 @@ impl Pool {
 
     /// Passive outlier detection: a good answer from `target` resets its failure count.
     pub fn succeeded(&self, target: &TargetInfo) {
-        if self.settings.passive.is_some() {
+        // Read first: a store on every request would write the line every thread reads.
+        if self.settings.passive.is_some() && target.state.failures.load(Ordering::Relaxed) != 0 {
             target.state.failures.store(0, Ordering::Relaxed);
         }
     }

@@ -354,29 +354,56 @@ pub(crate) fn sanitize_h1_upstream_request(
         nominations.remove_from(req);
     }
 
-    if policy.strip_hop_by_hop {
+    // floodgate patch: most requests carry none of the hop-by-hop fields. One pass over the
+    // names present says so, instead of a lookup in both header maps per absent name (and, for
+    // the names `http` has no constant of, a parse and an allocation): 13 removes, about 2,000
+    // instructions per request.
+    let any_hop_by_hop = req.headers.keys().any(is_hop_by_hop);
+    if policy.strip_hop_by_hop && any_hop_by_hop {
         strip_standard_hop_by_hop_headers(req);
     }
 
     match policy.h1_upgrade {
         H1UpgradePolicy::WebSocketOnly => {
-            req.remove_header(&header::CONNECTION);
-            req.remove_header(&header::UPGRADE);
-            req.remove_header(HTTP2_SETTINGS);
+            if any_hop_by_hop {
+                req.remove_header(&header::CONNECTION);
+                req.remove_header(&header::UPGRADE);
+                req.remove_header(HTTP2_SETTINGS);
+            }
             if websocket_upgrade {
                 req.insert_header(header::CONNECTION, "Upgrade")?;
                 req.insert_header(header::UPGRADE, "websocket")?;
             }
         }
         H1UpgradePolicy::Deny => {
-            req.remove_header(&header::CONNECTION);
-            req.remove_header(&header::UPGRADE);
-            req.remove_header(HTTP2_SETTINGS);
+            if any_hop_by_hop {
+                req.remove_header(&header::CONNECTION);
+                req.remove_header(&header::UPGRADE);
+                req.remove_header(HTTP2_SETTINGS);
+            }
         }
         H1UpgradePolicy::Preserve => {}
     }
 
     Ok(())
+}
+
+/// floodgate patch: whether `name` is one of the fields [`sanitize_h1_upstream_request`]
+/// removes by name (`strip_standard_hop_by_hop_headers` and the upgrade policies).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        KEEP_ALIVE
+            | PROXY_CONNECTION
+            | HTTP2_SETTINGS
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "connection"
+            | "upgrade"
+    )
 }
 
 /// Frame a body-bearing HTTP/1 upstream request after application request filtering.
