@@ -926,3 +926,37 @@ async fn clients_that_abort_do_not_eject_a_healthy_target() {
     let r = c.get(gw.url("/debug/after")).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// A target whose active health check fails gets no request, whichever floodgate balancer picks
+/// (round robin and least requests ask the health check's readiness themselves), even while it
+/// would answer them well: the check's path answers 404 on `orders-a` and 200 on `orders-b`
+/// (`--status 200` answers every path but `/healthz` with 200), the route's path 200 on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_failing_its_check_gets_no_request_from_either_balancer() {
+    let a = OrdersApi::start_at("orders-a", free_addr(), &[]);
+    let b = OrdersApi::start_at("orders-b", free_addr(), &["--status", "200"]);
+    for balance in ["round_robin", "least_requests"] {
+        let body = format!(
+            "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\nbalance = \"{balance}\"\n\
+             health_check = {{ type = \"http\", path = \"/check\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 1, unhealthy_threshold = 1 }}\n\
+             [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
+            a.addr, b.addr
+        );
+        let gw = Gateway::start(&body);
+        let c = client();
+        wait_health(&c, &gw, a.addr, false).await;
+        wait_health(&c, &gw, b.addr, true).await;
+        let mut served_by = std::collections::BTreeMap::new();
+        for _ in 0..20 {
+            let r = get_with_key(&c, gw.url("/orders"), "test").await;
+            assert_eq!(r.status(), 200, "{balance}");
+            let by = r.headers()["x-served-by"].to_str().unwrap().to_string();
+            *served_by.entry(by).or_insert(0) += 1;
+        }
+        assert_eq!(
+            served_by,
+            std::collections::BTreeMap::from([("orders-b".to_string(), 20)]),
+            "{balance}: only the target that passes its check serves"
+        );
+    }
+}
