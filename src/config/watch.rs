@@ -141,9 +141,11 @@ pub fn load_settled(path: &Path) -> Result<Config, ConfigError> {
             files = named;
             continue;
         }
-        if !watched {
-            std::thread::sleep(POLLED_SETTLE);
-        }
+        // The watcher's thread takes inotify's events in on its own time: a write made just
+        // before or during the read may not be counted yet, and the prefix read would pass for
+        // the whole file. It gets [`QUIET`] to count it before the count is compared (files
+        // inotify does not watch: two reads [`POLLED_SETTLE`] apart must agree instead).
+        std::thread::sleep(if watched { QUIET } else { POLLED_SETTLE });
         let unchanged = writes().seq() == seq
             && match &loaded {
                 Ok(cfg) => fingerprint(&files) == cfg.fingerprint,
