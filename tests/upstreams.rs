@@ -59,6 +59,17 @@ async fn get(c: &reqwest::Client, url: &str) -> (u16, Value) {
     (status, body)
 }
 
+/// The demo keys, an upstream `orders` over `targets` with `settings` (TOML lines of its
+/// table), and the `/orders` route to it (API keys required).
+fn orders_over(targets: &[SocketAddr], settings: &str) -> String {
+    let targets: Vec<String> = targets.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [{}]\n{settings}\n\
+         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
+        targets.join(", ")
+    )
+}
+
 fn route(name: &str, upstream: &str) -> String {
     format!(
         "[[routes]]\nname = \"{name}\"\nmatch = {{ path_prefix = \"/debug/{name}\" }}\nupstream = \"{upstream}\"\nauth = \"none\"\n"
@@ -267,11 +278,10 @@ async fn wait_health(c: &reqwest::Client, gw: &Gateway, target: SocketAddr, heal
 async fn a_killed_target_is_taken_out_and_comes_back() {
     let mut a = OrdersApi::start_at("orders-a", free_addr(), &[]);
     let b = OrdersApi::start_at("orders-b", free_addr(), &[]);
-    let body = format!(
-        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\nconnect_timeout = \"500ms\"\nretries = 1\n\
-         health_check = {{ type = \"http\", path = \"/healthz\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 2, unhealthy_threshold = 2 }}\n\
-         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
-        a.addr, b.addr
+    let body = orders_over(
+        &[a.addr, b.addr],
+        "connect_timeout = \"500ms\"\nretries = 1\n\
+         health_check = { type = \"http\", path = \"/healthz\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 2, unhealthy_threshold = 2 }",
     );
     let gw = Gateway::start(&body);
     let c = client();
@@ -348,11 +358,9 @@ async fn a_killed_target_is_taken_out_and_comes_back() {
 async fn passive_ejection_of_a_target_answering_500() {
     let good = OrdersApi::start_at("good", free_addr(), &[]);
     let sick = OrdersApi::start_at("sick", free_addr(), &["--status", "500"]);
-    let body = format!(
-        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\n\
-         passive = {{ consecutive_failures = 2, eject = \"1h\" }}\n\
-         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
-        good.addr, sick.addr
+    let body = orders_over(
+        &[good.addr, sick.addr],
+        "passive = { consecutive_failures = 2, eject = \"1h\" }",
     );
     let gw = Gateway::start(&body);
     let c = client();
@@ -486,10 +494,9 @@ async fn a_retry_forwards_the_normalized_path() {
 #[tokio::test]
 async fn every_target_down_is_503_with_retry_after() {
     let dead = free_addr();
-    let body = format!(
-        "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{dead}\"]\n\
-         health_check = {{ type = \"tcp\", interval = \"1s\", timeout = \"200ms\", unhealthy_threshold = 1 }}\n\
-         [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n"
+    let body = orders_over(
+        &[dead],
+        "health_check = { type = \"tcp\", interval = \"1s\", timeout = \"200ms\", unhealthy_threshold = 1 }",
     );
     let gw = Gateway::start(&body);
     let c = client();
@@ -936,11 +943,12 @@ async fn a_target_failing_its_check_gets_no_request_from_either_balancer() {
     let a = OrdersApi::start_at("orders-a", free_addr(), &[]);
     let b = OrdersApi::start_at("orders-b", free_addr(), &["--status", "200"]);
     for balance in ["round_robin", "least_requests"] {
-        let body = format!(
-            "{DEMO_KEYS}\n[[upstreams]]\nname = \"orders\"\ntargets = [\"{}\", \"{}\"]\nbalance = \"{balance}\"\n\
-             health_check = {{ type = \"http\", path = \"/check\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 1, unhealthy_threshold = 1 }}\n\
-             [[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\n",
-            a.addr, b.addr
+        let body = orders_over(
+            &[a.addr, b.addr],
+            &format!(
+                "balance = \"{balance}\"\n\
+                 health_check = {{ type = \"http\", path = \"/check\", interval = \"100ms\", timeout = \"500ms\", healthy_threshold = 1, unhealthy_threshold = 1 }}"
+            ),
         );
         let gw = Gateway::start(&body);
         let c = client();

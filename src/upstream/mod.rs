@@ -277,7 +277,7 @@ impl Pool {
             .iter()
             .filter_map(|b| {
                 let i = info(b)?;
-                Some((i.clone(), backends.ready(b) && !i.state.ejected()))
+                Some((i.clone(), self.ready(backends, b) && !i.state.ejected()))
             })
             .collect()
     }
@@ -288,7 +288,7 @@ impl Pool {
         backends
             .get_backend()
             .iter()
-            .any(|b| backends.ready(b) && info(b).is_some_and(|i| usable(i, tried)))
+            .any(|b| self.ready(backends, b) && info(b).is_some_and(|i| usable(i, tried)))
     }
 
     /// Picks the target for an attempt: healthy, not ejected, not `tried` by this request.
