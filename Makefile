@@ -20,7 +20,7 @@ run: deps-build
 ## Install what the build and the tests need, then run every check and test.
 test: deps lint
 	$(CARGO) test --all-targets
-	$(CARGO) test -p pingora-http -p pingora-timeout --lib
+	$(CARGO) test -p http -p pingora-http -p pingora-timeout --lib
 
 lint:
 	$(CARGO) fmt --all -- --check
