@@ -33,6 +33,7 @@ wrk (one thread). The systems compared:
   fg-429          floodgate, every request over its limit (429)
   fg-log          floodgate, no rules, access log on (the shipped default) into a file
   fg-local-notop  fg-local with [server] top_clients = false (the cost of GET /top's tracking)
+  fg-429-notop    fg-429 with [server] top_clients = false (what /top's tracking costs a 429)
   fg-concurrency  floodgate, one local concurrency rule high enough to admit everything
   fg-trace-0      floodgate, no rules, [tracing] sample_ratio = 0 (every request gets a trace
                   context and an unsampled span; nothing exported)
@@ -760,6 +761,8 @@ auth = "none"
              rule("local", ["ip"], "local"), "", 200, "fg-none"),
             ("fg-429", "floodgate, every request over its limit (429)",
              rule("tiny", ["ip"], "local", limit=1, window='"1h"'), "", 429, "nginx-429"),
+            ("fg-429-notop", "floodgate, every request over its limit (429), top_clients = false",
+             rule("tiny", ["ip"], "local", limit=1, window='"1h"'), "", 429, "fg-429"),
             ("fg-concurrency", "floodgate, 1 local concurrency rule (admits all)",
              rule("inflight", ["ip"], "local", "concurrency", limit=100_000, window=None), "", 200, "fg-none"),
         ]
@@ -811,7 +814,7 @@ auth = "none"
                                 "floodgate", redis=bool(store), expect=expect, baseline=name, admin=vadmin))
 
         order = ["upstream", "nginx-limit", "envoy-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3", "fg-count", "fg-count-kept", "fg-count-lease",
-                 "nginx-429", "envoy-429", "pingora-429", "fg-429", "fg-concurrency",
+                 "nginx-429", "envoy-429", "pingora-429", "fg-429", "fg-429-notop", "fg-concurrency",
                  "fg-trace-0", "fg-trace-0.01", "fg-trace-1", "envoy-trace-1"]
         order.insert(order.index("envoy-limit") + 1, "envoy-rls")
         order = [n for k in order for n in [k] + [f"{k}@{v}" for v, _ in self.variants]]
@@ -1096,7 +1099,7 @@ auth = "none"
         w("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
         numbers = {"upstream": "1", "nginx-limit": "2", "pingora-bare": "3a", "pingora-contract": "3c", "fg-none": "3", "fg-log": "3b", "fg-local": "4",
                    "fg-local-notop": "4a", "fg-global1": "5", "fg-lease": "5a",
-                   "fg-global3": "6", "fg-count": "5c", "fg-count-kept": "5k", "nginx-429": "7", "pingora-429": "7a", "fg-429": "7", "fg-concurrency": "8"}
+                   "fg-global3": "6", "fg-count": "5c", "fg-count-kept": "5k", "nginx-429": "7", "pingora-429": "7a", "fg-429": "7", "fg-429-notop": "7b", "fg-concurrency": "8"}
         for n, s in self.systems.items():
             r = S[n]
             if s.skipped or not r:
