@@ -6,7 +6,7 @@ ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
 .PHONY: run test deps deps-build lint check-config bench bench-idle bench-deps
-.PHONY: bench-rls bench-limitador bench-protect bench-instructions
+.PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -78,6 +78,16 @@ bench-instructions: deps-build
 	@command -v valgrind >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx; }
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/instructions/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/instructions $(INSTR_ARGS)
+
+## The same instruction counts with the bare proxy built against Pingora 0.9.1 as published,
+## without the vendored patches floodgate links (docs/benchmarks.md, "Against Pingora as
+## published"): benches/stock is a package of its own, built into target/stock (its first build
+## about 8 minutes). Writes target/instructions-stock/.
+bench-stock: deps-build
+	@command -v valgrind >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx; }
+	cd benches/stock && CARGO_TARGET_DIR=$(CURDIR)/target/stock $(CARGO) build --release
+	$(CARGO) build --release --bin floodgate
+	python3 benches/instructions/run.py --floodgate target/release/floodgate --bare-proxy target/stock/release/bare-proxy-stock --out target/instructions-stock $(INSTR_ARGS)
 
 ## Adaptive concurrency with fair sharing (docs/benchmarks.md, "Protecting a slow upstream"): an
 ## upstream of 16 slots of 20 ms, one tenant flooding it with 128 connections and two quiet ones,
