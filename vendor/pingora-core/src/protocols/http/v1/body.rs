@@ -174,7 +174,12 @@ impl BodyReader {
     }
 
     fn prepare_buf(&mut self, buf_to_rewind: &[u8]) {
-        let mut body_buf = BytesMut::with_capacity(self.body_buf_size.max(buf_to_rewind.len()));
+        self.prepare_buf_of(buf_to_rewind, self.body_buf_size);
+    }
+
+    /// [`Self::prepare_buf`] with room for `capacity` bytes (at least the rewound ones).
+    fn prepare_buf_of(&mut self, buf_to_rewind: &[u8], capacity: usize) {
+        let mut body_buf = BytesMut::with_capacity(capacity.max(buf_to_rewind.len()));
         if !buf_to_rewind.is_empty() {
             self.rewind_buf_len = buf_to_rewind.len();
             // TODO: this is still 1 copy. Make it zero
@@ -246,7 +251,15 @@ impl BodyReader {
                 }
             }
             _ => {
-                self.prepare_buf(buf_to_rewind);
+                if buf_to_rewind.len() >= cl {
+                    // floodgate patch (PATCHES.md): the whole body came in with the head (a
+                    // small response): a buffer of its size, not of `body_buf_size` (64 KiB,
+                    // jemalloc's large-allocation path on every such response). No read
+                    // follows; a body that needs reads gets the full buffer as before.
+                    self.prepare_buf_of(buf_to_rewind, buf_to_rewind.len());
+                } else {
+                    self.prepare_buf(buf_to_rewind);
+                }
                 self.body_state = PS::Partial(0, cl);
             }
         }
