@@ -750,19 +750,23 @@ auth = "none"
             return (f'\n[[rules]]\nname = "{name}"\nmatch = {{}}\nkey = {json.dumps(key)}\n'
                     f'algorithm = "{algorithm}"\nlimit = {limit}\n{w}scope = "{scope}"\n{extra}')
 
+        # One rule each for the system and its -notop twin: a bucket admitting everything, and
+        # one of a token an hour (every request but the first answered 429).
+        local_rule = rule("local", ["ip"], "local")
+        refusing_rule = rule("tiny", ["ip"], "local", limit=1, window='"1h"')
         fg = [
             ("fg-none", "floodgate, no rules", "", "", 200,
              "pingora-bare" if self.systems.get("pingora-bare") and not self.systems["pingora-bare"].skipped
              else "upstream"),
-            ("fg-local", "floodgate, 1 local token-bucket rule", rule("local", ["ip"], "local"), "", 200, "fg-none"),
+            ("fg-local", "floodgate, 1 local token-bucket rule", local_rule, "", 200, "fg-none"),
             ("fg-log", "floodgate, no rules, access log on (the shipped default), to a file",
              "", "", 200, "fg-none"),
             ("fg-local-notop", "floodgate, 1 local token-bucket rule, top_clients = false",
-             rule("local", ["ip"], "local"), "", 200, "fg-none"),
+             local_rule, "", 200, "fg-none"),
             ("fg-429", "floodgate, every request over its limit (429)",
-             rule("tiny", ["ip"], "local", limit=1, window='"1h"'), "", 429, "nginx-429"),
+             refusing_rule, "", 429, "nginx-429"),
             ("fg-429-notop", "floodgate, every request over its limit (429), top_clients = false",
-             rule("tiny", ["ip"], "local", limit=1, window='"1h"'), "", 429, "fg-429"),
+             refusing_rule, "", 429, "fg-429"),
             ("fg-concurrency", "floodgate, 1 local concurrency rule (admits all)",
              rule("inflight", ["ip"], "local", "concurrency", limit=100_000, window=None), "", 200, "fg-none"),
         ]

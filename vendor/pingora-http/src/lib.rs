@@ -438,17 +438,11 @@ impl RequestHeader {
     /// downstream head to insert its own headers into the upstream copy, and a plain clone
     /// keeps no spare room, so the first insert reallocated both maps.
     pub fn clone_with_room(&self, additional: usize) -> Result<Self> {
-        let headers = self.base.headers.try_clone_with_room(additional).or_err(
-            InvalidHTTPHeader,
-            "header value map size overflows MAX_SIZE",
+        let (headers, header_name_map) = clone_maps_with_room(
+            &self.base.headers,
+            self.header_name_map.as_ref(),
+            additional,
         )?;
-        let header_name_map = match &self.header_name_map {
-            Some(map) => Some(
-                map.try_clone_with_room(additional)
-                    .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?,
-            ),
-            None => None,
-        };
         Ok(Self {
             base: req_parts_with(&self.base, headers),
             header_name_map,
@@ -533,17 +527,11 @@ impl ResponseHeader {
     /// filters and sends downstream is a clone of the one read from the upstream, and a plain
     /// clone keeps no spare room, so the first insert reallocated both maps.
     pub fn clone_with_room(&self, additional: usize) -> Result<Self> {
-        let headers = self.base.headers.try_clone_with_room(additional).or_err(
-            InvalidHTTPHeader,
-            "header value map size overflows MAX_SIZE",
+        let (headers, header_name_map) = clone_maps_with_room(
+            &self.base.headers,
+            self.header_name_map.as_ref(),
+            additional,
         )?;
-        let header_name_map = match &self.header_name_map {
-            Some(map) => Some(
-                map.try_clone_with_room(additional)
-                    .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?,
-            ),
-            None => None,
-        };
         Ok(Self {
             base: resp_parts_with(&self.base, headers),
             header_name_map,
@@ -903,6 +891,27 @@ fn parse_request_target(target: &[u8]) -> Result<ParsedRequestTarget> {
             Cow::Owned(_) => RawTarget::Lossy(target.into()),
         },
     })
+}
+
+/// The value map and the case map of a head, cloned with room for `additional` more headers
+/// each (floodgate patch, see PATCHES.md; the `clone_with_room` of requests and responses).
+fn clone_maps_with_room(
+    value_map: &HMap,
+    name_map: Option<&CaseMap>,
+    additional: usize,
+) -> Result<(HMap, Option<CaseMap>)> {
+    let values = value_map.try_clone_with_room(additional).or_err(
+        InvalidHTTPHeader,
+        "header value map size overflows MAX_SIZE",
+    )?;
+    let names = match name_map {
+        Some(map) => Some(
+            map.try_clone_with_room(additional)
+                .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?,
+        ),
+        None => None,
+    };
+    Ok((values, names))
 }
 
 fn clone_req_parts(me: &ReqParts) -> ReqParts {

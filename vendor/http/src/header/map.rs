@@ -817,37 +817,21 @@ impl<T> HeaderMap<T> {
             cap
         });
         entries.extend(self.entries.iter().cloned());
-        if !grow {
-            return Ok(HeaderMap {
-                mask: self.mask,
-                indices: self.indices.clone(),
-                entries,
-                extra_values: self.extra_values.clone(),
-                danger: self.danger.clone(),
-            });
-        }
+        let (mask, indices) = if grow {
+            let empty = vec![Pos::none(); new_raw_cap].into_boxed_slice();
+            (new_raw_cap.wrapping_sub(1) as Size, empty)
+        } else {
+            (self.mask, self.indices.clone())
+        };
         let mut map = HeaderMap {
-            mask: new_raw_cap.wrapping_sub(1) as Size,
-            indices: vec![Pos::none(); new_raw_cap].into_boxed_slice(),
+            mask,
+            indices,
             entries,
             extra_values: self.extra_values.clone(),
             danger: self.danger.clone(),
         };
-        // As `try_grow`: from the start of a cluster, so that no entry steals a bucket.
-        let first_ideal = self
-            .indices
-            .iter()
-            .enumerate()
-            .find_map(|(i, pos)| match pos.resolve() {
-                Some((_, hash)) if probe_distance(self.mask, hash, i) == 0 => Some(i),
-                _ => None,
-            })
-            .unwrap_or(0);
-        for &pos in &self.indices[first_ideal..] {
-            map.reinsert_entry_in_order(pos);
-        }
-        for &pos in &self.indices[..first_ideal] {
-            map.reinsert_entry_in_order(pos);
+        if grow {
+            map.reinsert_all_in_order(&self.indices, self.mask);
         }
         Ok(map)
     }
@@ -1864,12 +1848,30 @@ impl<T> HeaderMap<T> {
             return Err(MaxSizeReached::new());
         }
 
+        let old_mask = self.mask;
+        let old_indices = mem::replace(
+            &mut self.indices,
+            vec![Pos::none(); new_raw_cap].into_boxed_slice(),
+        );
+        self.mask = new_raw_cap.wrapping_sub(1) as Size;
+        self.reinsert_all_in_order(&old_indices, old_mask);
+
+        // Reserve additional entry slots
+        let more = self.capacity() - self.entries.len();
+        self.entries.reserve_exact(more);
+        Ok(())
+    }
+
+    /// Puts every entry of `old_indices` (an index of this map's entries under `old_mask`)
+    /// into `self.indices`, which is empty (floodgate patch, PATCHES.md: `try_grow`'s loop, also
+    /// used by `try_clone_with_room`).
+    fn reinsert_all_in_order(&mut self, old_indices: &[Pos], old_mask: Size) {
         // find first ideally placed element -- start of cluster
         let mut first_ideal = 0;
 
-        for (i, pos) in self.indices.iter().enumerate() {
+        for (i, pos) in old_indices.iter().enumerate() {
             if let Some((_, entry_hash)) = pos.resolve() {
-                if 0 == probe_distance(self.mask, entry_hash, i) {
+                if 0 == probe_distance(old_mask, entry_hash, i) {
                     first_ideal = i;
                     break;
                 }
@@ -1878,12 +1880,6 @@ impl<T> HeaderMap<T> {
 
         // visit the entries in an order where we can simply reinsert them
         // into self.indices without any bucket stealing.
-        let old_indices = mem::replace(
-            &mut self.indices,
-            vec![Pos::none(); new_raw_cap].into_boxed_slice(),
-        );
-        self.mask = new_raw_cap.wrapping_sub(1) as Size;
-
         for &pos in &old_indices[first_ideal..] {
             self.reinsert_entry_in_order(pos);
         }
@@ -1891,11 +1887,6 @@ impl<T> HeaderMap<T> {
         for &pos in &old_indices[..first_ideal] {
             self.reinsert_entry_in_order(pos);
         }
-
-        // Reserve additional entry slots
-        let more = self.capacity() - self.entries.len();
-        self.entries.reserve_exact(more);
-        Ok(())
     }
 
     #[inline]
