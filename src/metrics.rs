@@ -33,6 +33,9 @@ pub struct Metrics {
     pub store_evicting_policy: IntGauge,
     /// `floodgate_connections_open`: client connections open now.
     pub connections_open: IntGauge,
+    /// `floodgate_connections_total`: client connections admitted since start (each took a
+    /// slot under the caps; those refused are in `connections_refused`).
+    pub connections_total: IntCounter,
     /// `floodgate_connections_refused_total{reason}` (`max_connections`,
     /// `max_connections_per_ip`, and the rate-limit service's `rls_max_connections`,
     /// `rls_max_connections_per_ip`): connections closed at accept because a cap was reached.
@@ -107,6 +110,11 @@ fn counter_vec_at_zero(
         c.with_label_values(&[value]).inc_by(0);
     }
     c
+}
+
+fn int_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("static metric definition");
+    registered(registry, c)
 }
 
 fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
@@ -219,6 +227,11 @@ impl Metrics {
                 "floodgate_connections_open",
                 "Client connections open now.",
             ),
+            connections_total: int_counter(
+                r,
+                "floodgate_connections_total",
+                "Client connections admitted since start (refused ones are in floodgate_connections_refused_total).",
+            ),
             connections_refused: counter_vec_at_zero(
                 r,
                 "floodgate_connections_refused_total",
@@ -292,29 +305,20 @@ impl Metrics {
                 "how",
                 &["refused", "evicted"],
             ),
-            access_log_dropped: registered(
+            access_log_dropped: int_counter(
                 r,
-                IntCounter::new(
-                    "floodgate_access_log_dropped_total",
-                    "Access log lines dropped because the log writer fell behind (its queue was full).",
-                )
-                .expect("static metric definition"),
+                "floodgate_access_log_dropped_total",
+                "Access log lines dropped because the log writer fell behind (its queue was full).",
             ),
-            trace_spans_dropped: registered(
+            trace_spans_dropped: int_counter(
                 r,
-                IntCounter::new(
-                    "floodgate_trace_spans_dropped_total",
-                    "Finished trace spans dropped: the export queue was full, or the collector failed or timed out.",
-                )
-                .expect("static metric definition"),
+                "floodgate_trace_spans_dropped_total",
+                "Finished trace spans dropped: the export queue was full, or the collector failed or timed out.",
             ),
-            store_coalesced: registered(
+            store_coalesced: int_counter(
                 r,
-                IntCounter::new(
-                    "floodgate_store_coalesced_decisions_total",
-                    "Admitted decisions of global rules made by a batch call: requests that queued behind a call of their counter and were decided together.",
-                )
-                .expect("static metric definition"),
+                "floodgate_store_coalesced_decisions_total",
+                "Admitted decisions of global rules made by a batch call: requests that queued behind a call of their counter and were decided together.",
             ),
             registry: registry.clone(),
         }

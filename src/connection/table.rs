@@ -17,8 +17,8 @@ use crate::metrics::metrics;
 pub struct ConnectionTable {
     open: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
-    /// Not counted in `floodgate_connections_open` (the rate-limit service's table: that
-    /// gauge is the proxy's client connections).
+    /// Not counted in `floodgate_connections_open` and `floodgate_connections_total` (the
+    /// rate-limit service's table: those are the proxy's client connections).
     uncounted: bool,
 }
 
@@ -100,7 +100,8 @@ impl ConnectionTable {
         self.admit_within(ip, max, limits.max_per_ip)
     }
 
-    /// A table not counted in `floodgate_connections_open` (the rate-limit service's).
+    /// A table not counted in `floodgate_connections_open` and `_total` (the rate-limit
+    /// service's).
     pub fn uncounted() -> Arc<Self> {
         Arc::new(ConnectionTable {
             uncounted: true,
@@ -130,7 +131,9 @@ impl ConnectionTable {
         *n += 1;
         drop(per_ip);
         if !self.uncounted {
-            metrics().connections_open.inc();
+            let m = metrics();
+            m.connections_total.inc();
+            m.connections_open.inc();
         }
         Ok(Slot {
             table: self.clone(),
