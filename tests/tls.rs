@@ -142,25 +142,8 @@ async fn stalled_handshakes_take_slots_and_end_at_header_timeout() {
     let metrics_url = gw.admin_url("/metrics");
 
     // The start-up probe's connection (from the same IP, to the plain listener) must have
-    // come and gone before the four stalls take the per-IP cap. Its connect succeeds once the
-    // port is bound, which can be before that listener's accept loop runs, so an open count
-    // of 0 alone may be read before the probe is even admitted (it would then be refused,
-    // or take a stall's slot): wait for it to be counted as admitted, then closed.
-    eventually(
-        Duration::from_secs(10),
-        "the probe connection admitted and closed",
-        || {
-            let c = c.clone();
-            let url = metrics_url.clone();
-            async move {
-                let m = get_text(&c, &url).await;
-                let admitted = metric_value(&m, "floodgate_connections_total");
-                let open = metric_value(&m, "floodgate_connections_open");
-                (admitted >= Some(1.0) && open == Some(0.0)).then_some(())
-            }
-        },
-    )
-    .await;
+    // come and gone before the four stalls take the per-IP cap.
+    probe_connection_gone(&gw).await;
     let started = Instant::now();
     let mut stalls = Vec::new();
     for sent in [&[][..], &hello[..hello.len() / 2], &hello[..], &hello[..]] {

@@ -484,6 +484,30 @@ where
     }
 }
 
+/// Waits until the gateway has admitted the start-up probe's connection (the harness's
+/// connect to the proxy port, from 127.0.0.1) and seen it close, so that it takes no slot a
+/// test counts on. The probe's connect succeeds as soon as the port is bound, which can be
+/// before the listener's accept loop runs: an open count of 0 alone may be read before the
+/// probe is even admitted.
+pub async fn probe_connection_gone(gw: &Gateway) {
+    let c = client();
+    let url = gw.admin_url("/metrics");
+    eventually(
+        Duration::from_secs(10),
+        "the probe connection admitted and closed",
+        || {
+            let (c, url) = (c.clone(), url.clone());
+            async move {
+                let m = get_text(&c, &url).await;
+                let admitted = metric_value(&m, "floodgate_connections_total");
+                let open = metric_value(&m, "floodgate_connections_open");
+                (admitted >= Some(1.0) && open == Some(0.0)).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
 /// The value of one series in a Prometheus text exposition: the line `series value`, where
 /// `series` is the name with its labels as exposed (`name{a="x",b="y"}`, labels in name
 /// order). `None` when the series is not there.
