@@ -313,7 +313,11 @@ impl Answer {
     /// The response header, Content-Length set for `body_len` bytes of body.
     pub fn header(&self, request_id: &HeaderValue, body_len: usize) -> Result<ResponseHeader> {
         let ratelimit = self.ratelimit.as_ref().map_or(0, RateLimitHeaders::count);
-        let mut resp = ResponseHeader::build(self.status(), Some(6 + ratelimit))?;
+        // Without Pingora's case map: each field goes into one map, not two, and is written
+        // in lowercase (Pingora titles the standard Content-Type, Content-Length and
+        // Cache-Control), as HTTP/2 and Envoy spell fields. Names are case-insensitive; on the
+        // 429 path, the answer an attack is served, this is 7% of its instructions.
+        let mut resp = ResponseHeader::build_no_case(self.status(), Some(6 + ratelimit))?;
         names::CONTENT_TYPE.set_response(&mut resp, HeaderValue::from_static(PROBLEM_JSON))?;
         names::CONTENT_LENGTH.set_response(&mut resp, number_value(body_len as u64))?;
         names::CACHE_CONTROL.set_response(&mut resp, HeaderValue::from_static("no-store"))?;
