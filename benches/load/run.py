@@ -1245,7 +1245,7 @@ auth = "none"
             out.append(f"`fg-none` throughput ≥ 0.92× `pingora-bare` (floodgate no rules / bare Pingora): "
                        f"{r:.2f}× — {verdict(r >= 0.92)}")
             if S.get("fg-local"):
-                r = S["fg-local"]["rps"] / S["pingora-bare"]["rps"]
+                r = S["fg-local"]["rps"] / own["pingora_bare_rps"]
                 out.append(f"`fg-local` throughput ≥ 0.90× `pingora-bare` (one local rule / bare Pingora): "
                            f"{r:.2f}× — {verdict(r >= 0.9)}")
             c, bare = S.get("pingora-contract"), S.get("pingora-bare")
