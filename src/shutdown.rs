@@ -26,7 +26,7 @@
 //! not been finished: the proxy holds one [`InFlightGuard`] per request (in its per-request
 //! context), taken from [`requests`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::metrics::shards::ShardedU64;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -43,10 +43,11 @@ const POLL: Duration = Duration::from_millis(20);
 /// the last response bytes leave (an HTTP/2 connection writes them from its own task).
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// A count of requests in flight. Cloning shares the count.
+/// A count of requests in flight. Cloning shares the count. It is kept in per-thread shards
+/// ([`ShardedU64`]): every request moves it twice, only a drain reads it.
 #[derive(Debug, Clone, Default)]
 pub struct InFlight {
-    count: Arc<AtomicUsize>,
+    count: Arc<ShardedU64>,
 }
 
 impl InFlight {
@@ -56,18 +57,28 @@ impl InFlight {
     }
 
     /// Counts one request in until the returned guard is dropped. Call it when a request
-    /// starts (the proxy does so when it creates the request's context) and keep the guard as
-    /// long as the request is being answered.
+    /// starts and keep the guard as long as the request is being answered.
     pub fn enter(&self) -> InFlightGuard {
-        self.count.fetch_add(1, Ordering::AcqRel);
+        self.count.inc_by(1);
         InFlightGuard {
-            count: self.count.clone(),
+            count: Held::Shared(self.count.clone()),
+        }
+    }
+
+    /// [`InFlight::enter`] on a count that lives as long as the process ([`requests`]): the
+    /// guard borrows the count instead of holding a clone of its `Arc`, whose shared
+    /// reference count every request on every thread would otherwise move twice more.
+    pub fn enter_static(&'static self) -> InFlightGuard {
+        self.count.inc_by(1);
+        InFlightGuard {
+            count: Held::Borrowed(&self.count),
         }
     }
 
     /// How many requests are in flight now.
     pub fn count(&self) -> usize {
-        self.count.load(Ordering::Acquire)
+        // The shards add up to a count that is never negative as a whole.
+        usize::try_from(self.count.get()).unwrap_or(usize::MAX)
     }
 }
 
@@ -75,12 +86,22 @@ impl InFlight {
 #[derive(Debug)]
 #[must_use = "the request counts as in flight only while the guard is held"]
 pub struct InFlightGuard {
-    count: Arc<AtomicUsize>,
+    count: Held,
+}
+
+/// The count a guard holds.
+#[derive(Debug)]
+enum Held {
+    Borrowed(&'static ShardedU64),
+    Shared(Arc<ShardedU64>),
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
+        match &self.count {
+            Held::Borrowed(c) => c.dec_by(1),
+            Held::Shared(c) => c.dec_by(1),
+        }
     }
 }
 

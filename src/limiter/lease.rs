@@ -31,7 +31,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts};
+use prometheus::{HistogramOpts, IntCounterVec, Opts};
+
+use crate::metrics::shards::Histogram;
 use tokio::sync::watch;
 
 use super::store::{Grant, Return};

@@ -9,7 +9,6 @@
 //! (access log; concurrency slots released when the context drops).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,7 +30,7 @@ use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError,
 use crate::request::header_names as names;
 use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
-use crate::upstream::{Pool, TargetInfo, TargetState};
+use crate::upstream::{Pool, TargetInfo};
 
 /// The proxy service.
 pub struct Proxy {
@@ -60,16 +59,15 @@ pub struct RequestCtx {
     forward_host: Option<String>,
     attempts: usize,
     upstream_start: Option<Instant>,
-    /// The upstream target of the current attempt.
-    target: Option<Arc<TargetInfo>>,
+    /// The upstream target of the current attempt, counted in its in-flight requests until
+    /// the next attempt replaces it or the context drops.
+    target: Option<Attempt>,
     /// The pool `target` was chosen from (this config generation's), kept so that the
     /// response's accounting does not look it up again.
     pool: Option<Arc<Pool>>,
     /// Targets this request has tried: a retry always goes to another (inline: most requests
     /// try one).
     tried: SmallVec<[SocketAddr; 2]>,
-    /// Counts the attempt in its target's in-flight requests (least_requests, /upstreams).
-    target_in_flight: Option<InFlight>,
     /// When the upstream's total `timeout` runs out.
     deadline: Option<Instant>,
     /// Whether the upstream's response header arrived (no retry after that).
@@ -134,7 +132,6 @@ impl ProxyHttp for Proxy {
             target: None,
             pool: None,
             tried: SmallVec::new(),
-            target_in_flight: None,
             deadline: None,
             responded: false,
             no_healthy: None,
@@ -144,7 +141,7 @@ impl ProxyHttp for Proxy {
             slow: None,
             protect: None,
             trace: None,
-            _in_flight: crate::shutdown::requests().enter(),
+            _in_flight: crate::shutdown::requests().enter_static(),
         }
     }
 
@@ -294,7 +291,6 @@ impl ProxyHttp for Proxy {
         };
         ctx.tried.push(target.addr);
         ctx.responded = false;
-        ctx.target_in_flight = Some(InFlight::enter(&target.state));
         let mut peer = crate::upstream::tls::peer(settings, &target, budget, pool.group_key);
         if session.is_upgrade_req() {
             // A tunnel-to-be: its reads are timed by tunnel_timeout, not read_timeout and the
@@ -305,7 +301,7 @@ impl ProxyHttp for Proxy {
             // Read the upstream no faster, and in no bigger pieces, than the client is served.
             crate::request::throttle::narrow(&mut peer, slow.slowed.rate);
         }
-        ctx.target = Some(target);
+        ctx.target = Some(Attempt::enter(target));
         ctx.pool = Some(pool);
         Ok(Box::new(peer))
     }
@@ -732,20 +728,30 @@ static NO_ROUTE_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|
 /// `floodgate_requests_total{route="-"}`: requests no route matched.
 static NO_ROUTE: crate::metrics::RouteRequests = crate::metrics::RouteRequests::new();
 
-/// One attempt counted in its target's in-flight requests until dropped (the next attempt
-/// replaces it; the context's end drops it).
-struct InFlight(Arc<TargetState>);
+/// One attempt's target, counted in the target's in-flight requests (least_requests,
+/// /upstreams) until dropped (the next attempt replaces it; the context's end drops it). It
+/// holds the target's `Arc` the attempt was chosen with: a second handle for the count would
+/// move the `Arc`'s shared reference count twice more per request.
+struct Attempt(Arc<TargetInfo>);
 
-impl InFlight {
-    fn enter(state: &Arc<TargetState>) -> InFlight {
-        state.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(state.clone())
+impl Attempt {
+    fn enter(target: Arc<TargetInfo>) -> Attempt {
+        target.state.in_flight.inc_by(1);
+        Attempt(target)
     }
 }
 
-impl Drop for InFlight {
+impl std::ops::Deref for Attempt {
+    type Target = Arc<TargetInfo>;
+
+    fn deref(&self) -> &Arc<TargetInfo> {
+        &self.0
+    }
+}
+
+impl Drop for Attempt {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.state.in_flight.dec_by(1);
     }
 }
 

@@ -30,7 +30,7 @@ pub fn humantime(d: std::time::Duration) -> String {
 pub fn push_hex16(out: &mut String, n: u64) {
     let mut digits = [0u8; 16];
     hex16_into(&mut digits, n);
-    out.extend(digits.iter().map(|&b| char::from(b)));
+    push_ascii(out, &digits);
 }
 
 /// Writes `n` as 16 lowercase hex digits into `out` (16 bytes; fewer are left as they are).
@@ -45,7 +45,17 @@ pub fn hex16_into(out: &mut [u8], n: u64) {
 pub fn push_u64(out: &mut String, n: u64) {
     let mut digits = [0u8; 20];
     let at = u64_digits(&mut digits, n);
-    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    push_ascii(out, &digits[at..]);
+}
+
+/// Appends digits, which are ASCII, in one copy: extending a `String` char by char encodes and
+/// checks room for each (twice the instructions of the digits' own arithmetic).
+fn push_ascii(out: &mut String, digits: &[u8]) {
+    // Only the digit writers above call this, with ASCII digits; should that ever change,
+    // nothing is appended rather than invalid UTF-8.
+    if let Ok(text) = std::str::from_utf8(digits) {
+        out.push_str(text);
+    }
 }
 
 /// Writes `n` in decimal at the end of `digits`; returns where the digits begin (they are

@@ -11,14 +11,16 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{HistogramOpts, IntGaugeVec, Opts};
+
+use crate::metrics::shards::{Counter, CounterVec, Histogram, HistogramVec};
 
 /// The upstream metric families.
 pub struct UpstreamMetrics {
     /// `floodgate_upstream_target_healthy{upstream,target}`.
     pub healthy: IntGaugeVec,
     /// `floodgate_upstream_target_responses_total{upstream,target,class}`.
-    pub responses: IntCounterVec,
+    pub responses: CounterVec,
     /// `floodgate_upstream_target_duration_seconds{upstream,target}`.
     pub seconds: HistogramVec,
 }
@@ -34,7 +36,7 @@ pub fn upstream_metrics() -> &'static UpstreamMetrics {
             &["upstream", "target"],
         )
         .expect("static metric definition");
-        let responses = IntCounterVec::new(
+        let responses = CounterVec::new(
             Opts::new(
                 "floodgate_upstream_target_responses_total",
                 "Attempts sent to an upstream target, by outcome class (2xx, 3xx, 4xx, 5xx, error).",
@@ -42,7 +44,7 @@ pub fn upstream_metrics() -> &'static UpstreamMetrics {
             &["upstream", "target", "class"],
         )
         .expect("static metric definition");
-        let seconds = HistogramVec::new(
+        let seconds = crate::metrics::shards::histogram_vec(
             HistogramOpts::new(
                 "floodgate_upstream_target_duration_seconds",
                 "Time from sending a request to an upstream target to its response header.",
@@ -83,8 +85,8 @@ pub fn class(status: u16) -> &'static str {
 /// handles it holds instead of hashing labels per request).
 pub struct TargetMetrics {
     /// By class: `1xx`, `2xx`, `3xx`, `4xx`, `5xx`, `error`.
-    classes: [prometheus::IntCounter; 6],
-    seconds: prometheus::Histogram,
+    classes: [Counter; 6],
+    seconds: Histogram,
 }
 
 impl std::fmt::Debug for TargetMetrics {

@@ -64,8 +64,9 @@ pub struct TargetInfo {
 /// A target's live state: in-flight requests, passive failures, the last active check.
 #[derive(Debug, Default)]
 pub struct TargetState {
-    /// Requests sent to it and not finished.
-    pub in_flight: AtomicUsize,
+    /// Requests sent to it and not finished, in per-thread shards: every proxied request
+    /// moves it twice, only least_requests and `/upstreams` read it.
+    pub in_flight: crate::metrics::shards::ShardedU64,
     /// 5xx answers, connect failures and timeouts in a row (passive outlier detection).
     failures: AtomicU32,
     /// Milliseconds since [`epoch`] until which it is ejected (0: not ejected).
@@ -191,7 +192,7 @@ pub struct Pool {
     /// Separates this upstream's pooled connections from every other's (see [`tls::peer`]).
     pub group_key: u64,
     /// `floodgate_upstream_duration_seconds{upstream}`, resolved once (not per request).
-    pub duration: prometheus::Histogram,
+    pub duration: crate::metrics::shards::Histogram,
     /// The adaptive concurrency limit and fair queue (`[upstreams.protect]`), kept across
     /// reloads.
     pub protect: Option<Arc<protect::Guard>>,
@@ -377,7 +378,7 @@ impl Pool {
             if !self.ready(backends, b) || !usable(i, tried) {
                 continue;
             }
-            let load = i.state.in_flight.load(Ordering::Relaxed) * 1000 / b.weight.max(1);
+            let load = i.state.in_flight.get() as usize * 1000 / b.weight.max(1);
             if best.is_none_or(|(l, _)| load < l) {
                 best = Some((load, i));
             }
@@ -567,7 +568,7 @@ pub fn status_json(pools: impl IntoIterator<Item = Arc<Pool>>) -> serde_json::Va
                                 "addr": i.addr.to_string(),
                                 "healthy": up,
                                 "ejected": i.state.ejected(),
-                                "in_flight": i.state.in_flight.load(Ordering::Relaxed),
+                                "in_flight": i.state.in_flight.get(),
                                 "last_check": check.map(|c| serde_json::json!({
                                     "ok": c.ok,
                                     "error": (!c.ok).then_some(c.error),
@@ -665,11 +666,11 @@ mod tests {
         let a = pool.select(b"", &[]).unwrap();
         let b = pool.select(b"", &[]).unwrap();
         assert_ne!(a.addr, b.addr, "ties rotate");
-        a.state.in_flight.fetch_add(3, Ordering::Relaxed);
+        a.state.in_flight.inc_by(3);
         for _ in 0..5 {
             assert_eq!(pool.select(b"", &[]).unwrap().addr, b.addr);
         }
-        a.state.in_flight.fetch_sub(3, Ordering::Relaxed);
+        a.state.in_flight.dec_by(3);
     }
 
     #[test]

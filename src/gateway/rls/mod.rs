@@ -43,7 +43,7 @@ impl RateLimitService for Rls {
     ) -> Result<Response<RateLimitResponse>, Status> {
         // A graceful stop (SIGTERM, an upgrade's end) waits for the calls in flight as it
         // does for proxied requests.
-        let _in_flight = crate::shutdown::requests().enter();
+        let _in_flight = crate::shutdown::requests().enter_static();
         let trace = self.trace(&request);
         let req = request.into_inner();
         let answered = self.answer(&req, trace.as_deref()).await;

@@ -1,20 +1,26 @@
 //! Prometheus metrics: one process-wide registry, names prefixed `floodgate_`.
 //!
 //! Per-rule counters are resolved once when a config is loaded (see [`RuleCounters`]), so the
-//! request path increments a counter it already holds instead of looking labels up.
+//! request path increments a counter it already holds instead of looking labels up. What every
+//! proxied request writes (its route's count, the decision and upstream latencies) is kept in
+//! per-thread shards ([`shards`]).
+
+pub mod shards;
 
 use std::sync::{Arc, LazyLock, OnceLock};
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
+
+use shards::{Counter, CounterVec, Histogram, HistogramVec};
 
 /// Every metric floodgate exports.
 pub struct Metrics {
     registry: Registry,
     /// `floodgate_requests_total{route,status}`.
-    pub requests: IntCounterVec,
+    pub requests: CounterVec,
     /// `floodgate_ratelimit_decisions_total{rule,result}`.
     pub decisions: IntCounterVec,
     /// `floodgate_failure_mode_decisions_total{rule,mode}`.
@@ -125,7 +131,7 @@ fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 /// A latency histogram over [`BUCKETS`], by `labels`.
 fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
     let opts = HistogramOpts::new(name, help).buckets(BUCKETS.to_vec());
-    let h = HistogramVec::new(opts, labels).expect("static metric definition");
+    let h = shards::histogram_vec(opts, labels).expect("static metric definition");
     registered(registry, h)
 }
 
@@ -204,11 +210,16 @@ impl Metrics {
             circuit_state,
             store_node_breaker_state,
             store_evicting_policy,
-            requests: counter_vec(
+            requests: registered(
                 r,
-                "floodgate_requests_total",
-                "Requests answered, by route and status.",
-                &["route", "status"],
+                CounterVec::new(
+                    Opts::new(
+                        "floodgate_requests_total",
+                        "Requests answered, by route and status.",
+                    ),
+                    &["route", "status"],
+                )
+                .expect("static metric definition"),
             ),
             decisions: counter_vec(
                 r,
@@ -344,34 +355,41 @@ impl Metrics {
 
 /// `floodgate_requests_total{route,status}` of one route, resolved per status on first use and
 /// kept: the request path then finds its counter by a short scan instead of hashing both
-/// labels and taking the registry's lock (`with_label_values`) for every request.
+/// labels and taking the registry's lock (`with_label_values`) for every request. The list is
+/// read through [`arc_swap`], whose loads write nothing another thread reads (a lock's reader
+/// count would be a shared write per request).
 #[derive(Debug, Default)]
 pub struct RouteRequests {
-    by_status: parking_lot::RwLock<Vec<(u16, IntCounter)>>,
+    by_status: arc_swap::ArcSwapOption<Vec<(u16, Counter)>>,
 }
 
 impl RouteRequests {
     /// No series resolved yet (a `static` can hold one).
     pub const fn new() -> RouteRequests {
         RouteRequests {
-            by_status: parking_lot::const_rwlock(Vec::new()),
+            by_status: arc_swap::ArcSwapOption::const_empty(),
         }
     }
 
     /// Counts one request of `route` answered with `status`.
     pub fn inc(&self, route: &str, status: u16) {
-        if let Some((_, c)) = self.by_status.read().iter().find(|(s, _)| *s == status) {
-            c.inc();
-            return;
+        if let Some(known) = &*self.by_status.load() {
+            if let Some((_, c)) = known.iter().find(|(s, _)| *s == status) {
+                c.inc();
+                return;
+            }
         }
         let mut digits = String::with_capacity(3);
         crate::text::push_u64(&mut digits, u64::from(status));
         let counter = metrics().requests.with_label_values(&[route, &digits]);
         counter.inc();
-        let mut by_status = self.by_status.write();
-        if !by_status.iter().any(|(s, _)| *s == status) {
-            by_status.push((status, counter));
-        }
+        self.by_status.rcu(|known| {
+            let mut list = known.as_deref().cloned().unwrap_or_default();
+            if !list.iter().any(|(s, _)| *s == status) {
+                list.push((status, counter.clone()));
+            }
+            Some(Arc::new(list))
+        });
     }
 }
 
