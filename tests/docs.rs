@@ -40,9 +40,9 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// Metric names registered in src/metrics.rs (string literals starting with floodgate_).
+/// Metric names registered in src/metrics/mod.rs (string literals starting with floodgate_).
 fn registered() -> BTreeSet<String> {
-    let src = read("src/metrics.rs");
+    let src = read("src/metrics/mod.rs");
     src.split('"')
         .skip(1)
         .step_by(2)
