@@ -100,8 +100,14 @@ impl RequestCtx {
     }
 
     fn upstream(&self) -> Option<&Arc<Upstream>> {
-        Some(&self.route()?.upstream)
+        route_upstream(&self.config, self.route)
     }
+}
+
+/// The upstream of route `route` in `config`: [`RequestCtx::upstream`] from the two fields
+/// alone, for a caller that sets other fields of the context while it holds the upstream.
+fn route_upstream(config: &Option<Arc<Config>>, route: Option<usize>) -> Option<&Arc<Upstream>> {
+    Some(&config.as_ref()?.routes.get(route?)?.upstream)
 }
 
 #[async_trait]
@@ -255,9 +261,10 @@ impl ProxyHttp for Proxy {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let upstream = ctx
-            .upstream()
-            .cloned()
+        // Borrowed through the context's fields (not `ctx.upstream()`, which would borrow the
+        // whole context), so that the context's other fields can still be set below without
+        // a clone of the upstream's `Arc`: its reference count is written by every thread.
+        let upstream = route_upstream(&ctx.config, ctx.route)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
         let settings = &upstream.settings;
         let now = Instant::now();
