@@ -334,11 +334,11 @@ fn smoke() {
     let applied = header_rules();
     let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (&*r.policy, d)), true);
     assert_eq!(
-        h.policy,
+        h.policy(),
         "\"per-ip-flood\";q=100;w=60, \"orders-per-key\";q=100;w=60, \"exports\";q=100"
     );
     assert_eq!(
-        h.state,
+        h.state(),
         "\"per-ip-flood\";r=1999;t=3, \"orders-per-key\";r=17;t=3, \"exports\";r=1;t=3"
     );
     assert_eq!(h.legacy, Some((100, 1, 3)));

@@ -1028,18 +1028,18 @@ proptest! {
         );
         let shown: Vec<&Applied> = applied.iter().filter(|a| a.headers).collect();
         if shown.is_empty() {
-            prop_assert!(h.policy.is_empty() && h.state.is_empty());
+            prop_assert!(h.policy().is_empty() && h.state().is_empty());
             prop_assert!(h.legacy.is_none());
             return Ok(());
         }
         // Both are valid header values (visible ASCII and spaces only) ...
-        for field in [&h.policy, &h.state] {
+        for field in [h.policy(), h.state()] {
             prop_assert!(HeaderValue::from_str(field).is_ok(), "{:?}", field);
             prop_assert!(field.bytes().all(|b| (0x20..0x7f).contains(&b)), "{:?}", field);
         }
         // ... and lists with one member per shown rule, in order, with sf-integers.
-        let policy = parse_members(&h.policy);
-        let state = parse_members(&h.state);
+        let policy = parse_members(h.policy());
+        let state = parse_members(h.state());
         prop_assert_eq!(policy.len(), shown.len());
         prop_assert_eq!(state.len(), shown.len());
         for ((a, (pname, pparams)), (sname, sparams)) in shown.iter().zip(&policy).zip(&state) {
@@ -1096,13 +1096,13 @@ fn ratelimit_fields_escape_names_and_cap_numbers() {
     let rule = rule_of(&a);
     let h = RateLimitHeaders::build(std::iter::once((&rule, &a.decision)), false);
     assert_eq!(
-        h.policy,
+        h.policy(),
         "\"caf%C3%A9 %F0%9F%98%80\";q=999999999999999;w=60"
     );
     assert_eq!(
-        h.state,
+        h.state(),
         "\"caf%C3%A9 %F0%9F%98%80\";r=999999999999999;t=999999999999999"
     );
-    parse_members(&h.policy);
-    parse_members(&h.state);
+    parse_members(h.policy());
+    parse_members(h.state());
 }

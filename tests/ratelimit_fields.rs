@@ -130,3 +130,44 @@ fn a_rule_that_did_not_reject_shows_what_it_really_has_left() {
     assert!(next.starts_with("HTTP/1.1 200"), "{next}");
     assert_eq!(fields(&next)["bucket"].0, 8, "{next}");
 }
+
+/// An upstream that answers every request on its connections with `103 Early Hints` and then
+/// `200`.
+fn early_hints_upstream() -> std::net::SocketAddr {
+    raw_upstream(|mut conn| {
+        use std::io::Write;
+        while read_head(&mut conn) {
+            let answer = "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n\
+                          HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            if conn.write_all(answer.as_bytes()).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The final response after an informational one still carries the RateLimit fields (the
+/// informational one, where it is passed on, gets them too): the fields are handed to the
+/// final response, and copied onto any before it.
+#[test]
+fn a_response_after_early_hints_keeps_the_ratelimit_fields() {
+    let upstream = early_hints_upstream();
+    let body = format!(
+        "{}\n[[routes]]\nname = \"hints\"\nmatch = {{ path_prefix = \"/hints\" }}\nupstream = \"orders\"\nauth = \"none\"\n{}",
+        orders_upstream(&[upstream]),
+        rule("hinted", "/hints", "fixed_window", "limit = 100\nwindow = \"60s\""),
+    );
+    let gw = Gateway::start(&body);
+    for n in 1..=2i64 {
+        let answer = http_get_raw(gw.addr, "/hints", Duration::from_secs(10)).unwrap();
+        let last = answer
+            .rfind("HTTP/1.1 ")
+            .unwrap_or_else(|| panic!("no status line in {answer}"));
+        let (before, fin) = answer.split_at(last);
+        assert!(fin.starts_with("HTTP/1.1 200"), "{answer}");
+        assert_eq!(fields(fin)["hinted"].0, 100 - n, "{answer}");
+        if before.starts_with("HTTP/1.1 103") {
+            assert_eq!(fields(before)["hinted"].0, 100 - n, "{answer}");
+        }
+    }
+}

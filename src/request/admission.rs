@@ -334,7 +334,7 @@ fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
             rules,
         } => {
             let secs = whole_seconds_at_least_one(retry_after);
-            let mut problem = Problem::rate_limited(status, &rules, secs);
+            let mut problem = Problem::rate_limited(status, rules, secs);
             problem.request_id = Some(id.to_string());
             let mut answer = problem.answer();
             answer.ratelimit = Some(ratelimit);
@@ -342,7 +342,7 @@ fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
         }
         Verdict::Unavailable { retry_after, rules } => {
             let secs = whole_seconds_at_least_one(retry_after);
-            let mut problem = Problem::limiter_unavailable(&rules, secs);
+            let mut problem = Problem::limiter_unavailable(rules, secs);
             problem.request_id = Some(id.to_string());
             Next::Answer(Box::new(problem.answer()))
         }

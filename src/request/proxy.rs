@@ -52,7 +52,9 @@ pub struct RequestCtx {
     peer: IpAddr,
     tls: bool,
     headers: Option<RateLimitHeaders>,
-    rejected_by: Option<String>,
+    /// floodgate's own answer, when it made one that names the rules that refused the
+    /// request (kept for the access log's `rejected_by`).
+    refusal: Option<Box<Answer>>,
     /// The target to forward with the normalized path, when it differs from the client's.
     forward_target: Option<http::Uri>,
     /// The Host to forward when the client sent an absolute-form target.
@@ -130,7 +132,7 @@ impl ProxyHttp for Proxy {
             peer: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             tls: false,
             headers: None,
-            rejected_by: None,
+            refusal: None,
             forward_target: None,
             forward_host: None,
             attempts: 0,
@@ -242,15 +244,16 @@ impl ProxyHttp for Proxy {
                 };
                 let mut answer = problem.answer();
                 answer.close = true;
-                Box::pin(self.send(session, ctx, &answer)).await?;
+                Box::pin(self.send(session, &ctx.request_id, &mut answer)).await?;
                 Ok(true)
             }
-            Next::Answer(mut answer) => {
-                // Only admission's answers name rules that refused the request.
-                ctx.rejected_by = answer.rejected_by.take();
+            Next::Answer(answer) => {
+                // Only admission's answers name rules that refused the request: kept for the
+                // access log, which joins their names if it writes a line.
+                let answer = &mut **ctx.refusal.insert(answer);
                 // Boxed: Pingora's write futures are large, and inline they would make every
                 // request's `request_filter` future (allocated and moved per request) larger.
-                Box::pin(self.send(session, ctx, &answer)).await?;
+                Box::pin(self.send(session, &ctx.request_id, answer)).await?;
                 Ok(true)
             }
         }
@@ -603,10 +606,17 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let ratelimit = ctx.headers.as_ref().map_or(0, |h| h.count());
+        // The final response takes the fields' values; an informational one (100, 101)
+        // before it gets a copy.
+        let headers = if resp.status.is_informational() {
+            ctx.headers.clone()
+        } else {
+            ctx.headers.take()
+        };
+        let ratelimit = headers.as_ref().map_or(0, RateLimitHeaders::count);
         resp.reserve_headers(1 + ratelimit)?;
         names::X_REQUEST_ID.set_response(resp, ctx.request_id.header_value().clone())?;
-        if let Some(h) = &ctx.headers {
+        if let Some(h) = headers {
             h.apply(resp)?;
         }
         Ok(())
@@ -640,7 +650,7 @@ impl ProxyHttp for Proxy {
             // Pingora will not reuse this connection: say so, or a keep-alive client may send
             // its next request into a socket that is being closed.
             answer.close = true;
-            if let Err(err) = self.send(session, ctx, &answer).await {
+            if let Err(err) = self.send(session, &ctx.request_id, &mut answer).await {
                 tracing::debug!(error = %err, "could not send the error response");
             }
         }
@@ -692,7 +702,7 @@ impl ProxyHttp for Proxy {
             client_ip: ctx.client_ip,
             rejected_by: match &ctx.slow {
                 Some(t) => Some(t.slowed.rules.clone()),
-                None => ctx.rejected_by.clone(),
+                None => ctx.refusal.as_ref().and_then(|a| a.rejected_by()),
             },
             slowed: ctx.slow.is_some(),
             request_id: ctx.request_id.clone(),
@@ -707,12 +717,17 @@ impl ProxyHttp for Proxy {
 
 impl Proxy {
     /// Writes an answer floodgate makes itself (a problem+json document with its headers).
-    async fn send(&self, session: &mut Session, ctx: &RequestCtx, answer: &Answer) -> Result<()> {
+    async fn send(
+        &self,
+        session: &mut Session,
+        request_id: &RequestId,
+        answer: &mut Answer,
+    ) -> Result<()> {
         if answer.close {
             session.set_keepalive(None);
         }
         let body = answer.problem.to_body();
-        let header = answer.header(ctx.request_id.header_value(), body.len())?;
+        let header = answer.header(request_id.header_value(), body.len())?;
         session
             .write_response_header(Box::new(header), false)
             .await?;

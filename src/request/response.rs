@@ -140,8 +140,10 @@ impl Problem {
         p
     }
 
-    /// 429 (or a rule's own status): rate-limit rules rejected the request.
-    pub fn rate_limited(status: u16, rules: &[std::sync::Arc<str>], retry_after: u64) -> Self {
+    /// 429 (or a rule's own status): rate-limit rules rejected the request. Takes the
+    /// verdict's list of rules rather than copying it (an allocation, and a shared reference
+    /// count moved per rule, on every refusal).
+    pub fn rate_limited(status: u16, rules: Vec<std::sync::Arc<str>>, retry_after: u64) -> Self {
         let title = if status == 429 {
             "Too Many Requests"
         } else {
@@ -149,18 +151,18 @@ impl Problem {
         };
         let mut detail = String::with_capacity(48);
         detail.push_str("rate limit exceeded for rule(s) ");
-        push_joined(&mut detail, rules);
+        push_joined(&mut detail, &rules);
         let mut p = Problem::new("urn:floodgate:problem:rate-limited", title, status, detail);
-        p.violated_rules = rules.to_vec();
+        p.violated_rules = rules;
         p.retry_after = Some(retry_after);
         p
     }
 
     /// 503: the store failed and `on_store_error = "closed"` rules refuse.
-    pub fn limiter_unavailable(rules: &[std::sync::Arc<str>], retry_after: u64) -> Self {
+    pub fn limiter_unavailable(rules: Vec<std::sync::Arc<str>>, retry_after: u64) -> Self {
         let mut detail = String::with_capacity(96);
         detail.push_str("the rate-limit store is unavailable and rule(s) ");
-        push_joined(&mut detail, rules);
+        push_joined(&mut detail, &rules);
         detail.push_str(" refuse requests until it is back");
         let mut p = Problem::new(
             "urn:floodgate:problem:limiter-unavailable",
@@ -168,7 +170,7 @@ impl Problem {
             503,
             detail,
         );
-        p.violated_rules = rules.to_vec();
+        p.violated_rules = rules;
         p.retry_after = Some(retry_after);
         p
     }
@@ -272,7 +274,6 @@ impl Problem {
     pub fn answer(self) -> Answer {
         Answer {
             ratelimit: None,
-            rejected_by: (!self.violated_rules.is_empty()).then(|| self.violated_rules.join(",")),
             close: self.status == 400,
             problem: self,
         }
@@ -287,8 +288,6 @@ pub struct Answer {
     pub problem: Problem,
     /// RateLimit header fields of the rules that applied.
     pub ratelimit: Option<RateLimitHeaders>,
-    /// The rules that refused the request, for the access log.
-    pub rejected_by: Option<String>,
     /// Close the connection after this answer (the request could not be trusted to frame
     /// the next one).
     pub close: bool,
@@ -310,8 +309,16 @@ impl Answer {
         self.problem.challenge
     }
 
-    /// The response header, Content-Length set for `body_len` bytes of body.
-    pub fn header(&self, request_id: &HeaderValue, body_len: usize) -> Result<ResponseHeader> {
+    /// The rules that refused the request, comma-separated, for the access log (joined only
+    /// when a line is written: most refusals are not logged).
+    pub fn rejected_by(&self) -> Option<String> {
+        let rules = &self.problem.violated_rules;
+        (!rules.is_empty()).then(|| rules.join(","))
+    }
+
+    /// The response header, Content-Length set for `body_len` bytes of body. The RateLimit
+    /// fields' values go into it (an answer is written once).
+    pub fn header(&mut self, request_id: &HeaderValue, body_len: usize) -> Result<ResponseHeader> {
         let ratelimit = self.ratelimit.as_ref().map_or(0, RateLimitHeaders::count);
         // Without Pingora's case map: each field goes into one map, not two, and is written
         // in lowercase (Pingora titles the standard Content-Type, Content-Length and
@@ -328,7 +335,7 @@ impl Answer {
         if let Some(c) = self.challenge() {
             names::WWW_AUTHENTICATE.set_response(&mut resp, HeaderValue::from_static(c))?;
         }
-        if let Some(h) = &self.ratelimit {
+        if let Some(h) = self.ratelimit.take() {
             h.apply(&mut resp)?;
         }
         Ok(resp)
@@ -478,13 +485,21 @@ fn push_sf_string(out: &mut String, name: &str) {
 /// The RateLimit header fields for the rules that applied (and have `headers` on).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RateLimitHeaders {
-    /// `RateLimit-Policy` (empty when no rule shows headers).
-    pub policy: String,
-    /// `RateLimit`.
-    pub state: String,
+    /// `RateLimit-Policy` and `RateLimit` (`None` when no rule shows headers).
+    fields: Option<(HeaderValue, HeaderValue)>,
     /// `X-RateLimit-Limit/Remaining/Reset` of the most restrictive rule, when enabled.
     pub legacy: Option<(u64, u64, u64)>,
 }
+
+thread_local! {
+    /// Where [`RateLimitHeaders::build`] writes the two fields' text before copying each into
+    /// its value: one allocation per field instead of a growing `String` and then its copy.
+    static SCRATCH: std::cell::RefCell<(String, String)> =
+        const { std::cell::RefCell::new((String::new(), String::new())) };
+}
+
+/// The scratch text kept between requests, at most (a longer one is given back).
+const SCRATCH_KEPT: usize = 4096;
 
 impl RateLimitHeaders {
     /// Builds the fields. `q` is the rule's limit, `w` its window in seconds (omitted for
@@ -496,72 +511,71 @@ impl RateLimitHeaders {
         applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
         legacy: bool,
     ) -> Self {
-        let mut h = RateLimitHeaders::default();
-        let mut tightest: Option<(u64, u64, u64)> = None;
-        for (rule, d) in applied {
-            if !rule.headers {
-                continue;
-            }
-            let sep = if h.policy.is_empty() { "" } else { ", " };
-            // "name";q=limit;w=window, "name";r=remaining;t=seconds (no core::fmt: this runs
-            // for every request). Room for a member at once (the name, its quotes and escapes
-            // aside, 50 bytes hold the separator and two 20-digit integers with their keys):
-            // grown push by push, the two fields took six allocations for one rule.
-            let room = rule.name.len() + 56;
-            h.policy.reserve(room);
-            h.state.reserve(room);
-            h.policy.push_str(sep);
-            push_sf_string(&mut h.policy, &rule.name);
-            h.policy.push_str(";q=");
-            push_sf_integer(&mut h.policy, rule.limit.limit());
-            if let Some(c) = rule.limit.calendar() {
-                // A calendar period's own length: a day is 23 or 25 hours across DST.
-                h.policy.push_str(";w=");
-                push_sf_integer(&mut h.policy, ceil_secs(c.length_at(unix_now_ns())).max(1));
-            } else if !rule.limit.window().is_zero() {
-                h.policy.push_str(";w=");
-                push_sf_integer(&mut h.policy, ceil_secs(rule.limit.window()).max(1));
-            }
-            let t = if d.allowed {
-                ceil_secs(d.reset)
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let (policy, state) = &mut *scratch;
+            policy.clear();
+            state.clear();
+            let legacy = write_fields(applied, legacy, policy, state);
+            // The text is rule names that validation kept to header-safe characters, percent-
+            // and backslash-escaped, and digits: a value it cannot make is not reachable, and
+            // would leave the fields out rather than fail the response.
+            let fields = if policy.is_empty() {
+                None
             } else {
-                whole_seconds_at_least_one(d.retry_after)
+                HeaderValue::from_str(policy)
+                    .ok()
+                    .zip(HeaderValue::from_str(state).ok())
             };
-            // On a refused request the engine already shows what each rule really has left
-            // (uncharged or charged: see `Applied::decision`).
-            let remaining = d.remaining;
-            h.state.push_str(sep);
-            push_sf_string(&mut h.state, &rule.name);
-            h.state.push_str(";r=");
-            push_sf_integer(&mut h.state, remaining);
-            h.state.push_str(";t=");
-            push_sf_integer(&mut h.state, t);
-            if legacy {
-                let candidate = (rule.limit.limit(), remaining, t);
-                let tighter = match tightest {
-                    None => true,
-                    Some((_, r, _)) => remaining < r,
-                };
-                if tighter {
-                    tightest = Some(candidate);
+            for text in [policy, state] {
+                if text.capacity() > SCRATCH_KEPT {
+                    *text = String::new();
                 }
             }
-        }
-        h.legacy = tightest;
-        h
+            RateLimitHeaders { fields, legacy }
+        })
+    }
+
+    /// The fields as text, for an answer that is not an HTTP response (the rate-limit
+    /// service's `response_headers_to_add`): `RateLimit-Policy` and `RateLimit` (both empty
+    /// when no rule shows headers), and the legacy fields when `legacy`.
+    pub fn text<'a>(
+        applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
+        legacy: bool,
+    ) -> (String, String, Option<(u64, u64, u64)>) {
+        let (mut policy, mut state) = (String::new(), String::new());
+        let legacy = write_fields(applied, legacy, &mut policy, &mut state);
+        (policy, state, legacy)
+    }
+
+    /// `RateLimit-Policy` ("" when no rule shows headers).
+    pub fn policy(&self) -> &str {
+        self.fields
+            .as_ref()
+            .and_then(|(p, _)| p.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// `RateLimit` ("" when no rule shows headers).
+    pub fn state(&self) -> &str {
+        self.fields
+            .as_ref()
+            .and_then(|(_, s)| s.to_str().ok())
+            .unwrap_or("")
     }
 
     /// How many header fields [`Self::apply`] adds.
     pub fn count(&self) -> usize {
-        let ietf = if self.policy.is_empty() { 0 } else { 2 };
+        let ietf = if self.fields.is_some() { 2 } else { 0 };
         ietf + if self.legacy.is_some() { 3 } else { 0 }
     }
 
-    /// Adds the fields to a response.
-    pub fn apply(&self, resp: &mut ResponseHeader) -> Result<()> {
-        if !self.policy.is_empty() {
-            names::RATELIMIT_POLICY.set_response(resp, field_value(&self.policy)?)?;
-            names::RATELIMIT.set_response(resp, field_value(&self.state)?)?;
+    /// Adds the fields to a response, giving it their values (a response that will be
+    /// followed by another, a `1xx`, gets a copy through [`Clone`]).
+    pub fn apply(self, resp: &mut ResponseHeader) -> Result<()> {
+        if let Some((policy, state)) = self.fields {
+            names::RATELIMIT_POLICY.set_response(resp, policy)?;
+            names::RATELIMIT.set_response(resp, state)?;
         }
         if let Some((limit, remaining, reset)) = self.legacy {
             names::X_RATELIMIT_LIMIT.set_response(resp, number_value(limit))?;
@@ -572,6 +586,66 @@ impl RateLimitHeaders {
     }
 }
 
+/// Writes the fields' text into `policy` and `state`: `"name";q=limit;w=window, ...` and
+/// `"name";r=remaining;t=seconds, ...` (no `core::fmt`: this runs for every request). Returns
+/// the legacy fields of the most restrictive rule when `legacy`.
+fn write_fields<'a>(
+    applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
+    legacy: bool,
+    policy: &mut String,
+    state: &mut String,
+) -> Option<(u64, u64, u64)> {
+    let mut tightest: Option<(u64, u64, u64)> = None;
+    for (rule, d) in applied {
+        if !rule.headers {
+            continue;
+        }
+        let sep = if policy.is_empty() { "" } else { ", " };
+        // Room for a member at once (the name, its quotes and escapes aside, 56 bytes hold
+        // the separator and two 20-digit integers with their keys): grown push by push, the
+        // two fields took six allocations for one rule.
+        let room = rule.name.len() + 56;
+        policy.reserve(room);
+        state.reserve(room);
+        policy.push_str(sep);
+        push_sf_string(policy, &rule.name);
+        policy.push_str(";q=");
+        push_sf_integer(policy, rule.limit.limit());
+        if let Some(c) = rule.limit.calendar() {
+            // A calendar period's own length: a day is 23 or 25 hours across DST.
+            policy.push_str(";w=");
+            push_sf_integer(policy, ceil_secs(c.length_at(unix_now_ns())).max(1));
+        } else if !rule.limit.window().is_zero() {
+            policy.push_str(";w=");
+            push_sf_integer(policy, ceil_secs(rule.limit.window()).max(1));
+        }
+        let t = if d.allowed {
+            ceil_secs(d.reset)
+        } else {
+            whole_seconds_at_least_one(d.retry_after)
+        };
+        // On a refused request the engine already shows what each rule really has left
+        // (uncharged or charged: see `Applied::decision`).
+        let remaining = d.remaining;
+        state.push_str(sep);
+        push_sf_string(state, &rule.name);
+        state.push_str(";r=");
+        push_sf_integer(state, remaining);
+        state.push_str(";t=");
+        push_sf_integer(state, t);
+        if legacy {
+            let tighter = match tightest {
+                None => true,
+                Some((_, r, _)) => remaining < r,
+            };
+            if tighter {
+                tightest = Some((rule.limit.limit(), remaining, t));
+            }
+        }
+    }
+    tightest
+}
+
 /// `n` in decimal as a header value, in one allocation of its digits' size (from a `String`
 /// or `u64::into` a value takes two: the buffer, then the shared handle of a buffer with
 /// room to spare).
@@ -579,14 +653,6 @@ fn number_value(n: u64) -> HeaderValue {
     let mut digits = [0u8; 20];
     let at = crate::text::u64_digits(&mut digits, n);
     HeaderValue::from_bytes(&digits[at..]).unwrap_or_else(|_| HeaderValue::from_static("0"))
-}
-
-/// A RateLimit field's value: structured-field text built from rule names that validation kept
-/// to header-safe characters, so the error is not reachable; answered as Pingora's own would be.
-fn field_value(text: &str) -> Result<HeaderValue> {
-    HeaderValue::from_str(text).explain_err(ErrorType::InvalidHTTPHeader, |_| {
-        "invalid RateLimit field value"
-    })
 }
 
 #[cfg(test)]
@@ -616,7 +682,7 @@ mod tests {
     #[test]
     fn problem_is_rfc9457_json() {
         let rules: Vec<Arc<str>> = vec!["login".into(), "burst".into()];
-        let mut p = Problem::rate_limited(429, &rules, 3);
+        let mut p = Problem::rate_limited(429, rules.clone(), 3);
         p.request_id = Some("abc-1".into());
         let v = json(&p);
         assert_eq!(v["type"], "urn:floodgate:problem:rate-limited");
@@ -627,7 +693,7 @@ mod tests {
         assert_eq!(v["retry_after"], 3);
         assert_eq!(v["request_id"], "abc-1");
         assert_eq!(
-            json(&Problem::rate_limited(403, &rules, 1))["title"],
+            json(&Problem::rate_limited(403, rules.clone(), 1))["title"],
             "Request Rejected"
         );
         let v = json(&Problem::unauthorized(true));
@@ -642,15 +708,15 @@ mod tests {
             (Problem::unauthorized(true), 401, false),
             (Problem::not_found("/x"), 404, false),
             (Problem::request_timeout(), 408, false),
-            (Problem::rate_limited(429, &rules, 2), 429, false),
+            (Problem::rate_limited(429, rules.clone(), 2), 429, false),
             (Problem::internal(), 500, false),
             (Problem::upstream(502, "orders"), 502, false),
-            (Problem::limiter_unavailable(&rules, 1), 503, false),
+            (Problem::limiter_unavailable(rules.clone(), 1), 503, false),
             (Problem::upstream(504, "orders"), 504, false),
         ];
         for (p, status, close) in cases {
             assert_eq!(json(&p)["status"], status);
-            let a = p.answer();
+            let mut a = p.answer();
             assert_eq!(a.status(), status);
             assert_eq!(a.close, close, "{status}");
             let h = a.header(&HeaderValue::from_static("id-1"), 10).unwrap();

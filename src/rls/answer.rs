@@ -65,15 +65,15 @@ pub fn response(
         })
         .collect();
     let mut headers = Vec::new();
-    let fields = RateLimitHeaders::build(
+    let (policy, state, legacy) = RateLimitHeaders::text(
         outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
         legacy,
     );
-    if !fields.policy.is_empty() {
-        headers.push(header("RateLimit-Policy", fields.policy));
-        headers.push(header("RateLimit", fields.state));
+    if !policy.is_empty() {
+        headers.push(header("RateLimit-Policy", policy));
+        headers.push(header("RateLimit", state));
     }
-    if let Some((limit, remaining, reset)) = fields.legacy {
+    if let Some((limit, remaining, reset)) = legacy {
         headers.push(header("X-RateLimit-Limit", limit.to_string()));
         headers.push(header("X-RateLimit-Remaining", remaining.to_string()));
         headers.push(header("X-RateLimit-Reset", reset.to_string()));

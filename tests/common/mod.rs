@@ -746,3 +746,33 @@ pub fn shipped_config(gw_port: u16, admin_port: u16, api: SocketAddr) -> String 
     assert_eq!(replaced.lines().count(), text.lines().count());
     replaced
 }
+
+/// A hand-written upstream on a free loopback port: `serve` gets each accepted connection on
+/// a thread of its own. The threads are detached: each waits only on accept or on a
+/// connection the gateway closes when it stops.
+pub fn raw_upstream(serve: fn(TcpStream)) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            std::thread::spawn(move || serve(conn));
+        }
+    });
+    addr
+}
+
+/// Reads one request head from `conn`, byte by byte (so nothing after it is consumed);
+/// `false` when the connection ends or fails first.
+pub fn read_head(conn: &mut TcpStream) -> bool {
+    use std::io::Read as _;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return false,
+        }
+    }
+    true
+}

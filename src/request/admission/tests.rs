@@ -271,14 +271,14 @@ async fn rule_outcomes() {
         };
         assert!(delay.is_zero());
         let rl = ratelimit.as_ref().unwrap();
-        assert!(rl.state.contains(&format!("r={remaining}")), "{rl:?}");
+        assert!(rl.state().contains(&format!("r={remaining}")), "{rl:?}");
     }
     let a = f.admit(&req("/orders", &key)).await;
     let ans = answer(&a);
     assert_eq!(ans.status(), 429);
     assert!(ans.retry_after().unwrap() >= 1);
-    assert_eq!(ans.rejected_by.as_deref(), Some("orders-per-key"));
-    assert!(ans.ratelimit.as_ref().unwrap().state.contains("r=0"));
+    assert_eq!(ans.rejected_by().as_deref(), Some("orders-per-key"));
+    assert!(ans.ratelimit.as_ref().unwrap().state().contains("r=0"));
     assert_eq!(body(ans)["violated_rules"][0], "orders-per-key");
     // A rule's own status.
     assert!(forwarded(&f.admit(&req("/open/strict", &[])).await));
@@ -340,7 +340,7 @@ on_store_error = "closed"
         "urn:floodgate:problem:limiter-unavailable"
     );
     assert!(ans.retry_after().is_some());
-    assert_eq!(ans.rejected_by.as_deref(), Some("strict"));
+    assert_eq!(ans.rejected_by().as_deref(), Some("strict"));
 }
 
 /// Routes and rules that read headers and query parameters, for the spelling tests.
