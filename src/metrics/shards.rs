@@ -7,7 +7,11 @@
 //! histograms, its target's response class, a rule's decision count). These keep one set of
 //! atomics per shard, a thread writing only its own shard, and add the shards up when
 //! `/metrics` is read: the same families, in the same text, at the cost of reading every shard
-//! at a scrape and of a few hundred bytes per series.
+//! at a scrape and of memory: a cache line per shard for a counter series, three for a latency
+//! histogram's (its bucket counts and its sum), with twice as many shards as CPUs (at most 32):
+//! on two CPUs 256 bytes a counter series and 768 a histogram series, on 16 or more 2 and
+//! 6 KiB. Only the families every request writes are sharded; a rule's own series (a config
+//! may hold thousands of rules) are not.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
