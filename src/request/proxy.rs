@@ -52,8 +52,8 @@ pub struct RequestCtx {
     peer: IpAddr,
     tls: bool,
     headers: Option<RateLimitHeaders>,
-    /// floodgate's own answer, when it made one that names the rules that refused the
-    /// request (kept for the access log's `rejected_by`).
+    /// The answer admission gave instead of forwarding (400, 401, 404, 429, 503), kept for
+    /// the access log's `rejected_by`: the rules that refused the request, if any.
     refusal: Option<Box<Answer>>,
     /// The target to forward with the normalized path, when it differs from the client's.
     forward_target: Option<http::Uri>,
