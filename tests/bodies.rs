@@ -418,12 +418,7 @@ fn expect_100_continue_is_answered_before_the_body_is_read() {
         .as_bytes(),
     )
     .unwrap();
-    let mut interim = Vec::new();
-    let mut byte = [0u8; 1];
-    while !interim.ends_with(b"\r\n\r\n") {
-        assert_eq!(c.read(&mut byte).unwrap(), 1, "closed before 100 Continue");
-        interim.push(byte[0]);
-    }
+    let interim = read_head(&mut c).expect("closed before 100 Continue");
     let interim = String::from_utf8_lossy(&interim);
     assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
     c.write_all(&body).unwrap();

@@ -136,7 +136,7 @@ fn a_rule_that_did_not_reject_shows_what_it_really_has_left() {
 fn early_hints_upstream() -> std::net::SocketAddr {
     raw_upstream(|mut conn| {
         use std::io::Write;
-        while read_head(&mut conn) {
+        while read_head(&mut conn).is_some() {
             let answer = "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n\
                           HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
             if conn.write_all(answer.as_bytes()).is_err() {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -67,19 +67,6 @@ impl HeldUpstream {
 
 /// What [`http_get`] answers.
 type Answer = Result<(u16, String), String>;
-
-/// Reads up to the end of a request or response head; `None` if the peer closed first.
-fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match conn.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    Some(head)
-}
 
 /// The `[server]` table with `grace` as the grace period.
 fn server(grace: &'static str) -> impl FnOnce(SocketAddr, SocketAddr) -> String {

@@ -14,7 +14,7 @@ use common::*;
 /// An upstream that answers every upgrade request with `101` and then echoes what it reads.
 fn echo_upstream() -> SocketAddr {
     raw_upstream(|mut conn| {
-        if !read_head(&mut conn) {
+        if read_head(&mut conn).is_none() {
             return;
         }
         let _ = conn.write_all(
@@ -46,16 +46,7 @@ fn open_tunnel(gw: SocketAddr) -> TcpStream {
           sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
     )
     .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            c.read(&mut byte).unwrap(),
-            1,
-            "the gateway closed before the 101"
-        );
-        head.push(byte[0]);
-    }
+    let head = read_head(&mut c).expect("the gateway closed before the 101");
     let head = String::from_utf8_lossy(&head);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     c

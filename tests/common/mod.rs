@@ -762,17 +762,17 @@ pub fn raw_upstream(serve: fn(TcpStream)) -> SocketAddr {
     addr
 }
 
-/// Reads one request head from `conn`, byte by byte (so nothing after it is consumed);
-/// `false` when the connection ends or fails first.
-pub fn read_head(conn: &mut TcpStream) -> bool {
+/// Reads up to the end of a request or response head, byte by byte (so nothing after it is
+/// consumed); `None` when the peer closes or the read fails first.
+pub fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
     use std::io::Read as _;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match conn.read(&mut byte) {
             Ok(1) => head.push(byte[0]),
-            _ => return false,
+            _ => return None,
         }
     }
-    true
+    Some(head)
 }
