@@ -86,10 +86,16 @@ impl Shards {
         &self.lines[s * self.per_shard + i / 8].0[i % 8]
     }
 
+    /// The calling thread's shard.
+    #[inline]
+    fn my_shard(&self) -> usize {
+        thread_number() & self.mask
+    }
+
     /// Word `i` of the calling thread's shard.
     #[inline]
     fn mine(&self, i: usize) -> &AtomicU64 {
-        self.word(thread_number() & self.mask, i)
+        self.word(self.my_shard(), i)
     }
 
     /// Word `i` summed over the shards (wrapping: a shard may hold a negative share of a count
@@ -243,7 +249,8 @@ impl Histogram {
             .iter()
             .position(|&upper| v <= upper)
             .unwrap_or(core.bounds.len());
-        let s = thread_number() & core.shards.mask;
+        // One lookup of the thread's shard for both words it writes.
+        let s = core.shards.my_shard();
         core.shards
             .word(s, 1 + bucket)
             .fetch_add(1, Ordering::Relaxed);
