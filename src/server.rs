@@ -64,7 +64,9 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         // tokio's timer wheel, which each single-threaded runtime has to itself, instead of
         // Pingora's process-wide "fast" timer: its registration (a lock, an ordered map, a
         // shared notifier and a boxed future per wait) cost ~2,400 more instructions per
-        // proxied request (callgrind, docs/benchmarks.md). Shorter ones stay on Pingora's.
+        // proxied request (callgrind, docs/benchmarks.md). Shorter ones stay on Pingora's. The
+        // vendored pingora-timeout recycles tokio's timers per thread, so that most waits move
+        // a registered timer's expiry instead of filing a new one (its PATCHES.md).
         fast_timeout_to_tokio_threshold_seconds: Some(0),
         ..ServerConf::default()
     };

@@ -125,6 +125,14 @@ impl ToTimeout for FastOrTokioTimeout {
         }
     }
 
+    // floodgate patch: a tokio timeout's timer comes recycled (`recycle`).
+    fn timer(&self) -> Delay {
+        match self.kind {
+            TimeoutKind::Fast => Delay::Boxed(self.timeout()),
+            TimeoutKind::Tokio => TokioTimeout::create(self.duration).timer(),
+        }
+    }
+
     fn create(duration: Duration) -> Self {
         Self {
             duration,
