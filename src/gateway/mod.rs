@@ -11,6 +11,7 @@
 mod pools;
 pub mod reload;
 pub mod rls;
+pub mod snapshot;
 mod startup;
 
 use std::path::PathBuf;
@@ -73,6 +74,11 @@ impl Gateway {
             reload_lock: tokio::sync::Mutex::new(()),
             startup: startup::Startup::default(),
         }
+    }
+
+    /// The config in force, as a request holds it (see [`snapshot`]).
+    pub fn snapshot(&self) -> snapshot::Snapshot {
+        snapshot::current(&self.config)
     }
 
     /// The store backend in force: the one the gateway started with. A reload that changes

@@ -236,12 +236,13 @@ async fn charge(
     // Boxed: the decision's future (a kilobyte or more with the Redis store's) would otherwise
     // sit inside every request's admission future, rules or not, and be moved with it.
     let outcome = Box::pin(limiter.decide_refundable(applying, &cfg.store, refundable)).await;
+    let decided = Instant::now();
     metrics()
         .decision_seconds
-        .observe(started.elapsed().as_secs_f64());
+        .observe(decided.saturating_duration_since(started).as_secs_f64());
     // Who is being limited, for `GET /top` and the dashboard (bounded memory, no allocation
     // for a client already tracked).
-    crate::top::record(cfg, view, &outcome);
+    crate::top::record(cfg, view, &outcome, decided);
     // Quota webhooks: candidate events queued without waiting.
     crate::webhooks::observe(
         &cfg.webhooks,

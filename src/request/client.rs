@@ -147,16 +147,37 @@ pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
     let previous = sent
         .map(HeaderValue::as_bytes)
         .filter(|v| !v.trim_ascii().is_empty());
-    let mut out = String::with_capacity(39);
+    // The address is written in this thread's scratch, and the value made in one allocation of
+    // its exact size: a `String` handed over with room to spare would cost a second one for
+    // its shared owner.
+    crate::text::with_scratch(|ip| {
+        push_ip(ip, peer);
+        let value = match previous {
+            Some(p) => {
+                let mut chain = Vec::with_capacity(p.len() + 2 + ip.len());
+                chain.extend_from_slice(p);
+                chain.extend_from_slice(b", ");
+                chain.extend_from_slice(ip.as_bytes());
+                HeaderValue::from_maybe_shared(Bytes::from(chain))
+            }
+            None => HeaderValue::from_bytes(ip.as_bytes()),
+        };
+        // A header value, a separator and an address: always a header value.
+        value.unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    })
+}
+
+/// Appends `peer` as text (an IPv4-mapped IPv6 address as IPv4).
+fn push_ip(out: &mut String, peer: IpAddr) {
     match peer.to_canonical() {
         // IPv4 through the digit writer the rest of the request path uses: `core::fmt` costs
-        // more than the rest of this function.
+        // more than the rest of [`forwarded_for`].
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
                     out.push('.');
                 }
-                crate::text::push_u64(&mut out, u64::from(octet));
+                crate::text::push_u64(out, u64::from(octet));
             }
         }
         IpAddr::V6(v6) => {
@@ -164,18 +185,6 @@ pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
             let _ = write!(out, "{v6}");
         }
     }
-    let chain = match previous {
-        Some(p) => {
-            let mut chain = Vec::with_capacity(p.len() + 2 + out.len());
-            chain.extend_from_slice(p);
-            chain.extend_from_slice(b", ");
-            chain.extend_from_slice(out.as_bytes());
-            Bytes::from(chain)
-        }
-        None => Bytes::from(out),
-    };
-    // A header value, a separator and an address: always a header value.
-    HeaderValue::from_maybe_shared(chain).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 #[cfg(test)]

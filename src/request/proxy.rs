@@ -19,7 +19,8 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 use smallvec::SmallVec;
 
-use crate::config::{AuthMode, Config, Route, Upstream};
+use crate::config::{AuthMode, Route, Upstream};
+use crate::gateway::snapshot::Snapshot;
 use crate::gateway::Gateway;
 use crate::limiter::engine::Slots;
 use crate::request::admission::{self, Next};
@@ -30,7 +31,7 @@ use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError,
 use crate::request::header_names as names;
 use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
-use crate::upstream::{Pool, TargetInfo};
+use crate::upstream::TargetInfo;
 
 /// The proxy service.
 pub struct Proxy {
@@ -43,7 +44,7 @@ pub struct RequestCtx {
     /// When admission began (kept only for the access log's latency).
     start: Option<Instant>,
     /// The config the request started with: a reload mid-request does not change its route.
-    config: Option<Arc<Config>>,
+    config: Option<Snapshot>,
     route: Option<usize>,
     request_id: RequestId,
     identity: Option<Arc<Identity>>,
@@ -64,9 +65,6 @@ pub struct RequestCtx {
     /// The upstream target of the current attempt, counted in its in-flight requests until
     /// the next attempt replaces it or the context drops.
     target: Option<Attempt>,
-    /// The pool `target` was chosen from (this config generation's), kept so that the
-    /// response's accounting does not look it up again.
-    pool: Option<Arc<Pool>>,
     /// Targets this request has tried: a retry always goes to another (inline: most requests
     /// try one).
     tried: SmallVec<[SocketAddr; 2]>,
@@ -108,7 +106,7 @@ impl RequestCtx {
 
 /// The upstream of route `route` in `config`: [`RequestCtx::upstream`] from the two fields
 /// alone, for a caller that sets other fields of the context while it holds the upstream.
-fn route_upstream(config: &Option<Arc<Config>>, route: Option<usize>) -> Option<&Arc<Upstream>> {
+fn route_upstream(config: &Option<Snapshot>, route: Option<usize>) -> Option<&Arc<Upstream>> {
     Some(&config.as_ref()?.routes.get(route?)?.upstream)
 }
 
@@ -138,7 +136,6 @@ impl ProxyHttp for Proxy {
             attempts: 0,
             upstream_start: None,
             target: None,
-            pool: None,
             tried: SmallVec::new(),
             deadline: None,
             responded: false,
@@ -166,7 +163,7 @@ impl ProxyHttp for Proxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let cfg = self.gateway.config.load_full();
+        let cfg = self.gateway.snapshot();
         if cfg.server.access_log {
             ctx.start = Some(Instant::now());
         }
@@ -279,7 +276,13 @@ impl ProxyHttp for Proxy {
                 "the upstream's total timeout ran out",
             ));
         }
-        let pool = upstream.pool();
+        // Borrowed from the thread's config handle: cloning the pool's `Arc` per request wrote
+        // its count from every thread.
+        let pool = match (&ctx.config, ctx.route) {
+            (Some(cfg), Some(route)) => cfg.route_pool(route),
+            _ => None,
+        }
+        .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
         let key = if settings.balance == crate::upstream::Balance::Consistent {
             hash_key(ctx, session.req_header(), &settings.hash_key)
         } else {
@@ -312,7 +315,6 @@ impl ProxyHttp for Proxy {
             crate::request::throttle::narrow(&mut peer, slow.slowed.rate);
         }
         ctx.target = Some(Attempt::enter(target));
-        ctx.pool = Some(pool);
         Ok(Box::new(peer))
     }
 
@@ -478,8 +480,12 @@ impl ProxyHttp for Proxy {
                 session.set_read_timeout(Some(idle));
             }
         }
+        let pool = match (&ctx.config, ctx.route) {
+            (Some(cfg), Some(route)) => cfg.route_pool(route),
+            _ => None,
+        };
         if let (Some(start), Some(upstream), Some(pool)) =
-            (ctx.upstream_start, ctx.upstream(), &ctx.pool)
+            (ctx.upstream_start, ctx.upstream(), pool)
         {
             let took = start.elapsed();
             pool.duration.observe(took.as_secs_f64());
@@ -789,7 +795,11 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
 /// was never admitted, so every rule's charge is given back, and its concurrency slots are
 /// freed at once.
 async fn take_turn(ctx: &mut RequestCtx, req: &RequestHeader) -> Option<Problem> {
-    let upstream = ctx.upstream()?.clone();
+    let upstream = ctx.upstream()?;
+    // Without `[upstreams.protect]` (the usual case) this returns here, without a clone of
+    // the upstream's `Arc`: its count is written by every thread's requests.
+    upstream.settings.protect.as_ref()?;
+    let upstream = upstream.clone();
     let turn = crate::request::forwarding::take_turn(&upstream, |p| {
         crate::upstream::protect::tenant(p, &view(ctx, req))
     })

@@ -234,40 +234,38 @@ impl Problem {
 
     /// The JSON body.
     pub fn to_body(&self) -> Bytes {
-        // Room for the whole document at once: it is a 429's body, the hottest answer.
-        let names: usize = self.violated_rules.iter().map(|r| r.len() + 3).sum();
-        let id = self.request_id.as_ref().map_or(0, |i| i.len() + 16);
-        let mut out = String::with_capacity(
-            96 + self.kind.len() + self.title.len() + self.detail.len() + id + names,
-        );
-        out.push_str("{\"type\":\"");
-        out.push_str(self.kind);
-        out.push_str("\",\"title\":\"");
-        out.push_str(self.title);
-        out.push_str("\",\"status\":");
-        push_u64(&mut out, u64::from(self.status));
-        out.push_str(",\"detail\":");
-        push_json_str(&mut out, &self.detail);
-        if let Some(id) = &self.request_id {
-            out.push_str(",\"request_id\":");
-            push_json_str(&mut out, id);
-        }
-        if !self.violated_rules.is_empty() {
-            out.push_str(",\"violated_rules\":[");
-            for (i, r) in self.violated_rules.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_json_str(&mut out, r);
+        // Written in this thread's scratch and copied once into a body of its exact size: a
+        // 429's body is the hottest answer.
+        crate::text::with_scratch(|out| {
+            out.push_str("{\"type\":\"");
+            out.push_str(self.kind);
+            out.push_str("\",\"title\":\"");
+            out.push_str(self.title);
+            out.push_str("\",\"status\":");
+            push_u64(out, u64::from(self.status));
+            out.push_str(",\"detail\":");
+            push_json_str(out, &self.detail);
+            if let Some(id) = &self.request_id {
+                out.push_str(",\"request_id\":");
+                push_json_str(out, id);
             }
-            out.push(']');
-        }
-        if let Some(secs) = self.retry_after {
-            out.push_str(",\"retry_after\":");
-            push_u64(&mut out, secs);
-        }
-        out.push('}');
-        Bytes::from(out)
+            if !self.violated_rules.is_empty() {
+                out.push_str(",\"violated_rules\":[");
+                for (i, r) in self.violated_rules.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    push_json_str(out, r);
+                }
+                out.push(']');
+            }
+            if let Some(secs) = self.retry_after {
+                out.push_str(",\"retry_after\":");
+                push_u64(out, secs);
+            }
+            out.push('}');
+            Bytes::copy_from_slice(out.as_bytes())
+        })
     }
 
     /// The whole answer: this problem with the headers its status calls for.

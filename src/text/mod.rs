@@ -26,6 +26,40 @@ pub fn humantime(d: std::time::Duration) -> String {
     format!("{ms}ms")
 }
 
+thread_local! {
+    static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// The scratch text kept between calls, at most (a longer one is given back).
+const SCRATCH_KEPT: usize = 4096;
+
+/// Runs `write` on this thread's empty scratch `String` and returns what it makes of the text:
+/// for a value built piece by piece on the request path and then copied once into its own
+/// exact allocation (`Bytes::copy_from_slice`, `HeaderValue::from_bytes`). Building in a fresh
+/// `String` instead costs its allocation, and handing it over with room to spare
+/// (`Bytes::from`) a second one for the shared owner. A nested call gets a fresh `String`.
+pub fn with_scratch<R>(write: impl FnOnce(&mut String) -> R) -> R {
+    let mut write = Some(write);
+    let made = SCRATCH
+        .try_with(|cell| {
+            let mut text = cell.try_borrow_mut().ok()?;
+            text.clear();
+            let made = (write.take()?)(&mut text);
+            if text.capacity() > SCRATCH_KEPT {
+                *text = String::new();
+            }
+            Some(made)
+        })
+        .ok()
+        .flatten();
+    match (made, write) {
+        (Some(made), _) => made,
+        (None, Some(write)) => write(&mut String::new()),
+        // Not reachable: the closure runs `write` only when it returns what it made.
+        (None, None) => unreachable!("with_scratch ran its writer without a result"),
+    }
+}
+
 /// Appends `n` as 16 lowercase hex digits, zero-padded (like `{:016x}`).
 pub fn push_hex16(out: &mut String, n: u64) {
     let mut digits = [0u8; 16];
@@ -77,6 +111,31 @@ pub fn u64_digits(digits: &mut [u8; 20], mut n: u64) -> usize {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// The scratch starts empty on every call, a nested call gets a text of its own, and a
+    /// large text is not kept.
+    #[test]
+    fn the_scratch_is_empty_each_time_and_nests() {
+        assert_eq!(
+            with_scratch(|t| {
+                t.push_str("abc");
+                t.clone()
+            }),
+            "abc"
+        );
+        let (outer, inner) = with_scratch(|t| {
+            t.push_str("outer");
+            let inner = with_scratch(|u| {
+                assert!(u.is_empty());
+                u.push_str("inner");
+                u.clone()
+            });
+            (t.clone(), inner)
+        });
+        assert_eq!((outer.as_str(), inner.as_str()), ("outer", "inner"));
+        with_scratch(|t| t.push_str(&"x".repeat(SCRATCH_KEPT + 1)));
+        assert_eq!(with_scratch(|t| (t.len(), t.capacity())), (0, 0));
+    }
 
     #[test]
     fn durations_read_like_the_config() {

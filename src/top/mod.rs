@@ -526,12 +526,23 @@ pub fn top() -> &'static Top {
 impl Top {
     /// Now, in Unix seconds on a monotonic clock (so windows never run backwards).
     pub fn now(&self) -> u64 {
-        self.started_unix + self.started.elapsed().as_secs()
+        self.at(Instant::now())
     }
 
     /// [`Top::now`] in milliseconds: when blocks end.
     pub fn now_ms(&self) -> u64 {
-        self.started_unix * 1000 + self.started.elapsed().as_millis() as u64
+        self.at_ms(Instant::now())
+    }
+
+    /// `instant` in the Unix seconds of [`Top::now`].
+    pub fn at(&self, instant: Instant) -> u64 {
+        self.started_unix + instant.saturating_duration_since(self.started).as_secs()
+    }
+
+    /// `instant` in the Unix milliseconds of [`Top::now_ms`].
+    pub fn at_ms(&self, instant: Instant) -> u64 {
+        let since = instant.saturating_duration_since(self.started).as_millis();
+        self.started_unix * 1000 + since as u64
     }
 
     /// The state of rule `name`, if it has recorded anything.
@@ -617,10 +628,11 @@ fn digest(raw: &[u8]) -> String {
 
 /// Records what each enforcing rule decided for this request: the rules that rejected it
 /// count a rejection, and when the request was admitted every applying rule counts an
-/// admission. Called by admission once the limiter has decided; does nothing when
+/// admission. Called by admission once the limiter has decided, at `decided` (the instant the
+/// decision's duration was measured with: no second clock read per request); does nothing when
 /// `[server] top_clients = false`.
-pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
-    record_labelled(cfg, outcome, &|a: &Applied| {
+pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome, decided: Instant) {
+    record_labelled(cfg, outcome, decided, &|a: &Applied| {
         // The rule's key parts are on the rule, which the outcome names by its policy.
         let rule = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule));
         rule.map_or_else(Client::default, |r| client_label(cfg, r, view))
@@ -629,7 +641,12 @@ pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome) {
 
 /// [`record`] with the client of each applied rule named by `label` (the Envoy rate-limit
 /// service names descriptors), asked only for a client a sketch is about to list.
-pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied) -> Client) {
+pub fn record_labelled(
+    cfg: &Config,
+    outcome: &Outcome,
+    decided: Instant,
+    label: &dyn Fn(&Applied) -> Client,
+) {
     if !cfg.server.top_clients || outcome.applied.is_empty() {
         return;
     }
@@ -645,7 +662,7 @@ pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied)
     if outcome.asked_store {
         t.store_requests.fetch_add(1, Ordering::Relaxed);
     }
-    let now = t.now();
+    let now = t.at(decided);
     for a in &outcome.applied {
         if !admitted && a.decision.allowed {
             // Rejected by another rule: this one neither admitted nor rejected it.
@@ -659,7 +676,7 @@ pub fn record_labelled(cfg: &Config, outcome: &Outcome, label: &dyn Fn(&Applied)
         state.record(now, a.counter, admitted, &mut make);
         if !a.decision.allowed && !a.rule.limit.block_for().is_zero() {
             // A refusal of a blocking rule: the key is kept out until its Retry-After.
-            let now_ms = t.now_ms();
+            let now_ms = t.at_ms(decided);
             let until = now_ms + a.decision.retry_after.as_millis() as u64;
             state.block(now_ms, a.counter, until, &mut make);
         }

@@ -124,10 +124,11 @@ impl Rls {
         if let (Some(trace), Some(wall)) = (trace, wall) {
             trace.admission(&crate::telemetry::Decision::of(wall, &outcome));
         }
+        let decided = Instant::now();
         metrics()
             .decision_seconds
-            .observe(started.elapsed().as_secs_f64());
-        crate::top::record_labelled(&cfg, &outcome, &|a| {
+            .observe(decided.saturating_duration_since(started).as_secs_f64());
+        crate::top::record_labelled(&cfg, &outcome, decided, &|a| {
             let group = planned
                 .groups
                 .iter()
