@@ -12,8 +12,9 @@
 //! tick comes). Timeouts of one duration start in increasing order, so a recycled timer is
 //! nearly always extended in place.
 //!
-//! Bounds: at most [`DURATIONS`] distinct durations per thread and [`PER_DURATION`] idle timers
-//! each; a timer given back beyond that is dropped as before. A pooled timer may still hold the
+//! Bounds: at most [`DURATIONS`] distinct durations per thread (a new one replaces the one used
+//! longest ago) and [`PER_DURATION`] idle timers each; a timer given back beyond that is dropped
+//! as before. A pooled timer may still hold the
 //! waker of the task that last polled it: when its old deadline passes unused it wakes that
 //! task once (a spurious wake, which every future tolerates), and a finished task's memory is
 //! kept until then or until the timer is reused, at most `DURATIONS * PER_DURATION` per thread.
@@ -36,7 +37,17 @@ pub const PER_DURATION: usize = 64;
 #[derive(Default)]
 struct Pool {
     runtime: Option<Id>,
-    lists: Vec<(Duration, Vec<Pin<Box<Sleep>>>)>,
+    lists: Vec<List>,
+    /// Counts takes and puts: when each list was last used.
+    clock: u64,
+}
+
+/// The idle timers of one duration.
+struct List {
+    duration: Duration,
+    timers: Vec<Pin<Box<Sleep>>>,
+    /// [`Pool::clock`] at the list's last take or put.
+    used: u64,
 }
 
 impl Pool {
@@ -45,11 +56,16 @@ impl Pool {
         if self.runtime != Some(runtime) {
             return None;
         }
-        let (_, list) = self.lists.iter_mut().find(|(d, _)| *d == duration)?;
-        list.pop()
+        self.clock += 1;
+        let list = self.lists.iter_mut().find(|l| l.duration == duration)?;
+        list.used = self.clock;
+        list.timers.pop()
     }
 
-    /// Keeps `sleep` for the next timeout of `duration`; gives it back when the pool is full.
+    /// Keeps `sleep` for the next timeout of `duration`; gives it back when that duration's
+    /// stack is full. A duration new to a pool holding [`DURATIONS`] of them takes the place of
+    /// the one used longest ago (whose timers are dropped): durations that vary per request
+    /// (what is left of a deadline) come and go without keeping the steady ones out.
     fn put(
         &mut self,
         runtime: Id,
@@ -62,18 +78,33 @@ impl Pool {
             self.lists.clear();
             self.runtime = Some(runtime);
         }
-        let list = match self.lists.iter().position(|(d, _)| *d == duration) {
-            Some(i) => &mut self.lists[i].1,
-            None if self.lists.len() < DURATIONS => {
-                self.lists.push((duration, Vec::new()));
-                &mut self.lists.last_mut().expect("just pushed").1
+        self.clock += 1;
+        let i = match self.lists.iter().position(|l| l.duration == duration) {
+            Some(i) => i,
+            None => {
+                let list = List {
+                    duration,
+                    timers: Vec::new(),
+                    used: self.clock,
+                };
+                if self.lists.len() < DURATIONS {
+                    self.lists.push(list);
+                    self.lists.len() - 1
+                } else {
+                    let oldest = (0..self.lists.len())
+                        .min_by_key(|&i| self.lists[i].used)
+                        .expect("DURATIONS lists");
+                    self.lists[oldest] = list;
+                    oldest
+                }
             }
-            None => return Some(sleep),
         };
-        if list.len() >= PER_DURATION {
+        let list = &mut self.lists[i];
+        list.used = self.clock;
+        if list.timers.len() >= PER_DURATION {
             return Some(sleep);
         }
-        list.push(sleep);
+        list.timers.push(sleep);
         None
     }
 }
@@ -149,7 +180,7 @@ impl Drop for Recycled {
 /// The number of idle timers this thread's pool holds (tests).
 #[cfg(test)]
 pub(crate) fn pooled() -> usize {
-    POOL.with(|p| p.borrow().lists.iter().map(|(_, l)| l.len()).sum())
+    POOL.with(|p| p.borrow().lists.iter().map(|l| l.timers.len()).sum())
 }
 
 #[cfg(test)]
@@ -222,6 +253,40 @@ mod tests {
         }
         drop(burst);
         assert_eq!(pooled(), DURATIONS * PER_DURATION);
+    }
+
+    /// Durations that differ per timeout (what is left of a deadline) do not keep a steady
+    /// duration out of the pool: it takes the place of the one used longest ago.
+    #[tokio::test]
+    async fn a_steady_duration_is_pooled_among_passing_ones() {
+        let steady = Duration::from_secs(30);
+        for i in 0..(DURATIONS as u64 * 3) {
+            let passing = Duration::from_millis(5_000 + i);
+            let mut t = Box::pin(tokio_timeout(passing, std::future::pending::<()>()));
+            assert!(pending(&mut t));
+        }
+        assert_eq!(
+            pooled(),
+            DURATIONS,
+            "one timer of each of the last passing durations"
+        );
+        for _ in 0..3 {
+            let mut t = Box::pin(tokio_timeout(steady, std::future::pending::<()>()));
+            assert!(pending(&mut t));
+        }
+        let steady_pooled = POOL.with(|p| {
+            let p = p.borrow();
+            p.lists
+                .iter()
+                .find(|l| l.duration == steady)
+                .map(|l| l.timers.len())
+        });
+        assert_eq!(steady_pooled, Some(1), "the steady duration has its place");
+        assert_eq!(
+            pooled(),
+            DURATIONS,
+            "still one list per duration, DURATIONS in all"
+        );
     }
 
     /// Timers pooled under a runtime that ended are not reset onto the next runtime's wheel
