@@ -334,8 +334,11 @@ impl Pool {
         }
         // A retry does not take a turn: were it to, a target that fails would get the first
         // attempt of every other request (turns advance two per failed request), and with
-        // two targets one dead, 19 of 20 requests tried the dead one first.
-        let turn = if tried.is_empty() {
+        // two targets one dead, 19 of 20 requests tried the dead one first. A lone target
+        // takes no turn either: the count is an add on a line every thread writes.
+        let turn = if all.len() == 1 {
+            0
+        } else if tried.is_empty() {
             self.ties.fetch_add(1, Ordering::Relaxed)
         } else {
             self.ties.load(Ordering::Relaxed)
