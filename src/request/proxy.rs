@@ -31,7 +31,7 @@ use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError,
 use crate::request::header_names as names;
 use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
-use crate::upstream::TargetInfo;
+use crate::upstream::{Pool, TargetInfo};
 
 /// The proxy service.
 pub struct Proxy {
@@ -108,6 +108,12 @@ impl RequestCtx {
 /// alone, for a caller that sets other fields of the context while it holds the upstream.
 fn route_upstream(config: &Option<Snapshot>, route: Option<usize>) -> Option<&Arc<Upstream>> {
     Some(&config.as_ref()?.routes.get(route?)?.upstream)
+}
+
+/// The pool serving route `route`'s upstream, borrowed from the thread's config handle: a clone
+/// of the pool's `Arc` per request would write its count from every thread.
+fn route_pool(config: &Option<Snapshot>, route: Option<usize>) -> Option<&Arc<Pool>> {
+    config.as_ref()?.route_pool(route?)
 }
 
 #[async_trait]
@@ -276,13 +282,8 @@ impl ProxyHttp for Proxy {
                 "the upstream's total timeout ran out",
             ));
         }
-        // Borrowed from the thread's config handle: cloning the pool's `Arc` per request wrote
-        // its count from every thread.
-        let pool = match (&ctx.config, ctx.route) {
-            (Some(cfg), Some(route)) => cfg.route_pool(route),
-            _ => None,
-        }
-        .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
+        let pool = route_pool(&ctx.config, ctx.route)
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route selected"))?;
         let key = if settings.balance == crate::upstream::Balance::Consistent {
             hash_key(ctx, session.req_header(), &settings.hash_key)
         } else {
@@ -480,13 +481,11 @@ impl ProxyHttp for Proxy {
                 session.set_read_timeout(Some(idle));
             }
         }
-        let pool = match (&ctx.config, ctx.route) {
-            (Some(cfg), Some(route)) => cfg.route_pool(route),
-            _ => None,
-        };
-        if let (Some(start), Some(upstream), Some(pool)) =
-            (ctx.upstream_start, ctx.upstream(), pool)
-        {
+        if let (Some(start), Some(upstream), Some(pool)) = (
+            ctx.upstream_start,
+            ctx.upstream(),
+            route_pool(&ctx.config, ctx.route),
+        ) {
             let took = start.elapsed();
             pool.duration.observe(took.as_secs_f64());
             if let Some(permit) = &ctx.protect {
