@@ -83,13 +83,27 @@ pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     mut shutdown: ShutdownWatch,
+    spread: Spread,
 ) {
     let (stop, stopping) = watch::channel(false);
     loop {
+        if spread.ahead() {
+            // Another thread serves fewer connections: it is woken by the same socket, so
+            // let it take the next one. Connections that arrive together (Envoy opening its
+            // pool) would otherwise all go to the thread that woke first, which accepts until
+            // the backlog is empty. After the pause this thread accepts anyway: no connection
+            // waits on a thread that is busy or stuck.
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                () = tokio::time::sleep(SPREAD_PAUSE) => {}
+            }
+        }
         tokio::select! {
             _ = shutdown.changed() => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => admit(&shared, tcp, peer.ip().to_canonical(), &stopping),
+                Ok((tcp, peer)) => {
+                    admit(&shared, tcp, peer.ip().to_canonical(), &stopping, &spread);
+                }
                 Err(e) => {
                     // Out of descriptors or memory for a moment: wait instead of spinning on
                     // the same error.
@@ -105,12 +119,64 @@ pub async fn serve(
     stop.closed().await;
 }
 
+/// How long a thread ahead of another in connections waits before it accepts again.
+const SPREAD_PAUSE: Duration = Duration::from_millis(2);
+
+/// The open connections of each of the service's threads (one socket, accepted from by all),
+/// and which thread this is: a thread that serves more than another lets that one accept the
+/// next connection first.
+#[derive(Clone)]
+pub struct Spread {
+    open: Arc<[AtomicUsize]>,
+    me: usize,
+}
+
+impl Spread {
+    /// One counter per thread, for `threads` threads; the handle of thread 0.
+    pub fn new(threads: usize) -> Spread {
+        Spread {
+            open: (0..threads.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            me: 0,
+        }
+    }
+
+    /// The handle of thread `me`.
+    pub fn thread(&self, me: usize) -> Spread {
+        Spread {
+            open: self.open.clone(),
+            me: me.min(self.open.len() - 1),
+        }
+    }
+
+    /// Whether this thread serves more connections than another.
+    fn ahead(&self) -> bool {
+        let mine = self.open[self.me].load(Ordering::Relaxed);
+        self.open.iter().any(|o| o.load(Ordering::Relaxed) < mine)
+    }
+
+    /// Counts a connection on this thread until the returned guard drops.
+    fn enter(&self) -> SpreadGuard {
+        self.open[self.me].fetch_add(1, Ordering::Relaxed);
+        SpreadGuard(self.clone())
+    }
+}
+
+/// One connection counted in its thread's [`Spread`].
+struct SpreadGuard(Spread);
+
+impl Drop for SpreadGuard {
+    fn drop(&mut self) {
+        self.0.open[self.0.me].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Takes a slot for the connection and serves it in a task of its own, or closes it.
 fn admit(
     shared: &Arc<Shared>,
     tcp: tokio::net::TcpStream,
     ip: IpAddr,
     stopping: &watch::Receiver<bool>,
+    spread: &Spread,
 ) {
     let accepted = Instant::now();
     let serving = shared.serving();
@@ -134,8 +200,10 @@ fn admit(
     };
     let shared = shared.clone();
     let mut stopping = stopping.clone();
+    let counted = spread.enter();
     tokio::spawn(async move {
         let _slot = slot;
+        let _counted = counted;
         let deadline = accepted + serving.header_timeout;
         let activity = Arc::new(Activity::new());
         let Some(tls) = &shared.tls else {

@@ -16,7 +16,9 @@
 //! So each thread runs a current-thread runtime of its own (as Pingora's own services run
 //! here, `work_stealing = false`) and accepts from its copy of the socket: a connection's
 //! calls stay on the thread that accepted it, and Envoy's several connections spread over
-//! the threads. The caps are one table over all of them (`super::conn::Shared`).
+//! the threads: a thread that serves more connections than another pauses before it accepts
+//! again (`super::conn::Spread`), or connections that arrive together would all go to the
+//! thread that woke first. The caps are one table over all of them (`super::conn::Shared`).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -162,6 +164,7 @@ impl pingora::services::Service for RlsServer {
         // The socket itself (its descriptor is the one in Pingora's table, handed on at the
         // next upgrade) goes to the last thread, copies to the others.
         let mut listener = Some(listener);
+        let spread = conn::Spread::new(threads);
         for i in 0..threads {
             let socket = match &listener {
                 Some(l) if i + 1 < threads => l.try_clone(),
@@ -178,11 +181,12 @@ impl pingora::services::Service for RlsServer {
             };
             let (done, wait) = tokio::sync::oneshot::channel::<()>();
             let (shared, shutdown, go) = (shared.clone(), shutdown.clone(), go.clone());
+            let spread = spread.thread(i);
             // The runtime is built before the start signal is waited on: a thread whose runtime
             // cannot be built logs it and drops `done`, which ends its wait as a send does.
             let task = move || async move {
                 if go.wait() {
-                    serve(shared, socket, shutdown).await;
+                    serve(shared, socket, shutdown, spread).await;
                 }
                 let _ = done.send(());
             };
@@ -276,7 +280,12 @@ fn shared(gateway: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Shared> {
 
 /// Serves the service on this thread's copy of the listening socket until `shutdown` flips
 /// (SIGTERM, or the end of an upgrade's handover).
-async fn serve(shared: Arc<Shared>, listener: std::net::TcpListener, shutdown: ShutdownWatch) {
+async fn serve(
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    shutdown: ShutdownWatch,
+    spread: conn::Spread,
+) {
     // Descriptors are decided on the store: serve once it is ready (or its start-up deadline
     // passed), as the proxy does.
     shared.gateway.warm_up().await;
@@ -287,5 +296,5 @@ async fn serve(shared: Arc<Shared>, listener: std::net::TcpListener, shutdown: S
             return;
         }
     };
-    conn::serve(shared, listener, shutdown).await;
+    conn::serve(shared, listener, shutdown, spread).await;
 }
