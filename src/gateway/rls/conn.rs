@@ -458,3 +458,33 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Preface<IO> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Spread;
+
+    /// A thread serving more connections than another is ahead until its connections end; with
+    /// one thread, or threads level, nobody is.
+    #[test]
+    fn a_thread_is_ahead_only_while_it_serves_more_than_another() {
+        let alone = Spread::new(1);
+        let _one = alone.enter();
+        assert!(
+            !alone.ahead(),
+            "one thread has nobody to leave a connection to"
+        );
+
+        let spread = Spread::new(2);
+        let (first, second) = (spread.thread(0), spread.thread(1));
+        assert!(!first.ahead() && !second.ahead());
+        let held = first.enter();
+        assert!(first.ahead(), "one connection more than the other thread");
+        assert!(!second.ahead());
+        let other = second.enter();
+        assert!(!first.ahead() && !second.ahead(), "level");
+        drop(held);
+        assert!(second.ahead(), "the first thread's connection ended");
+        drop(other);
+        assert!(!first.ahead() && !second.ahead());
+    }
+}

@@ -144,11 +144,6 @@ impl Recycled {
             runtime,
         }
     }
-
-    /// The instant the timer fires at.
-    pub fn deadline(&self) -> Instant {
-        self.sleep.as_ref().expect("held until drop").deadline()
-    }
 }
 
 impl Future for Recycled {
