@@ -461,3 +461,44 @@ fn answers_pingora_would_make_are_problem_json_with_a_request_id() {
         assert!(head.contains(&format!("x-request-id: {id}")), "{head}");
     }
 }
+
+/// Connections the keep-alive upstream of `requests_reuse_the_kept_alive_upstream_connection`
+/// accepted.
+static KEPT_ALIVE_ACCEPTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Answers every request on the connection `200 ok`, keeping it open.
+fn keep_alive_upstream(mut conn: std::net::TcpStream) {
+    use std::io::Write as _;
+    KEPT_ALIVE_ACCEPTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    while read_head(&mut conn).is_some() {
+        if conn
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Requests one after another go over one kept-alive upstream connection: the pool hands the
+/// connection back to the next request for the same target (the check that it is connected
+/// to that target reads the address recorded at connect, without a system call).
+#[tokio::test]
+async fn requests_reuse_the_kept_alive_upstream_connection() {
+    let up = raw_upstream(keep_alive_upstream);
+    let gw = Gateway::start(&format!(
+        "{}\n[[routes]]\nname = \"all\"\nmatch = {{}}\nupstream = \"orders\"\nauth = \"none\"\n",
+        orders_upstream(&[up])
+    ));
+    let c = client();
+    for i in 0..20 {
+        let r = c.get(gw.url("/any")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "request {i}");
+        assert_eq!(r.text().await.unwrap(), "ok");
+    }
+    assert_eq!(
+        KEPT_ALIVE_ACCEPTED.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "each request should reuse the first upstream connection"
+    );
+}
