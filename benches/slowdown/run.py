@@ -61,6 +61,11 @@ async def serve(reader, writer):
                     SENT[conn] = sent
     except (asyncio.IncompleteReadError, ConnectionError, OSError, IndexError, ValueError):
         pass
+    except asyncio.CancelledError:
+        # The run ending cancels the connections still open. Ended here, not re-raised: on
+        # Python 3.11 the stream's done-callback asks a cancelled task for its exception and
+        # prints the CancelledError that raises as a traceback.
+        pass
     finally:
         writer.close()
 
@@ -130,7 +135,7 @@ async def run(a, fg_port, up_port, pid, name="floodgate"):
           f"(+{(peak - before) / max(open_, 1):.0f} KiB per download), {after / 1024:.1f} MiB after the clients left")
     if leads:
         print(f"upstream ahead of the client: median {leads[len(leads) // 2] / 1024:.0f} KiB, "
-              f"max {leads[-1] / 1024:.0f} KiB (socket buffers + floodgate), "
+              f"max {leads[-1] / 1024:.0f} KiB (socket buffers + {name}), "
               f"against {a.size / 1024:.0f} KiB per body")
     if rates:
         print(f"client rate: median {rates[len(rates) // 2] / 1024:.1f} KiB/s, max {rates[-1] / 1024:.1f} KiB/s")
