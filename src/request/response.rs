@@ -685,6 +685,7 @@ fn number_value(n: u64) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// The eight-bytes-at-a-time check says what a byte-by-byte one says: every byte value at
     /// every position of strings of 1 to 24 bytes among harmless ones, and random strings.
@@ -715,7 +716,6 @@ mod tests {
             assert_eq!(needs_json_escape(&s), naive(&s), "{s:?}");
         }
     }
-    use std::sync::Arc;
 
     #[test]
     fn numbers_are_their_decimal_digits() {

@@ -14,10 +14,10 @@
 //!
 //! Bounds: at most [`DURATIONS`] distinct durations per thread (a new one replaces the one used
 //! longest ago) and [`PER_DURATION`] idle timers each; a timer given back beyond that is dropped
-//! as before. A pooled timer may still hold the
-//! waker of the task that last polled it: when its old deadline passes unused it wakes that
-//! task once (a spurious wake, which every future tolerates), and a finished task's memory is
-//! kept until then or until the timer is reused, at most `DURATIONS * PER_DURATION` per thread.
+//! as before. A pooled timer may still hold the waker of the task that last polled it: when its
+//! old deadline passes unused it wakes that task once (a spurious wake, which every future
+//! tolerates), and a finished task's memory is kept until then or until the timer is reused, at
+//! most `DURATIONS * PER_DURATION` per thread.
 //! The pool belongs to one runtime at a time: a timer is only reused on the runtime whose driver
 //! it is registered with, and the pool is emptied when the thread meets another runtime.
 
