@@ -462,6 +462,24 @@ fn answers_pingora_would_make_are_problem_json_with_a_request_id() {
     }
 }
 
+/// One route, without auth, sending every request to the upstream at `up`.
+fn every_path_to(up: std::net::SocketAddr) -> String {
+    format!(
+        "{}\n[[routes]]\nname = \"all\"\nmatch = {{}}\nupstream = \"orders\"\nauth = \"none\"\n",
+        orders_upstream(&[up])
+    )
+}
+
+/// Sends `n` requests one after another over one kept-alive client, each answered `200 ok`.
+async fn get_ok_in_a_row(gw: &Gateway, n: usize) {
+    let c = client();
+    for i in 0..n {
+        let r = c.get(gw.url("/any")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "request {i}");
+        assert_eq!(r.text().await.unwrap(), "ok");
+    }
+}
+
 /// Connections the keep-alive upstream of `requests_reuse_the_kept_alive_upstream_connection`
 /// accepted.
 static KEPT_ALIVE_ACCEPTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -486,19 +504,39 @@ fn keep_alive_upstream(mut conn: std::net::TcpStream) {
 #[tokio::test]
 async fn requests_reuse_the_kept_alive_upstream_connection() {
     let up = raw_upstream(keep_alive_upstream);
-    let gw = Gateway::start(&format!(
-        "{}\n[[routes]]\nname = \"all\"\nmatch = {{}}\nupstream = \"orders\"\nauth = \"none\"\n",
-        orders_upstream(&[up])
-    ));
-    let c = client();
-    for i in 0..20 {
-        let r = c.get(gw.url("/any")).send().await.unwrap();
-        assert_eq!(r.status(), 200, "request {i}");
-        assert_eq!(r.text().await.unwrap(), "ok");
-    }
+    let gw = Gateway::start(&every_path_to(up));
+    get_ok_in_a_row(&gw, 20).await;
     assert_eq!(
         KEPT_ALIVE_ACCEPTED.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "each request should reuse the first upstream connection"
+    );
+}
+
+/// Connections the closing upstream of `an_upstream_that_drops_idle_connections_costs_no_request`
+/// accepted.
+static DROPPING_ACCEPTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Answers one request `200 ok` as if keeping the connection, then closes it without a word.
+fn dropping_upstream(mut conn: std::net::TcpStream) {
+    use std::io::Write as _;
+    DROPPING_ACCEPTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if read_head(&mut conn).is_some() {
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+    }
+}
+
+/// An upstream that closes each connection right after its answer, without saying so: whether
+/// the close is seen when the next request takes the pooled connection or only when it writes
+/// to it, that request goes over a new connection instead of failing.
+#[tokio::test]
+async fn an_upstream_that_drops_idle_connections_costs_no_request() {
+    let up = raw_upstream(dropping_upstream);
+    let gw = Gateway::start(&every_path_to(up));
+    get_ok_in_a_row(&gw, 10).await;
+    assert_eq!(
+        DROPPING_ACCEPTED.load(std::sync::atomic::Ordering::SeqCst),
+        10,
+        "one connection per request"
     );
 }
