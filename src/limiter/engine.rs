@@ -231,34 +231,71 @@ impl Limiter {
     /// given back as a reservation in the outcome's slots (see
     /// [`Reservations::refund_all`](super::reservation::Reservations::refund_all)): the
     /// request may yet be refused before it reaches the upstream (`[upstreams.protect]`).
+    ///
+    /// A decision made in process ([`Limiter::asks_store`] false: every rule on the memory
+    /// backend, or only local rules) is made right away; only one that may wait on the shared
+    /// store allocates its future. Boxed: the store call's future (a kilobyte or more with
+    /// Redis) would otherwise sit inside every caller's future, and be moved with it.
     pub async fn decide_refundable(
         &self,
         applying: Vec<(Arc<Policy>, Check)>,
         store: &Store,
         refundable: bool,
     ) -> Outcome {
-        let mut plan = Plan::new(&applying, !self.in_process);
+        if !self.asks_store(&applying) {
+            return self.decide_in_process(&applying, refundable);
+        }
+        Box::pin(self.decide_shared(applying, store, refundable)).await
+    }
+
+    /// [`Limiter::decide_refundable`] of a request with a rule on the shared store.
+    async fn decide_shared(
+        &self,
+        applying: Vec<(Arc<Policy>, Check)>,
+        store: &Store,
+        refundable: bool,
+    ) -> Outcome {
+        let mut plan = Plan::new(&applying, true);
         let mut slots = Slots::default();
-        let (admitted, store_call) = if plan.has_shared() {
-            self.decide_with_store(&mut plan, store, &mut slots).await
-        } else {
-            // The common, memory-only case: one atomic decision in process.
-            (self.charge_local(&mut plan), None)
-        };
+        let (admitted, store_call) = self.decide_with_store(&mut plan, store, &mut slots).await;
         let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
-        let mut outcome = settle::settle(self, plan, admitted, slots, refundable);
+        let mut outcome = settle::settle(self, &plan, admitted, slots, refundable);
         outcome.asked_store = store_call.is_some();
         outcome.store_call = store_call;
         outcome
     }
 
+    /// Whether deciding `applying` may ask the shared store: some enforcing rule is global
+    /// and global rules are not decided in process. Otherwise
+    /// [`Limiter::decide_in_process`] decides it without waiting.
+    pub fn asks_store(&self, applying: &[(Arc<Policy>, Check)]) -> bool {
+        !self.in_process
+            && applying
+                .iter()
+                .any(|(rule, _)| !rule.shadow && rule.scope == super::policy::Scope::Global)
+    }
+
+    /// [`Limiter::decide_refundable`] for rules that are all decided in process (see
+    /// [`Limiter::asks_store`]): one atomic decision, nothing to wait for.
+    pub fn decide_in_process(
+        &self,
+        applying: &[(Arc<Policy>, Check)],
+        refundable: bool,
+    ) -> Outcome {
+        let mut plan = Plan::new(applying, false);
+        let admitted = self.charge_local(&mut plan);
+        let admitted = admitted && shaping::hold(&self.waiting, &mut plan.steps, &*self.clock);
+        settle::settle(self, &plan, admitted, Slots::default(), refundable)
+    }
+
     /// Decides every local step in one atomic call; returns whether they all admit.
     fn charge_local(&self, plan: &mut Plan<'_>) -> bool {
-        let checks: Checks = plan.local_checks();
-        if checks.is_empty() {
-            return true;
-        }
-        let decisions = self.local.decide(&checks);
+        // One step (the usual case): its check is decided where it lies, not cloned.
+        let decisions = match &plan.steps[..] {
+            [] => return true,
+            [step] => self.local.decide_inline(std::slice::from_ref(step.check)),
+            _ => self.local.decide_inline(&plan.local_checks::<Checks>()),
+        };
         let admitted = decisions.iter().all(|d| d.allowed);
         plan.put_local(decisions, admitted);
         admitted
@@ -305,7 +342,7 @@ impl Limiter {
         let calls = if asks { 1.0 } else { 0.0 };
         lease_metrics().calls_per_request.observe(calls);
         if admitted && !local.is_empty() {
-            let decisions = self.local.decide(&local);
+            let decisions = self.local.decide_inline(&local);
             admitted = decisions.iter().all(|d| d.allowed);
             plan.put_local(decisions, admitted);
         } else {

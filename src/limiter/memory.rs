@@ -232,6 +232,9 @@ impl RuleEvictions {
 #[repr(align(128))]
 struct PaddedShard(Mutex<Shard>);
 
+/// The decisions of one in-process call, inline up to two (no allocation for most requests).
+pub(crate) type Decisions = smallvec::SmallVec<[Decision; 2]>;
+
 type Table = HashMap<u64, State, BuildHasherDefault<KeyHasher>>;
 
 /// The keys of one lock, per rule, so that evictions can be charged to the rule that holds
@@ -431,6 +434,12 @@ impl MemoryStore {
     /// [`MemoryStore::evictions_of`], to be alarmed on. The keys of the request being charged
     /// are never evicted by it.
     pub fn decide(&self, checks: &[Check]) -> Vec<Decision> {
+        self.run(checks, true).into_vec()
+    }
+
+    /// [`MemoryStore::decide`], its decisions kept inline: what the engine calls per request
+    /// (most requests meet a rule or two, which then need no allocation).
+    pub(crate) fn decide_inline(&self, checks: &[Check]) -> Decisions {
         self.run(checks, true)
     }
 
@@ -438,17 +447,17 @@ impl MemoryStore {
     /// at local rules before it asks the shared store, so that a request the shared store
     /// rejects has charged no local rule either.
     pub fn peek(&self, checks: &[Check]) -> Vec<Decision> {
-        self.run(checks, false)
+        self.run(checks, false).into_vec()
     }
 
-    fn run(&self, checks: &[Check], charge: bool) -> Vec<Decision> {
+    fn run(&self, checks: &[Check], charge: bool) -> Decisions {
         let now = self.clock.now_ns();
         if let [check] = checks {
             // The common case, without the bookkeeping of several shards.
             let slot = self.slot(check);
             // A blocked key is refused before its counter is read (nothing is charged).
             if let Some(left) = self.block_left(check, slot, now) {
-                return vec![blocks::blocked(check, left)];
+                return smallvec::smallvec![blocks::blocked(check, left)];
             }
             let mut shard = self.shard(slot.hash).lock();
             shard.ops_since_sweep += 1;
@@ -464,7 +473,7 @@ impl MemoryStore {
             if !decision.allowed {
                 self.block_after(check, slot, now, &mut decision);
             }
-            return vec![decision];
+            return smallvec::smallvec![decision];
         }
 
         let slots: Vec<Slot> = checks.iter().map(|check| self.slot(check)).collect();
@@ -491,7 +500,7 @@ impl MemoryStore {
         if repeated {
             pending.resize(checks.len(), None);
         }
-        let mut decisions = Vec::with_capacity(checks.len());
+        let mut decisions = Decisions::with_capacity(checks.len());
         let mut updates = Vec::with_capacity(checks.len());
         for (i, (check, &slot)) in checks.iter().zip(&slots).enumerate() {
             let shard = guard(&mut guards, self.shard_index(slot.hash));

@@ -233,9 +233,11 @@ async fn charge(
     let id = req.request_id;
     let started = Instant::now();
     let wall = req.traced.then(std::time::SystemTime::now);
-    // Boxed: the decision's future (a kilobyte or more with the Redis store's) would otherwise
-    // sit inside every request's admission future, rules or not, and be moved with it.
-    let outcome = Box::pin(limiter.decide_refundable(applying, &cfg.store, refundable)).await;
+    // Not boxed here: a decision made in process has no future to speak of, and one that
+    // waits on the shared store boxes its own (`Limiter::decide_refundable`).
+    let outcome = limiter
+        .decide_refundable(applying, &cfg.store, refundable)
+        .await;
     let decided = Instant::now();
     metrics()
         .decision_seconds

@@ -120,7 +120,11 @@ impl Rls {
         let wall = trace
             .filter(|t| t.is_recording())
             .map(|_| std::time::SystemTime::now());
-        let outcome = Box::pin(self.gateway.limiter.decide(planned.applying(), &cfg.store)).await;
+        let outcome = self
+            .gateway
+            .limiter
+            .decide(planned.applying(), &cfg.store)
+            .await;
         if let (Some(trace), Some(wall)) = (trace, wall) {
             trace.admission(&crate::telemetry::Decision::of(wall, &outcome));
         }

@@ -15,6 +15,10 @@ use crate::limiter::{Check, Decision};
 /// so that the futures stay small (moving a future moves all of it).
 pub(super) type Checks = SmallVec<[Check; 4]>;
 
+/// A request's steps, inline up to two: most requests meet a rule or two, and the plan of an
+/// in-process decision then allocates nothing.
+pub(super) type Steps<'a> = SmallVec<[Step<'a>; 2]>;
+
 /// Which steps joined the store call, one flag per step (inline, as [`Checks`]).
 pub(super) type Asked = SmallVec<[bool; 8]>;
 
@@ -88,7 +92,7 @@ impl Step<'_> {
 /// A request's steps, and its shadow rules.
 pub(super) struct Plan<'a> {
     /// The enforcing rules, in file order.
-    pub(super) steps: Vec<Step<'a>>,
+    pub(super) steps: Steps<'a>,
     /// Every applying rule, shadow ones included.
     applying: &'a [Applying],
 }
@@ -97,7 +101,7 @@ impl<'a> Plan<'a> {
     /// One step per enforcing rule of `applying` (in file order); shadow rules wait. With a
     /// `shared` store, global rules are decided there; without one, every rule is local.
     pub(super) fn new(applying: &'a [Applying], shared: bool) -> Plan<'a> {
-        let mut steps = Vec::with_capacity(applying.len());
+        let mut steps = Steps::with_capacity(applying.len());
         for (rule, check) in applying.iter().filter(|(rule, _)| !rule.shadow) {
             let place = if shared && rule.scope == Scope::Global {
                 Place::Shared
@@ -125,11 +129,6 @@ impl<'a> Plan<'a> {
         self.applying.iter().filter(|(rule, _)| rule.shadow)
     }
 
-    /// Whether any step is decided by the shared store.
-    pub(super) fn has_shared(&self) -> bool {
-        self.steps.iter().any(|s| s.place == Place::Shared)
-    }
-
     /// The checks of the local steps, in order: what one in-process call decides.
     pub(super) fn local_checks<C: FromIterator<Check>>(&self) -> C {
         self.steps
@@ -142,7 +141,11 @@ impl<'a> Plan<'a> {
     /// Gives the local steps their decisions, as [`Plan::local_checks`] ordered them;
     /// `charged`: the call that made them charged (a decision that admitted them all), rather
     /// than peeked.
-    pub(super) fn put_local(&mut self, decisions: Vec<Decision>, charged: bool) {
+    pub(super) fn put_local(
+        &mut self,
+        decisions: impl IntoIterator<Item = Decision>,
+        charged: bool,
+    ) {
         let local = self.steps.iter_mut().filter(|s| s.place == Place::Local);
         for (step, d) in local.zip(decisions) {
             step.charged = charged && d.allowed;

@@ -17,7 +17,7 @@ use crate::limiter::reservation::Reservation;
 /// the store or the fallback took on its way.
 pub(super) fn settle(
     limiter: &Limiter,
-    plan: Plan<'_>,
+    plan: &Plan<'_>,
     admitted: bool,
     mut slots: Slots,
     refundable: bool,

@@ -133,6 +133,16 @@ scope = "local"
     let out = limiter.decide(applying(&cfg), &cfg.store).await;
     assert_eq!(out.shadow_rejected, [Arc::<str>::from("eng-shadow")]);
     assert_eq!(fake.calls(), 0, "the store was never called");
+    // So the proxy decides them without a future (`decide_in_process`), with the same result.
+    assert!(!limiter.asks_store(&applying(&cfg)));
+    for _ in 0..2 {
+        let out = limiter.decide_in_process(&applying(&cfg), false);
+        assert!(admitted(&out), "{:?}", out.verdict);
+        assert_eq!(out.shadow_rejected, [Arc::<str>::from("eng-shadow")]);
+    }
+    let out = limiter.decide_in_process(&applying(&cfg), false);
+    assert_eq!(rejected_by(&out), ["eng-only-local"], "the sixth of five");
+    assert_eq!(fake.calls(), 0);
 }
 
 #[test]
@@ -178,9 +188,17 @@ scope = "local"
     assert_eq!(shadow, ["plan-shadow"]);
     assert_eq!(plan.local_checks::<Vec<_>>().len(), 1);
 
+    let (fake, _released) = Fake::new();
+    assert!(limiter(&fake).asks_store(&requests), "a global rule asks");
+    let in_process = Limiter::with_shared(100, None);
+    assert!(
+        !in_process.asks_store(&requests),
+        "the memory backend never asks"
+    );
+
     let alone = Plan::new(&requests, false);
     assert!(
-        !alone.has_shared(),
+        alone.steps.iter().all(|s| s.place == Place::Local),
         "without a shared store every rule is local"
     );
     assert_eq!(alone.local_checks::<Vec<_>>().len(), 2);
