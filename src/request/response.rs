@@ -677,9 +677,8 @@ fn write_fields<'a>(
 /// or `u64::into` a value takes two: the buffer, then the shared handle of a buffer with
 /// room to spare).
 fn number_value(n: u64) -> HeaderValue {
-    let mut digits = [0u8; 20];
-    let at = crate::text::u64_digits(&mut digits, n);
-    HeaderValue::from_bytes(&digits[at..]).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    HeaderValue::from_str(itoa::Buffer::new().format(n))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 #[cfg(test)]

@@ -75,36 +75,20 @@ pub fn hex16_into(out: &mut [u8], n: u64) {
     }
 }
 
-/// Appends `n` in decimal (like `{}`).
+/// Appends `n` in decimal (like `{}`): itoa's two digits a step, and no UTF-8 check of
+/// its own digits.
 pub fn push_u64(out: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
-    let at = u64_digits(&mut digits, n);
-    push_ascii(out, &digits[at..]);
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Appends digits, which are ASCII, in one copy: extending a `String` char by char encodes and
 /// checks room for each (twice the instructions of the digits' own arithmetic).
 fn push_ascii(out: &mut String, digits: &[u8]) {
-    // Only the digit writers above call this, with ASCII digits; should that ever change,
+    // Only the hex writer above calls this, with ASCII digits; should that ever change,
     // nothing is appended rather than invalid UTF-8.
     if let Ok(text) = std::str::from_utf8(digits) {
         out.push_str(text);
     }
-}
-
-/// Writes `n` in decimal at the end of `digits`; returns where the digits begin (they are
-/// `digits[at..]`). For callers that want the digits without a `String`.
-pub fn u64_digits(digits: &mut [u8; 20], mut n: u64) -> usize {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    at
 }
 
 #[cfg(test)]
