@@ -10,7 +10,6 @@
 mod guard;
 mod usage;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -468,8 +467,8 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
             "breaker": breaker,
             "decisions": h.get_histogram().get_sample_count(),
             "decision_seconds_buckets": buckets,
-            "decided_requests": t.decided.load(Ordering::Relaxed),
-            "store_requests": t.store_requests.load(Ordering::Relaxed),
+            "decided_requests": t.decided.get(),
+            "store_requests": t.store_requests.get(),
         },
         "upstreams": upstreams,
         "rules": rules,

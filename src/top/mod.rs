@@ -19,13 +19,16 @@
 //! lock and two counter updates; nothing is allocated for a client that is already held).
 //! State is keyed by rule name, so it survives reloads like the counters do.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
+
+use crate::limiter::policy::Policy;
+use crate::metrics::shards::ShardedU64;
 
 use crate::config::Config;
 use crate::limiter::engine::{Applied, Outcome, Verdict};
@@ -500,12 +503,24 @@ pub struct Top {
     rules: RwLock<HashMap<Arc<str>, Arc<Mutex<RuleTop>>>>,
     started: Instant,
     started_unix: u64,
-    /// Requests that had at least one applying rule decided.
-    pub decided: AtomicU64,
+    /// Requests that had at least one applying rule decided (in per-thread shards: every such
+    /// request adds to it).
+    pub decided: ShardedU64,
     /// Of those, the ones whose decision asked the shared store (a global rule on the Redis
     /// backend in force, not covered by a lease): each is one round trip (one per hash slot on
     /// a cluster), so `store_requests / decided` is the share of requests that cost a round trip.
-    pub store_requests: AtomicU64,
+    pub store_requests: ShardedU64,
+}
+
+/// How many rules' states a thread keeps a handle on ([`Top::with_rule`]).
+const RECENT_RULES: usize = 8;
+
+/// A rule's state, as the table and the threads' handles hold it.
+type Shared = Arc<Mutex<RuleTop>>;
+
+thread_local! {
+    /// The calling thread's handles on the states it recorded into last, with their policies.
+    static RECENT: RefCell<Vec<(Arc<Policy>, Shared)>> = const { RefCell::new(Vec::new()) };
 }
 
 static TOP: LazyLock<Top> = LazyLock::new(|| Top {
@@ -514,8 +529,8 @@ static TOP: LazyLock<Top> = LazyLock::new(|| Top {
     started_unix: SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()),
-    decided: AtomicU64::new(0),
-    store_requests: AtomicU64::new(0),
+    decided: ShardedU64::default(),
+    store_requests: ShardedU64::default(),
 });
 
 /// The process-wide top-clients state.
@@ -555,6 +570,39 @@ impl Top {
             return r.clone();
         }
         self.rules.write().entry(name.clone()).or_default().clone()
+    }
+
+    /// Runs `f` on the state of `policy`'s rule, made if new. The calling thread keeps a
+    /// handle on the states of the last [`RECENT_RULES`] policies it recorded for, so that a
+    /// request's record takes no lock but its rule's own and writes no shared reference count
+    /// (the table's read lock and the state's `Arc` were written by every thread's every
+    /// request). A handle is held with its policy, so a reload's new policy looks its rule up
+    /// by name again: a rule kept by name keeps its state. Bounded: a thread holds at most
+    /// [`RECENT_RULES`] policies (an old config's until it has recorded for as many others).
+    fn with_rule<R>(&self, policy: &Arc<Policy>, f: impl FnOnce(&mut RuleTop) -> R) -> R {
+        let mut f = Some(f);
+        let recent = RECENT.try_with(|recent| {
+            let mut recent = recent.try_borrow_mut().ok()?;
+            let at = match recent.iter().position(|(p, _)| Arc::ptr_eq(p, policy)) {
+                Some(at) => at,
+                None => {
+                    if recent.len() >= RECENT_RULES {
+                        recent.remove(0);
+                    }
+                    recent.push((policy.clone(), self.rule_or_new(&policy.name)));
+                    recent.len() - 1
+                }
+            };
+            let f = f.take()?;
+            let result = f(&mut recent[at].1.lock());
+            Some(result)
+        });
+        match (recent, f) {
+            (Ok(Some(result)), _) => result,
+            // The thread is going away (or a record nested in a record): no handle kept.
+            (_, Some(f)) => f(&mut self.rule_or_new(&policy.name).lock()),
+            (_, None) => unreachable!("with_rule ran its writer without a result"),
+        }
     }
 
     /// Drops the state of rules `config` no longer has (called when a config is put in force:
@@ -658,9 +706,9 @@ pub fn record_labelled(
         // The store failed and a rule is closed: nobody was limited by a rule's count.
         Verdict::Unavailable { .. } => return,
     };
-    t.decided.fetch_add(1, Ordering::Relaxed);
+    t.decided.inc_by(1);
     if outcome.asked_store {
-        t.store_requests.fetch_add(1, Ordering::Relaxed);
+        t.store_requests.inc_by(1);
     }
     let now = t.at(decided);
     for a in &outcome.applied {
@@ -669,17 +717,17 @@ pub fn record_labelled(
             continue;
         }
         // The client is the counter the request charged: the digest of the rule's key values.
-        let state = t.rule_or_new(&a.rule.name);
         let mut shown: Option<Arc<Client>> = None;
         let mut make = || shown.get_or_insert_with(|| Arc::new(label(a))).clone();
-        let mut state = state.lock();
-        state.record(now, a.counter, admitted, &mut make);
-        if !a.decision.allowed && !a.rule.limit.block_for().is_zero() {
-            // A refusal of a blocking rule: the key is kept out until its Retry-After.
-            let now_ms = t.at_ms(decided);
-            let until = now_ms + a.decision.retry_after.as_millis() as u64;
-            state.block(now_ms, a.counter, until, &mut make);
-        }
+        t.with_rule(&a.rule, |state| {
+            state.record(now, a.counter, admitted, &mut make);
+            if !a.decision.allowed && !a.rule.limit.block_for().is_zero() {
+                // A refusal of a blocking rule: the key is kept out until its Retry-After.
+                let now_ms = t.at_ms(decided);
+                let until = now_ms + a.decision.retry_after.as_millis() as u64;
+                state.block(now_ms, a.counter, until, &mut make);
+            }
+        });
     }
 }
 

@@ -261,3 +261,80 @@ fn blocked_keys_are_bounded_and_end_on_time() {
     t.block(100, 5, 150, &mut label(5));
     assert!(t.blocked(100).iter().all(|(_, end)| *end >= 200));
 }
+
+/// A config with two token-bucket rules under the given names (only those present).
+fn config_with(rules: &[&str]) -> Config {
+    let mut text = String::from(
+        "[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n\n\
+         [[routes]]\nname = \"r\"\nupstream = \"u\"\n",
+    );
+    for name in rules {
+        text.push_str(&format!(
+            "\n[[rules]]\nname = \"{name}\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\n\
+             limit = 10\nwindow = \"1m\"\n"
+        ));
+    }
+    Config::from_str(std::path::Path::new("gateway.toml"), &text).expect("valid config")
+}
+
+/// One admitted request of client `counter` under rule `name` of `cfg`, as the engine says it.
+fn admitted_by(cfg: &Config, name: &str, counter: u64) -> Outcome {
+    let rule = cfg.rules.iter().find(|r| &*r.name == name).expect("rule");
+    Outcome {
+        verdict: Verdict::Allow {
+            delay: std::time::Duration::ZERO,
+        },
+        applied: vec![Applied {
+            rule: rule.policy.clone(),
+            counter,
+            decision: crate::limiter::Decision::unlimited(10),
+        }],
+        shadow_rejected: Vec::new(),
+        slots: crate::limiter::engine::Slots::default(),
+        asked_store: false,
+        store_call: None,
+    }
+}
+
+/// What `name`'s state counted over the last minute (its one client's admitted requests).
+fn counted(name: &str) -> Option<u64> {
+    let state = top().rule(name)?;
+    let list = state
+        .lock()
+        .top(top().now(), Window::Minute, By::Admitted, 10);
+    assert!(list.clients.len() <= 1, "{name}: one client");
+    Some(list.clients.first().map_or(0, |c| c.count))
+}
+
+/// The thread's handles on rule states are held per policy, not per name: a reload's new
+/// policy of a kept rule counts into the rule's state, and a rule dropped by a reload and
+/// added back by a later one starts afresh (a handle by name would keep counting into the
+/// dropped state, which `/top` no longer shows).
+#[test]
+fn a_reload_keeps_a_kept_rules_counts_and_a_dropped_rule_starts_afresh() {
+    let (kept, dropped) = ("top-reload-kept", "top-reload-dropped");
+    let first = config_with(&[kept, dropped]);
+    let now = Instant::now();
+    let none = |_: &Applied| Client::default();
+    for _ in 0..2 {
+        record_labelled(&first, &admitted_by(&first, kept, 7), now, &none);
+        record_labelled(&first, &admitted_by(&first, dropped, 7), now, &none);
+    }
+    let second = config_with(&[kept]);
+    top().retain_rules(&second);
+    assert!(
+        top().rule(dropped).is_none(),
+        "the dropped rule's state is gone"
+    );
+    record_labelled(&second, &admitted_by(&second, kept, 7), now, &none);
+    assert_eq!(
+        counted(kept),
+        Some(3),
+        "the kept rule counts on across the reload"
+    );
+
+    let third = config_with(&[kept, dropped]);
+    top().retain_rules(&third);
+    record_labelled(&third, &admitted_by(&third, dropped, 7), now, &none);
+    assert_eq!(counted(dropped), Some(1), "the re-added rule starts afresh");
+}
