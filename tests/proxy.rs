@@ -484,18 +484,29 @@ async fn get_ok_in_a_row(gw: &Gateway, n: usize) {
 /// accepted.
 static KEPT_ALIVE_ACCEPTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Answers every request on the connection `200 ok`, keeping it open.
-fn keep_alive_upstream(mut conn: std::net::TcpStream) {
+/// Counts the connection in `accepted`, then answers its requests `200 ok` without
+/// `Connection: close`: every one with `keep_alive`, else only the first, closing the
+/// connection right after it.
+fn answer_ok(
+    mut conn: std::net::TcpStream,
+    accepted: &std::sync::atomic::AtomicUsize,
+    keep_alive: bool,
+) {
     use std::io::Write as _;
-    KEPT_ALIVE_ACCEPTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     while read_head(&mut conn).is_some() {
-        if conn
+        let answered = conn
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-            .is_err()
-        {
+            .is_ok();
+        if !answered || !keep_alive {
             return;
         }
     }
+}
+
+/// Answers every request on the connection `200 ok`, keeping it open.
+fn keep_alive_upstream(conn: std::net::TcpStream) {
+    answer_ok(conn, &KEPT_ALIVE_ACCEPTED, true);
 }
 
 /// Requests one after another go over one kept-alive upstream connection: the pool hands the
@@ -518,12 +529,8 @@ async fn requests_reuse_the_kept_alive_upstream_connection() {
 static DROPPING_ACCEPTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Answers one request `200 ok` as if keeping the connection, then closes it without a word.
-fn dropping_upstream(mut conn: std::net::TcpStream) {
-    use std::io::Write as _;
-    DROPPING_ACCEPTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    if read_head(&mut conn).is_some() {
-        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-    }
+fn dropping_upstream(conn: std::net::TcpStream) {
+    answer_ok(conn, &DROPPING_ACCEPTED, false);
 }
 
 /// An upstream that closes each connection right after its answer, without saying so: whether
