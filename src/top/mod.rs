@@ -27,11 +27,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::limiter::policy::Policy;
-use crate::metrics::shards::ShardedU64;
-
 use crate::config::Config;
 use crate::limiter::engine::{Applied, Outcome, Verdict};
+use crate::limiter::policy::Policy;
+use crate::metrics::shards::ShardedU64;
 use crate::rules::{KeyPart, RequestView, Rule, MAX_KEY_VALUE};
 
 /// Counters per sketch (k of Space-Saving). 64 is plenty to name who is being limited, and it
