@@ -338,3 +338,26 @@ fn a_reload_keeps_a_kept_rules_counts_and_a_dropped_rule_starts_afresh() {
     record_labelled(&third, &admitted_by(&third, dropped, 7), now, &none);
     assert_eq!(counted(dropped), Some(1), "the re-added rule starts afresh");
 }
+
+/// A config with more rules than a thread keeps handles on: every rule still counts into its
+/// own state, and the thread holds no more than its bound of handles (and of old policies).
+#[test]
+fn more_rules_than_a_thread_keeps_handles_on_each_count_their_own() {
+    let names: Vec<String> = (0..3 * RECENT_RULES)
+        .map(|i| format!("top-many-{i}"))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let cfg = config_with(&names);
+    let now = Instant::now();
+    let none = |_: &Applied| Client::default();
+    for round in 1..=2 {
+        for name in &names {
+            record_labelled(&cfg, &admitted_by(&cfg, name, 9), now, &none);
+            let held = RECENT.with(|r| r.borrow().len());
+            assert!(held <= RECENT_RULES, "{held} handles held");
+        }
+        for name in &names {
+            assert_eq!(counted(name), Some(round), "{name} after round {round}");
+        }
+    }
+}
