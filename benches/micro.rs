@@ -303,7 +303,7 @@ fn benches(c: &mut Criterion) {
             group.bench_function(id, |b| {
                 b.iter(|| {
                     black_box(RateLimitHeaders::build(
-                        applied[..n].iter().map(|(r, d)| (&*r.policy, d)),
+                        applied[..n].iter().map(|(r, d)| (&r.policy, d)),
                         black_box(legacy),
                     ))
                 })
@@ -332,7 +332,7 @@ fn smoke() {
     assert_eq!(checks(&rules, &view), 6, "each applying rule can be keyed");
     passed += 2;
     let applied = header_rules();
-    let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (&*r.policy, d)), true);
+    let h = RateLimitHeaders::build(applied.iter().map(|(r, d)| (&r.policy, d)), true);
     assert_eq!(
         h.policy(),
         "\"per-ip-flood\";q=100;w=60, \"orders-per-key\";q=100;w=60, \"exports\";q=100"

@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::config::duration::parse_duration;
@@ -940,12 +941,19 @@ fn applied() -> impl Strategy<Value = Applied> {
         rule_name(),
         prop::bool::weighted(0.9),
         any::<bool>(),
-        prop_oneof![1u64..1_000_000, any::<u64>()],
+        prop_oneof![1u64..1_000_000, 1u64..=u64::MAX],
         prop_oneof![
             (1u64..86_400_000).prop_map(Duration::from_millis),
             any::<u64>().prop_map(Duration::from_millis),
         ],
-        (any::<bool>(), any::<u64>(), duration(), duration()),
+        // What is left: mostly what limits leave (uniform u64s are nearly all past the
+        // 15-digit cap, where every value is written the same).
+        (
+            any::<bool>(),
+            prop_oneof![0u64..1_000_000, any::<u64>()],
+            duration(),
+            duration(),
+        ),
     )
         .prop_map(
             |(name, headers, concurrency, limit, window, (allowed, remaining, reset, retry))| {
@@ -1021,11 +1029,20 @@ proptest! {
         applied in prop::collection::vec(applied(), 0..5),
         legacy in any::<bool>(),
     ) {
-        let rules: Vec<Policy> = applied.iter().map(rule_of).collect();
+        let rules: Vec<Arc<Policy>> = applied.iter().map(|a| Arc::new(rule_of(a))).collect();
         let h = RateLimitHeaders::build(
             rules.iter().zip(applied.iter().map(|a| &a.decision)),
             legacy,
         );
+        // A response's fields (made from what the thread keeps when one rule shows them) are
+        // the text the rate-limit service answers with (always written whole).
+        let (policy, state, legacy_fields) = RateLimitHeaders::text(
+            rules.iter().map(|r| &**r).zip(applied.iter().map(|a| &a.decision)),
+            legacy,
+        );
+        prop_assert_eq!(h.policy(), policy.as_str());
+        prop_assert_eq!(h.state(), state.as_str());
+        prop_assert_eq!(h.legacy, legacy_fields);
         let shown: Vec<&Applied> = applied.iter().filter(|a| a.headers).collect();
         if shown.is_empty() {
             prop_assert!(h.policy().is_empty() && h.state().is_empty());
@@ -1093,7 +1110,7 @@ fn ratelimit_fields_escape_names_and_cap_numbers() {
             delay: Duration::ZERO,
         },
     };
-    let rule = rule_of(&a);
+    let rule = Arc::new(rule_of(&a));
     let h = RateLimitHeaders::build(std::iter::once((&rule, &a.decision)), false);
     assert_eq!(
         h.policy(),

@@ -8,6 +8,9 @@ use super::lease::Lease;
 use super::Limit;
 use crate::metrics::RuleCounters;
 
+mod recent;
+pub use recent::Recent;
+
 /// How one rule counts and answers.
 #[derive(Debug)]
 pub struct Policy {

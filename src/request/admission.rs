@@ -257,7 +257,7 @@ async fn charge(
         tracing::info!(rule = %name, request_id = %id, "shadow rule would have rejected the request");
     }
     let ratelimit = RateLimitHeaders::build(
-        outcome.applied.iter().map(|a| (&*a.rule, &a.decision)),
+        outcome.applied.iter().map(|a| (&a.rule, &a.decision)),
         cfg.server.legacy_headers,
     );
     let decision = wall.map(|wall| Box::new(crate::telemetry::Decision::of(wall, &outcome)));

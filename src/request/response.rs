@@ -7,6 +7,7 @@
 //! from the request (a path, a detail) go through [`push_json_str`]. Rule names and request ids
 //! need no escaping: validation and [`crate::request::client::RequestId`] keep them to plain ASCII.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +15,7 @@ use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 
-use crate::limiter::policy::Policy;
+use crate::limiter::policy::{Policy, Recent};
 use crate::limiter::Decision;
 use crate::request::header_names as names;
 use crate::text::push_u64;
@@ -523,10 +524,40 @@ thread_local! {
     /// its value: one allocation per field instead of a growing `String` and then its copy.
     static SCRATCH: std::cell::RefCell<(String, String)> =
         const { std::cell::RefCell::new((String::new(), String::new())) };
+    /// What this thread made for the last rules it answered for alone ([`OneRule`]).
+    static ONE_RULE: std::cell::RefCell<Recent<OneRule>> =
+        const { std::cell::RefCell::new(Recent::new()) };
 }
 
 /// The scratch text kept between requests, at most (a longer one is given back).
 const SCRATCH_KEPT: usize = 4096;
+
+/// What the fields of a request that one rule shows (the usual case) take from the rule alone:
+/// its whole `RateLimit-Policy` value and the start of its `RateLimit` member. Made once per
+/// thread and policy, so that such a request writes, checks and allocates only its `RateLimit`
+/// value: the name's escaping, the limit's and window's digits and the policy value's check
+/// and allocation were the same for every request.
+#[derive(Debug)]
+struct OneRule {
+    /// `RateLimit-Policy` (`None` should the text not be a header value: not reachable, see
+    /// [`RateLimitHeaders::build`]).
+    policy: Option<HeaderValue>,
+    /// `"name";r=`.
+    state_prefix: String,
+}
+
+impl OneRule {
+    fn of(rule: &Policy) -> OneRule {
+        let mut policy = String::new();
+        push_policy_member(&mut policy, rule);
+        let mut state_prefix = String::new();
+        push_state_prefix(&mut state_prefix, rule);
+        OneRule {
+            policy: HeaderValue::from_str(&policy).ok(),
+            state_prefix,
+        }
+    }
+}
 
 impl RateLimitHeaders {
     /// Builds the fields. `q` is the rule's limit, `w` its window in seconds (omitted for
@@ -534,16 +565,25 @@ impl RateLimitHeaders {
     /// request, seconds until it would pass (its `Retry-After`); otherwise seconds until its
     /// quota is all back. On a refused request the decisions already say what each rule
     /// really has left (see [`crate::limiter::engine::Applied::decision`]).
-    pub fn build<'a>(
-        applied: impl Iterator<Item = (&'a Policy, &'a Decision)>,
-        legacy: bool,
-    ) -> Self {
+    pub fn build<'a, I>(applied: I, legacy: bool) -> Self
+    where
+        I: Iterator<Item = (&'a Arc<Policy>, &'a Decision)> + Clone,
+    {
+        let mut shown = applied.clone().filter(|(rule, _)| rule.headers);
+        // One rule shown, and not a calendar one (its `w` follows the calendar).
+        if let (Some((rule, d)), None) = (shown.next(), shown.next()) {
+            if rule.limit.calendar().is_none() {
+                if let Some(fields) = Self::one(rule, d, legacy) {
+                    return fields;
+                }
+            }
+        }
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let (policy, state) = &mut *scratch;
             policy.clear();
             state.clear();
-            let legacy = write_fields(applied, legacy, policy, state);
+            let legacy = write_fields(applied.map(|(p, d)| (&**p, d)), legacy, policy, state);
             // The text is rule names that validation kept to header-safe characters, percent-
             // and backslash-escaped, and digits: a value it cannot make is not reachable, and
             // would leave the fields out rather than fail the response.
@@ -561,6 +601,39 @@ impl RateLimitHeaders {
             }
             RateLimitHeaders { fields, legacy }
         })
+    }
+
+    /// The fields of a request that `rule` alone shows, from what this thread keeps for it
+    /// ([`OneRule`]); `None` when the thread keeps nothing (it is going away) and the caller
+    /// writes them whole.
+    fn one(rule: &Arc<Policy>, d: &Decision, legacy: bool) -> Option<Self> {
+        ONE_RULE
+            .try_with(|cache| {
+                let mut cache = cache.try_borrow_mut().ok()?;
+                let kept = cache.get_or_insert_with(rule, || OneRule::of(rule));
+                let policy = kept.policy.clone()?;
+                let (remaining, t) = state_numbers(d);
+                let state = SCRATCH
+                    .try_with(|scratch| {
+                        let text = &mut scratch.try_borrow_mut().ok()?.1;
+                        text.clear();
+                        text.push_str(&kept.state_prefix);
+                        push_state_numbers(text, remaining, t);
+                        let value = HeaderValue::from_str(text).ok();
+                        if text.capacity() > SCRATCH_KEPT {
+                            *text = String::new();
+                        }
+                        value
+                    })
+                    .ok()
+                    .flatten()?;
+                Some(RateLimitHeaders {
+                    fields: Some((policy, state)),
+                    legacy: legacy.then(|| (rule.limit.limit(), remaining, t)),
+                })
+            })
+            .ok()
+            .flatten()
     }
 
     /// The fields as text, for an answer that is not an HTTP response (the rate-limit
@@ -635,31 +708,11 @@ fn write_fields<'a>(
         policy.reserve(room);
         state.reserve(room);
         policy.push_str(sep);
-        push_sf_string(policy, &rule.name);
-        policy.push_str(";q=");
-        push_sf_integer(policy, rule.limit.limit());
-        if let Some(c) = rule.limit.calendar() {
-            // A calendar period's own length: a day is 23 or 25 hours across DST.
-            policy.push_str(";w=");
-            push_sf_integer(policy, ceil_secs(c.length_at(unix_now_ns())).max(1));
-        } else if !rule.limit.window().is_zero() {
-            policy.push_str(";w=");
-            push_sf_integer(policy, ceil_secs(rule.limit.window()).max(1));
-        }
-        let t = if d.allowed {
-            ceil_secs(d.reset)
-        } else {
-            whole_seconds_at_least_one(d.retry_after)
-        };
-        // On a refused request the engine already shows what each rule really has left
-        // (uncharged or charged: see `Applied::decision`).
-        let remaining = d.remaining;
+        push_policy_member(policy, rule);
+        let (remaining, t) = state_numbers(d);
         state.push_str(sep);
-        push_sf_string(state, &rule.name);
-        state.push_str(";r=");
-        push_sf_integer(state, remaining);
-        state.push_str(";t=");
-        push_sf_integer(state, t);
+        push_state_prefix(state, rule);
+        push_state_numbers(state, remaining, t);
         if legacy {
             let tighter = match tightest {
                 None => true,
@@ -673,6 +726,47 @@ fn write_fields<'a>(
     tightest
 }
 
+/// Appends `rule`'s `RateLimit-Policy` member: `"name";q=limit;w=window`.
+fn push_policy_member(policy: &mut String, rule: &Policy) {
+    push_sf_string(policy, &rule.name);
+    policy.push_str(";q=");
+    push_sf_integer(policy, rule.limit.limit());
+    if let Some(c) = rule.limit.calendar() {
+        // A calendar period's own length: a day is 23 or 25 hours across DST.
+        policy.push_str(";w=");
+        push_sf_integer(policy, ceil_secs(c.length_at(unix_now_ns())).max(1));
+    } else if !rule.limit.window().is_zero() {
+        policy.push_str(";w=");
+        push_sf_integer(policy, ceil_secs(rule.limit.window()).max(1));
+    }
+}
+
+/// Appends the start of `rule`'s `RateLimit` member: `"name";r=`.
+fn push_state_prefix(state: &mut String, rule: &Policy) {
+    push_sf_string(state, &rule.name);
+    state.push_str(";r=");
+}
+
+/// Appends the rest of a `RateLimit` member: `remaining;t=t`.
+fn push_state_numbers(state: &mut String, remaining: u64, t: u64) {
+    push_sf_integer(state, remaining);
+    state.push_str(";t=");
+    push_sf_integer(state, t);
+}
+
+/// A rule's `RateLimit` numbers for its decision `d`: what is left (`r`) and `t`, the seconds
+/// until its quota is all back, or for a rule that refused the request until it would pass
+/// (its `Retry-After`). On a refused request the engine already shows what each rule really
+/// has left (uncharged or charged: see `Applied::decision`).
+fn state_numbers(d: &Decision) -> (u64, u64) {
+    let t = if d.allowed {
+        ceil_secs(d.reset)
+    } else {
+        whole_seconds_at_least_one(d.retry_after)
+    };
+    (d.remaining, t)
+}
+
 /// `n` in decimal as a header value, in one allocation of its digits' size (from a `String`
 /// or `u64::into` a value takes two: the buffer, then the shared handle of a buffer with
 /// room to spare).
@@ -684,7 +778,49 @@ fn number_value(n: u64) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use crate::limiter::policy::Scope;
+    use crate::limiter::{Algorithm, Limit};
+
+    fn fields(rule: &Arc<Policy>, remaining: u64) -> RateLimitHeaders {
+        let d = Decision {
+            allowed: true,
+            limit: rule.limit.limit(),
+            remaining,
+            reset: Duration::from_secs(2),
+            retry_after: Duration::ZERO,
+            delay: Duration::ZERO,
+        };
+        RateLimitHeaders::build(std::iter::once((rule, &d)), true)
+    }
+
+    /// A rule shown alone gets its fields from what the thread keeps for its policy: the
+    /// numbers of each decision, and after a reload (a new policy of the same name) the new
+    /// rule's limit and window, not the old one's.
+    #[test]
+    fn a_lone_rules_fields_follow_its_decisions_and_a_reload() {
+        let policy = |limit, secs| {
+            let limit = Limit::police(
+                Algorithm::TokenBucket,
+                limit,
+                Duration::from_secs(secs),
+                limit,
+            );
+            Arc::new(Policy::with_defaults("per-ip", limit, Scope::Local))
+        };
+        let old = policy(10, 1);
+        for remaining in [9, 4] {
+            let h = fields(&old, remaining);
+            assert_eq!(h.policy(), "\"per-ip\";q=10;w=1");
+            assert_eq!(h.state(), format!("\"per-ip\";r={remaining};t=2"));
+            assert_eq!(h.legacy, Some((10, remaining, 2)));
+        }
+        let reloaded = policy(20, 60);
+        let h = fields(&reloaded, 19);
+        assert_eq!(h.policy(), "\"per-ip\";q=20;w=60");
+        assert_eq!(h.state(), "\"per-ip\";r=19;t=2");
+        assert_eq!(h.legacy, Some((20, 19, 2)));
+        assert_eq!(fields(&old, 3).policy(), "\"per-ip\";q=10;w=1");
+    }
 
     /// The eight-bytes-at-a-time check says what a byte-by-byte one says: every byte value at
     /// every position of strings of 1 to 24 bytes among harmless ones, and random strings.

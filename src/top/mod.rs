@@ -29,7 +29,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::limiter::engine::{Applied, Outcome, Verdict};
-use crate::limiter::policy::Policy;
+use crate::limiter::policy::{Policy, Recent};
 use crate::metrics::shards::ShardedU64;
 use crate::rules::{KeyPart, RequestView, Rule, MAX_KEY_VALUE};
 
@@ -511,15 +511,12 @@ pub struct Top {
     pub store_requests: ShardedU64,
 }
 
-/// How many rules' states a thread keeps a handle on ([`Top::with_rule`]).
-const RECENT_RULES: usize = 8;
-
 /// A rule's state, as the table and the threads' handles hold it.
 type Shared = Arc<Mutex<RuleTop>>;
 
 thread_local! {
     /// The calling thread's handles on the states it recorded into last, with their policies.
-    static RECENT: RefCell<Vec<(Arc<Policy>, Shared)>> = const { RefCell::new(Vec::new()) };
+    static RECENT: RefCell<Recent<Shared>> = const { RefCell::new(Recent::new()) };
 }
 
 static TOP: LazyLock<Top> = LazyLock::new(|| Top {
@@ -572,28 +569,18 @@ impl Top {
     }
 
     /// Runs `f` on the state of `policy`'s rule, made if new. The calling thread keeps a
-    /// handle on the states of the last [`RECENT_RULES`] policies it recorded for, so that a
+    /// handle on the states of the last policies it recorded for ([`Recent`]), so that a
     /// request's record takes no lock but its rule's own and writes no shared reference count
     /// (the table's read lock and the state's `Arc` were written by every thread's every
     /// request). A handle is held with its policy, so a reload's new policy looks its rule up
-    /// by name again: a rule kept by name keeps its state. Bounded: a thread holds at most
-    /// [`RECENT_RULES`] policies (an old config's until it has recorded for as many others).
+    /// by name again: a rule kept by name keeps its state.
     fn with_rule<R>(&self, policy: &Arc<Policy>, f: impl FnOnce(&mut RuleTop) -> R) -> R {
         let mut f = Some(f);
         let recent = RECENT.try_with(|recent| {
             let mut recent = recent.try_borrow_mut().ok()?;
-            let at = match recent.iter().position(|(p, _)| Arc::ptr_eq(p, policy)) {
-                Some(at) => at,
-                None => {
-                    if recent.len() >= RECENT_RULES {
-                        recent.remove(0);
-                    }
-                    recent.push((policy.clone(), self.rule_or_new(&policy.name)));
-                    recent.len() - 1
-                }
-            };
+            let state = recent.get_or_insert_with(policy, || self.rule_or_new(&policy.name));
             let f = f.take()?;
-            let result = f(&mut recent[at].1.lock());
+            let result = f(&mut state.lock());
             Some(result)
         });
         match (recent, f) {

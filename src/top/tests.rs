@@ -4,6 +4,9 @@ use super::*;
 
 const K: usize = 64;
 
+/// How many rules' states a thread keeps a handle on.
+const RECENT_RULES: usize = Recent::<Shared>::CAPACITY;
+
 /// Exact counts of `stream`, alongside a sketch of `k` counters fed the same stream.
 fn run(stream: &[u64], k: usize) -> (SpaceSaving<()>, HashMap<u64, u64>) {
     let mut sketch = SpaceSaving::new(k);
