@@ -532,6 +532,14 @@ thread_local! {
 /// The scratch text kept between requests, at most (a longer one is given back).
 const SCRATCH_KEPT: usize = 4096;
 
+/// Frees scratch text that grew past [`SCRATCH_KEPT`], so that one request's long fields
+/// are not held by the thread for good.
+fn give_back_if_long(text: &mut String) {
+    if text.capacity() > SCRATCH_KEPT {
+        *text = String::new();
+    }
+}
+
 /// What the fields of a request that one rule shows (the usual case) take from the rule alone:
 /// its whole `RateLimit-Policy` value and the start of its `RateLimit` member. Made once per
 /// thread and policy, so that such a request writes, checks and allocates only its `RateLimit`
@@ -594,11 +602,8 @@ impl RateLimitHeaders {
                     .ok()
                     .zip(HeaderValue::from_str(state).ok())
             };
-            for text in [policy, state] {
-                if text.capacity() > SCRATCH_KEPT {
-                    *text = String::new();
-                }
-            }
+            give_back_if_long(policy);
+            give_back_if_long(state);
             RateLimitHeaders { fields, legacy }
         })
     }
@@ -607,10 +612,11 @@ impl RateLimitHeaders {
     /// ([`OneRule`]); `None` when the thread keeps nothing (it is going away) and the caller
     /// writes them whole.
     fn one(rule: &Arc<Policy>, d: &Decision, legacy: bool) -> Option<Self> {
-        ONE_RULE
-            .try_with(|cache| {
-                let mut cache = cache.try_borrow_mut().ok()?;
-                let kept = cache.get_or_insert_with(rule, || OneRule::of(rule));
+        Recent::with_kept(
+            &ONE_RULE,
+            rule,
+            || OneRule::of(rule),
+            |kept| {
                 let policy = kept.policy.clone()?;
                 let (remaining, t) = state_numbers(d);
                 let state = SCRATCH
@@ -620,9 +626,7 @@ impl RateLimitHeaders {
                         text.push_str(&kept.state_prefix);
                         push_state_numbers(text, remaining, t);
                         let value = HeaderValue::from_str(text).ok();
-                        if text.capacity() > SCRATCH_KEPT {
-                            *text = String::new();
-                        }
+                        give_back_if_long(text);
                         value
                     })
                     .ok()
@@ -631,9 +635,10 @@ impl RateLimitHeaders {
                     fields: Some((policy, state)),
                     legacy: legacy.then(|| (rule.limit.limit(), remaining, t)),
                 })
-            })
-            .ok()
-            .flatten()
+            },
+        )
+        .ok()
+        .flatten()
     }
 
     /// The fields as text, for an answer that is not an HTTP response (the rate-limit

@@ -575,20 +575,10 @@ impl Top {
     /// request). A handle is held with its policy, so a reload's new policy looks its rule up
     /// by name again: a rule kept by name keeps its state.
     fn with_rule<R>(&self, policy: &Arc<Policy>, f: impl FnOnce(&mut RuleTop) -> R) -> R {
-        let mut f = Some(f);
-        let recent = RECENT.try_with(|recent| {
-            let mut recent = recent.try_borrow_mut().ok()?;
-            let state = recent.get_or_insert_with(policy, || self.rule_or_new(&policy.name));
-            let f = f.take()?;
-            let result = f(&mut state.lock());
-            Some(result)
-        });
-        match (recent, f) {
-            (Ok(Some(result)), _) => result,
+        let make = || self.rule_or_new(&policy.name);
+        Recent::with_kept(&RECENT, policy, make, |state| f(&mut state.lock()))
             // The thread is going away (or a record nested in a record): no handle kept.
-            (_, Some(f)) => f(&mut self.rule_or_new(&policy.name).lock()),
-            (_, None) => unreachable!("with_rule ran its writer without a result"),
-        }
+            .unwrap_or_else(|f| f(&mut self.rule_or_new(&policy.name)))
     }
 
     /// Drops the state of rules `config` no longer has (called when a config is put in force:

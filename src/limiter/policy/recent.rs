@@ -2,7 +2,9 @@
 //! reused by the requests that follow (the `/top` state of its rule, its RateLimit field),
 //! instead of looked up in a shared table or made again for every request.
 
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::thread::LocalKey;
 
 use super::Policy;
 
@@ -47,6 +49,28 @@ impl<T> Recent<T> {
             }
         };
         &mut self.entries[at].1
+    }
+
+    /// Runs `f` on the value the calling thread keeps in `key` for `policy` (made by `make`
+    /// when there is none). Gives `f` back unrun when the thread keeps nothing: it is going
+    /// away (its thread-locals are gone), or a run is already under way on it.
+    pub fn with_kept<R, F: FnOnce(&mut T) -> R>(
+        key: &'static LocalKey<RefCell<Recent<T>>>,
+        policy: &Arc<Policy>,
+        make: impl FnOnce() -> T,
+        f: F,
+    ) -> Result<R, F> {
+        let mut f = Some(f);
+        let ran = key.try_with(|recent| {
+            let mut recent = recent.try_borrow_mut().ok()?;
+            let f = f.take()?;
+            Some(f(recent.get_or_insert_with(policy, make)))
+        });
+        match (ran, f) {
+            (Ok(Some(result)), _) => Ok(result),
+            (_, Some(f)) => Err(f),
+            (_, None) => unreachable!("with_kept ran its writer without a result"),
+        }
     }
 
     /// How many policies are kept.
