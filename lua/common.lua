@@ -203,7 +203,7 @@ local function redis_now()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- A check as decide.lua receives it in ARGV[3 + i] and usage.lua in ARGV[3]: 81 packed bytes,
+-- A check as decide.lua receives it in ARGV[4 + i] and usage.lua in ARGV[3]: 81 packed bytes,
 -- or 113 with a calendar rule's periods (see decide.lua). Returns the algorithm code, the
 -- parameters `p` the algorithm's function reads (cost as packed; `lease` and `lease_ttl` are
 -- the call's, not the check's), the permits wanted and the share; nil when the size is wrong,

@@ -10,7 +10,10 @@
 -- ARGV[3]   '' in production: "now" is Redis TIME, never a gateway clock. Tests may pass an
 --           instant (us since the epoch) to compare decisions with the Rust reference at
 --           chosen times; TTLs then get an hour of margin, as Redis expires keys in real time.
--- ARGV[3 + i] check i, packed little-endian (struct '<Bdddddddddd': one argument instead of
+-- ARGV[4]   the call's tag (8 bytes the gateway drew for this call), which the reply starts
+--           with: RESP matches replies to commands by order alone, and the gateway takes a
+--           reply for its call's answer only when it carries the call's own tag
+-- ARGV[4 + i] check i, packed little-endian (struct '<Bdddddddddd': one argument instead of
 --           eleven, read by one C call instead of eleven tonumber()s; see unpack_check in
 --           common.lua):
 --           algorithm: 1 fixed window, 2 sliding log, 3 sliding counter, 4 token bucket,
@@ -26,18 +29,18 @@
 --           state: cost, plus at most floor(remaining / share) more (a fair share of what is
 --           left, shrinking to single permits as the budget runs out), never more than lease.
 --
--- ARGV[3 + #KEYS + i] optional: check i's block_for in ms (absent or 0: the rule does not
+-- ARGV[4 + #KEYS + i] optional: check i's block_for in ms (absent or 0: the rule does not
 --           block). A key whose block key <key>:b lives is refused for what is left of it
 --           without reading its state; a key the rule rejects gets the block key, PX block_for.
 --
 -- Every check is decided against the stored state first; only if every one admits is any of
--- them charged (all or nothing). Returns 12 numbers per check, in KEYS order:
+-- them charged (all or nothing). Returns the tag, then 12 numbers per check, in KEYS order:
 --   allowed (1/0), remaining, reset (wide: us, ns), retry_after (wide, 0 when allowed),
 --   delay (wide), granted (permits charged: cost, or the lease), window_left (us until the
 --   aligned window ends: fixed window and sliding counter, else 0), window_end (us, same
 --   algorithms, else 0), now (us: when this call charged, which a refund, true-up or lease
 --   return names so that it never lands on a counter a usage reset started since)
--- packed as little-endian doubles in one bulk string (all integers below 2^53, so exact): one
+-- packed as little-endian doubles after the tag in one bulk string (all integers below 2^53, so exact): one
 -- reply element instead of 12 per check, cheaper to produce here and to parse in the gateway.
 
 local now
@@ -56,7 +59,7 @@ local blocks = {}
 local n_keys = #KEYS
 local admitted = true
 for i, key in ipairs(KEYS) do
-  local code, p, wanted, share = unpack_check(ARGV[3 + i], lease, lease_ttl)
+  local code, p, wanted, share = unpack_check(ARGV[4 + i], lease, lease_ttl)
   if code == nil then
     return redis.error_reply('floodgate: check ' .. i .. ' is not 81 or 113 packed bytes')
   end
@@ -68,7 +71,7 @@ for i, key in ipairs(KEYS) do
   local allowed, remaining, reset_u, reset_n, retry_u, retry_n, delay_u, delay_n, charge
   -- block_for: a key its rule rejected is refused, before its state is read, until the
   -- block key (same hash tag, so the same cluster slot) expires.
-  local block_ms = tonumber(ARGV[3 + n_keys + i] or '') or 0
+  local block_ms = tonumber(ARGV[4 + n_keys + i] or '') or 0
   local blocked_ms = 0
   if block_ms > 0 then
     blocked_ms = math.max(0, redis.call('PTTL', key .. ':b'))
@@ -141,4 +144,4 @@ end
 for _, b in ipairs(blocks) do
   redis.call('SET', b[1] .. ':b', '1', 'PX', b[2])
 end
-return struct.pack('<' .. string.rep('d', #out), unpack(out))
+return ARGV[4] .. struct.pack('<' .. string.rep('d', #out), unpack(out))

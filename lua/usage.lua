@@ -6,7 +6,7 @@
 -- KEYS[1]  the counter's state key (as decide.lua's)
 -- ARGV[1]  'read', 'reset' or 'grant'
 -- ARGV[2]  grant: the units granted for the current window
--- ARGV[3]  the check, packed as decide.lua's ARGV[3 + i] (81 bytes, or 113 with a calendar
+-- ARGV[3]  the check, packed as decide.lua's ARGV[4 + i] (81 bytes, or 113 with a calendar
 --          rule's periods)
 -- ARGV[4]  the change's idempotency key ('' for none)
 -- ARGV[5]  the change's deadline (us since the epoch, the gateway's clock; 0 for none)

@@ -235,9 +235,13 @@ fn raw_decide(
         .arg("0000000000000001")
         .arg(300_000_000)
         .arg((redis_ns / 1000).to_string())
+        .arg(&b"tag-0001"[..])
         .arg(packed)
         .query(conn)
         .expect("decide.lua answers");
+    let reply = reply
+        .strip_prefix(b"tag-0001")
+        .expect("the reply starts with the call's tag");
     let number = |i: usize| f64::from_le_bytes(reply[i * 8..i * 8 + 8].try_into().unwrap());
     (number(0) == 1.0, number(10) as u64 * 1000)
 }

@@ -644,6 +644,7 @@ impl Gateway {
     }
 }
 
+pub mod fault;
 pub mod redis;
 pub mod rls;
 pub mod upgrade;

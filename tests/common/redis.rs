@@ -229,26 +229,42 @@ impl RedisCluster {
 
     /// Starts `masters` masters with `extra` arguments each.
     pub fn start_masters_with(masters: usize, extra: &[&str]) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..masters)
-            .map(|_| {
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        RedisCluster::join(RedisCluster::spawn_masters(masters, |_| extra.clone()))
+    }
+
+    /// Starts `masters` cluster-enabled servers, node `i` with `extra(i)` more arguments, not
+    /// yet joined (see [`RedisCluster::join`]): a test that puts something in front of each
+    /// node (a fault relay, announced with `--cluster-announce-port`) starts it in between.
+    pub fn spawn_masters(masters: usize, extra: impl Fn(usize) -> Vec<String>) -> Vec<RedisServer> {
+        (0..masters)
+            .map(|i| {
                 RedisServer::start_with(|port, dir| {
-                    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+                    // The bus port defaults to port + 10000, which may be taken or past 65535:
+                    // pick a free one (and announce it, whatever client port is announced).
+                    let bus = free_port().to_string();
+                    let mut args = extra(i);
                     args.extend([
                         "--cluster-enabled".into(),
                         "yes".into(),
                         "--cluster-config-file".into(),
                         dir.join(format!("nodes-{port}.conf")).display().to_string(),
-                        // The bus port defaults to port + 10000, which may be taken or past
-                        // 65535: pick a free one.
                         "--cluster-port".into(),
-                        free_port().to_string(),
+                        bus.clone(),
+                        "--cluster-announce-bus-port".into(),
+                        bus,
                         "--cluster-node-timeout".into(),
                         "5000".into(),
                     ]);
                     args
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// Joins `nodes` into one cluster with `redis-cli --cluster create`; returns once every
+    /// node reports `cluster_state:ok`.
+    pub fn join(nodes: Vec<RedisServer>) -> RedisCluster {
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr().to_string()).collect();
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])

@@ -7,7 +7,7 @@
 //! connections (`rediss://` and Unix sockets; clusters, which also follow MOVED/ASK and
 //! rediscover slots) reconnect by themselves.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::io::tcp::{socket2, TcpSettings};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult,
     ServerErrorKind, Value,
@@ -28,6 +29,47 @@ use crate::limiter::settings::Backend;
 
 /// Budget of one connection attempt (TCP, TLS, AUTH), separate from the decision timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Budget of the round trips that prove a new connection answers (`AUTH`, `SELECT`, `PING`):
+/// a black-holed path accepts TCP connections and answers nothing, and an attempt stuck there
+/// delays the recovery after the fault ends by as much, so it is short.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// TCP keepalive on store connections: the first probe after this much silence...
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+/// ...then one probe every...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// ...and the connection is dead after this many unanswered probes.
+pub const KEEPALIVE_PROBES: u32 = 3;
+/// `TCP_USER_TIMEOUT`: data unacknowledged this long kills the connection (the kernel fails
+/// its reads and writes). So a connection whose peer vanished without a word (a dropped route,
+/// a failed-over address) is found within about 8 s, with or without traffic, before a request
+/// needs it.
+pub const USER_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// The TCP settings of every store connection redis-rs makes (`rediss://`, Unix sockets have
+/// none, cluster nodes): no Nagle delay, keepalive and the user timeout above.
+pub(super) fn tcp_settings() -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive())
+        .set_user_timeout(USER_TIMEOUT)
+}
+
+fn keepalive() -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES)
+}
+
+/// The same settings on floodgate's own connections ([`RespConn`]).
+pub(super) fn configure_socket(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_keepalive(&keepalive())?;
+    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))
+}
 
 /// Retries of one cluster call inside redis-rs (see [`RedisClient::build`]).
 const CLUSTER_RETRIES: u32 = 1;
@@ -112,7 +154,7 @@ impl RedisClient {
                         "store.backend = \"redis\" needs exactly one URL".into(),
                     ));
                 };
-                let client = redis::Client::open(url.as_str()).map_err(|e| {
+                let client = open(url).map_err(|e| {
                     at(
                         Some(0),
                         format!("store.url is not a valid Redis URL ({})", redis_reason(&e)),
@@ -134,6 +176,7 @@ impl RedisClient {
                     // call to a node that answers garbage open several connections; the
                     // node's breaker (see `nodes`) stands in for further retries.
                     .retries(CLUSTER_RETRIES)
+                    .tcp_settings(tcp_settings())
                     .build()
                     .map_err(|e| {
                         at(
@@ -148,7 +191,7 @@ impl RedisClient {
                     .iter()
                     .enumerate()
                     .map(|(i, url)| {
-                        redis::Client::open(url.as_str()).map_err(|e| {
+                        open(url).map_err(|e| {
                             at(
                                 Some(i),
                                 format!(
@@ -176,6 +219,12 @@ impl RedisClient {
     }
 }
 
+/// A redis-rs client for `url` whose connections get [`tcp_settings`].
+fn open(url: &str) -> redis::RedisResult<redis::Client> {
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+    redis::Client::open(info)
+}
+
 /// redis-rs's reason for refusing a URL or a client: its fixed description (and detail, such
 /// as an unknown `protocol`), which never repeat the URL.
 fn redis_reason(e: &redis::RedisError) -> String {
@@ -185,13 +234,19 @@ fn redis_reason(e: &redis::RedisError) -> String {
 /// A live connection, a cheap handle shared by every request. `Lean` (a `redis://` server) is
 /// floodgate's own pipelined connection ([`super::resp`]): when it breaks, the store builds a
 /// new one. The redis-rs ones (`rediss://` and Unix sockets; clusters, which also follow
-/// MOVED/ASK and rediscover slots) reconnect by themselves.
+/// MOVED/ASK and rediscover slots) reconnect by themselves when their socket fails, but not
+/// when a reply goes missing on a socket that stays open: each carries a [`Lost`] flag that
+/// [`Conn::poison`] sets, and the store replaces a poisoned connection as it replaces a broken
+/// `Lean` one.
 #[derive(Clone)]
 pub(super) enum Conn {
     Lean(RespConn),
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Single(ConnectionManager, Lost),
+    Cluster(ClusterConnection, Lost),
 }
+
+/// Set once a reply went missing on a redis-rs connection: the store replaces it.
+pub(super) type Lost = Arc<AtomicBool>;
 
 impl Conn {
     /// Runs `cmd` on this connection.
@@ -202,8 +257,8 @@ impl Conn {
                 Ok(Err(message)) => Err(server_error(message)),
                 Err(e) => Err((ErrorKind::Io, "Redis connection", e.to_string()).into()),
             },
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(c, _) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => cmd.query_async(&mut c.clone()).await,
         }
     }
 
@@ -234,10 +289,53 @@ impl Conn {
         self.query(cmd).await
     }
 
-    /// Whether this connection can no longer answer and a new one must be built (only ours:
-    /// redis-rs's connections reconnect by themselves).
+    /// Whether a new connection must be built: ours broke or was poisoned, or a reply went
+    /// missing on a redis-rs one (which otherwise reconnects by itself).
     pub(super) fn is_broken(&self) -> bool {
+        match self {
+            Conn::Lean(c) => c.is_broken(),
+            Conn::Single(_, lost) | Conn::Cluster(_, lost) => lost.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether every call on it fails at once (ours, broken): a caller waits for the next one
+    /// instead. A poisoned redis-rs connection still serves until its successor is up: it
+    /// keeps its own order of replies, and a cluster's serves its healthy masters meanwhile.
+    pub(super) fn is_dead(&self) -> bool {
         matches!(self, Conn::Lean(c) if c.is_broken())
+    }
+
+    /// Whether a failed call on this connection failed only because another call poisoned
+    /// it (ours fails every call in flight then; a redis-rs one keeps serving them).
+    pub(super) fn was_poisoned(&self) -> bool {
+        matches!(self, Conn::Lean(c) if c.was_poisoned())
+    }
+
+    /// `call`, a call on this connection, until `deadline`. Past it the reply is missing and
+    /// the connection is poisoned ([`Conn::poison`]): `None`.
+    pub(super) async fn until<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        call: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(out) => Some(out),
+            Err(_) => {
+                let _ = self.poison("a call got no reply within its deadline");
+                None
+            }
+        }
+    }
+
+    /// A call on this connection got no reply in time, or a reply that was not its own: it
+    /// is never trusted again (see [`super::resp`]'s invariant). Ours fails at once and
+    /// closes; a redis-rs one is marked for replacement.
+    /// Returns whether this call poisoned it (`false`: that happened before).
+    pub(super) fn poison(&self, why: &str) -> bool {
+        match self {
+            Conn::Lean(c) => c.poison(why),
+            Conn::Single(_, lost) | Conn::Cluster(_, lost) => !lost.swap(true, Ordering::AcqRel),
+        }
     }
 
     /// Sends `cmd` to the cluster node at `host:port` (to the server, standalone).
@@ -248,7 +346,7 @@ impl Conn {
         port: u16,
     ) -> RedisResult<Value> {
         match self {
-            Conn::Cluster(c) => {
+            Conn::Cluster(c, _) => {
                 let to = SingleNodeRoutingInfo::ByAddress {
                     host: host.to_string(),
                     port,
@@ -265,8 +363,8 @@ impl Conn {
     pub(super) async fn everywhere(&self, cmd: redis::Cmd) -> RedisResult<Value> {
         match self {
             Conn::Lean(_) => self.query(&cmd).await,
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => {
+            Conn::Single(c, _) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => {
                 c.clone()
                     .route_command(
                         cmd,
@@ -294,6 +392,7 @@ pub(super) async fn connect_loop(store: Weak<Inner>) {
     let mut delay = RECONNECT_MIN;
     let mut attempts: u64 = 0;
     loop {
+        let started = tokio::time::Instant::now();
         // Hold the store only while using it, so that dropping it ends this task.
         let Some(inner) = store.upgrade() else {
             return;
@@ -307,7 +406,7 @@ pub(super) async fn connect_loop(store: Weak<Inner>) {
                 let Some(inner) = store.upgrade() else {
                     return;
                 };
-                if matches!(conn, Conn::Cluster(_)) {
+                if matches!(conn, Conn::Cluster(..)) {
                     // Know the masters before the first call, so that each is guarded by its
                     // own breaker from the start.
                     inner.refresh_topology_with(&conn).await;
@@ -327,14 +426,17 @@ pub(super) async fn connect_loop(store: Weak<Inner>) {
             tracing::warn!(redis = %endpoint, error = %error, attempts = attempts + 1, "cannot connect to Redis; retrying in the background (global rules apply on_store_error)");
         }
         attempts += 1;
-        tokio::time::sleep(delay).await;
+        // The delay counts from the attempt's start: an attempt that waited out its
+        // handshake (a black-holed path) is followed at once, so the first attempt after the
+        // fault ends is at most one handshake away.
+        tokio::time::sleep_until(started + delay).await;
         delay = (delay * 2).min(RECONNECT_MAX);
     }
 }
 
 /// One attempt at floodgate's own connection to `target` (within [`CONNECT_TIMEOUT`] for the
-/// TCP connection and again for the handshake), or `None` when `target` is not a `redis://`
-/// server.
+/// TCP connection and [`HANDSHAKE_TIMEOUT`] for the handshake), or `None` when `target` is not
+/// a `redis://` server.
 pub(super) async fn connect_lean(target: &Target) -> Option<Result<RespConn, RespError>> {
     let Target::Single(client) = target else {
         return None;
@@ -352,9 +454,20 @@ pub(super) async fn connect_lean(target: &Target) -> Option<Result<RespConn, Res
             settings.password(),
             settings.db(),
             CONNECT_TIMEOUT,
+            HANDSHAKE_TIMEOUT,
         )
         .await,
     )
+}
+
+/// A `PING` within [`HANDSHAKE_TIMEOUT`] (to any one node of a cluster: a dead master must not
+/// keep the others from being served): a redis-rs connection is published only once replies
+/// come on it.
+async fn handshake(conn: &Conn) -> RedisResult<()> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, conn.query::<Value>(&redis::cmd("PING"))).await {
+        Ok(reply) => reply.map(drop),
+        Err(_) => Err((ErrorKind::Io, "Redis did not answer PING in time").into()),
+    }
 }
 
 /// One connection attempt to `target`, unbounded (the caller bounds it).
@@ -378,16 +491,49 @@ async fn connect(target: &Target) -> RedisResult<Conn> {
                 .set_max_delay(Duration::from_secs(1))
                 // Every request of the process queues on this connection.
                 .set_pipeline_buffer_size(4096);
-            ConnectionManager::new_with_config((**client).clone(), config)
-                .await
-                .map(Conn::Single)
+            let made = ConnectionManager::new_with_config((**client).clone(), config).await?;
+            let conn = Conn::Single(made, Lost::default());
+            handshake(&conn).await?;
+            Ok(conn)
         }
-        Target::Cluster(client, _) => client.get_async_connection().await.map(Conn::Cluster),
+        Target::Cluster(client, _) => {
+            let made = client.get_async_connection().await?;
+            let conn = Conn::Cluster(made, Lost::default());
+            handshake(&conn).await?;
+            Ok(conn)
+        }
         Target::Broken(why) => Err((
             ErrorKind::InvalidClientConfig,
             "the Redis store could not be built",
             why.to_string(),
         )
             .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn store_sockets_get_keepalive_and_a_user_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        configure_socket(&stream).unwrap();
+        let socket = socket2::SockRef::from(&stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(socket.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
+        assert!(socket.tcp_nodelay().unwrap());
+        // What redis-rs applies to its own connections (rediss://, cluster nodes).
+        let settings = tcp_settings();
+        assert!(settings.nodelay() && settings.keepalive().is_some());
+        assert_eq!(settings.user_timeout(), Some(USER_TIMEOUT));
+        // Within the time a dead peer is found, keepalive gives up before the user timeout.
+        assert!(KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES <= USER_TIMEOUT);
     }
 }

@@ -7,9 +7,15 @@
 //! wakes the writer over there, and the reply wakes the request back here. At two threads that
 //! doubled the CPU per call of a global limit. So a thread that serves on a current-thread
 //! runtime opens a connection of its own, the first time it needs one, on its own runtime,
-//! and uses it from then on; until it is up (and while it cannot be made, retried every
-//! [`RETRY`]) the thread uses the shared connection, which keeps the store's reconnection,
-//! breaker and warm-up as they are.
+//! and uses it for as long as it is sound; until it is up (and while it cannot be made,
+//! retried every [`RETRY`]) the thread uses the shared connection, which keeps the store's
+//! reconnection, breaker and warm-up as they are.
+//!
+//! A thread's connection is replaced, never read again, once it broke or was poisoned: a call
+//! on it that got no reply within its deadline, or a reply that was not its call's (see
+//! `super::resp`). The next call of the thread starts a new one and goes over the shared
+//! connection meanwhile. A new connection is handed out only after a `PING` came back on it,
+//! so a black-holed path (which accepts TCP connections) yields no connection that looks up.
 //!
 //! Every call is one atomic script, so which connection carries it changes no decision. A
 //! thread keeps connections to at most [`MAX_STORES`] stores (a reload that changes the store

@@ -275,7 +275,12 @@ impl RedisStore {
     /// call succeeded and the circuit breaker is closed; in a cluster, the last call to every
     /// master succeeded and none of their breakers holds calls off.
     pub fn is_up(&self) -> bool {
-        self.inner.conn.borrow().is_some() && self.inner.census.all_well()
+        self.inner
+            .conn
+            .borrow()
+            .as_ref()
+            .is_some_and(|c| !c.is_dead())
+            && self.inner.census.all_well()
     }
 
     /// Whether a connection has been established (it may be failing now).
@@ -495,7 +500,9 @@ impl Inner {
         let mut some_admitted = false;
         for (group, outcome) in groups.iter().zip(outcomes) {
             // Every call succeeded (a failure returned above).
-            let Ok(answers) = outcome else { continue };
+            let Ok(answers) = outcome.answers else {
+                continue;
+            };
             let all = answers.iter().all(|(d, _)| d.allowed);
             for (&i, answer) in group.iter().zip(answers) {
                 decisions[i] = Some(answer);
@@ -550,16 +557,21 @@ impl Inner {
         nodes: &[&Arc<Node>],
         guard_of: &[usize],
         tickets: Vec<breaker::Ticket<'_>>,
-        outcomes: &[Result<Vec<(Decision, Grant)>, StoreError>],
+        outcomes: &[Outcome],
     ) -> Option<StoreError> {
         let mut error = None;
         for (i, ticket) in tickets.into_iter().enumerate() {
-            let failed = outcomes
-                .iter()
-                .zip(guard_of)
-                .filter(|(_, &g)| g == i)
-                .find_map(|(o, _)| o.as_ref().err());
+            let mine = || outcomes.iter().zip(guard_of).filter(|(_, &g)| g == i);
+            let failed = mine().find_map(|(o, _)| o.answers.as_ref().err());
             let node = nodes[i];
+            if failed.is_some() && mine().all(|(o, _)| o.answers.is_ok() || o.collateral) {
+                // Failed only because another call lost its reply on the same connection:
+                // says nothing of this node's health (the ticket is given back unsettled).
+                drop(ticket);
+                self.reconnect_if_broken();
+                error = error.or(failed.cloned());
+                continue;
+            }
             match failed {
                 None => {
                     ticket.success();
@@ -576,14 +588,10 @@ impl Inner {
                         // A failover may have moved its slots: look again at once.
                         self.refresh.notify_one();
                     }
-                    if opened && matches!(e, StoreError::Timeout) {
-                        // A connection that stopped answering (a black-holed peer) never
-                        // fails by itself: build a fresh one in the background while the
-                        // breaker holds calls off.
-                        self.spawn_connect();
-                    } else {
-                        self.reconnect_if_broken();
-                    }
+                    // A call that timed out poisoned its connection (a black-holed peer never
+                    // fails it by itself): the shared one is rebuilt in the background, a
+                    // thread's own when the thread next calls.
+                    self.reconnect_if_broken();
                     if error.is_none() || matches!(e, StoreError::Timeout) {
                         error = Some(e.clone());
                     }
@@ -594,16 +602,37 @@ impl Inner {
     }
 }
 
+/// One decide call's result, and whether it failed only because another call poisoned its
+/// connection ([`Conn::poison`]): such a failure is not counted against the node's breaker.
+struct Outcome {
+    answers: Result<Vec<(Decision, Grant)>, StoreError>,
+    collateral: bool,
+}
+
+impl Outcome {
+    fn of(answers: Result<Vec<(Decision, Grant)>, StoreError>) -> Outcome {
+        Outcome {
+            answers,
+            collateral: false,
+        }
+    }
+}
+
 /// Awaits best-effort batched calls (lease returns, reservation true-ups), at most
 /// [`RELEASE_TIMEOUT`] for all of them; returns the sum of what the store says it applied.
 /// What fails or times out stays charged, which `what` says in the debug log.
-async fn applied_within<F, E>(calls: impl Iterator<Item = F>, what: &'static str) -> u64
+async fn applied_within<F, E>(
+    conn: &Conn,
+    calls: impl Iterator<Item = F>,
+    what: &'static str,
+) -> u64
 where
     F: std::future::Future<Output = Result<i64, E>>,
     E: std::fmt::Display,
 {
-    match tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await {
-        Ok(results) => results
+    let deadline = Instant::now() + RELEASE_TIMEOUT;
+    match conn.until(deadline, futures::future::join_all(calls)).await {
+        Some(results) => results
             .into_iter()
             .map(|r| match r {
                 Ok(n) => u64::try_from(n).unwrap_or(0),
@@ -613,7 +642,7 @@ where
                 }
             })
             .sum(),
-        Err(_) => {
+        None => {
             tracing::debug!(call = what, "store call timed out");
             0
         }
@@ -744,17 +773,33 @@ impl Inner {
         cluster::groups(matches!(self.target, Target::Cluster(..)), keys)
     }
 
-    /// The connection, waiting for the first one to be established (the caller bounds the
-    /// wait with its timeout).
-    async fn connection(&self) -> Result<Conn, StoreError> {
-        if let Some(shared) = self.conn.borrow().as_ref() {
-            // The thread's own connection once the shared one is up (the warm-up has loaded
-            // the scripts through it), so that a call does not cross threads ([`lanes`]).
-            return Ok(lanes::own(&self.lanes, &self.target).unwrap_or_else(|| shared.clone()));
+    /// The connection a call goes over: the thread's own once the shared one has been up
+    /// (the warm-up has loaded the scripts through it), so that a call does not cross threads
+    /// ([`lanes`]); else the shared one. A shared connection that is dead (ours, poisoned or
+    /// broken) is never handed out: the caller waits for its successor, which this starts if
+    /// need be (the caller bounds the wait with its timeout), as it waits for the first one.
+    async fn connection(self: &Arc<Self>) -> Result<Conn, StoreError> {
+        let dead = {
+            let shared = self.conn.borrow();
+            match shared.as_ref() {
+                Some(shared) => {
+                    if let Some(own) = lanes::own(&self.lanes, &self.target) {
+                        return Ok(own);
+                    }
+                    if !shared.is_dead() {
+                        return Ok(shared.clone());
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if dead {
+            self.reconnect_if_broken();
         }
         let mut rx = self.conn.subscribe();
         let conn = rx
-            .wait_for(Option::is_some)
+            .wait_for(|c| c.as_ref().is_some_and(|c| !c.is_dead()))
             .await
             .map_err(|_| StoreError::Failed("store closed".into()))?
             .clone();
@@ -765,7 +810,7 @@ impl Inner {
     /// within `deadline`: each group's decisions and grants, or why its call failed.
     #[allow(clippy::too_many_arguments)]
     async fn run(
-        &self,
+        self: &Arc<Self>,
         keys: &[String],
         groups: &[Vec<usize>],
         checks: &[Check],
@@ -774,11 +819,16 @@ impl Inner {
         lease: u64,
         now_us: Option<u64>,
         deadline: Instant,
-    ) -> Vec<Result<Vec<(Decision, Grant)>, StoreError>> {
+    ) -> Vec<Outcome> {
         let conn = match tokio::time::timeout_at(deadline, self.connection()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return groups.iter().map(|_| Err(e.clone())).collect(),
-            Err(_) => return groups.iter().map(|_| Err(StoreError::Timeout)).collect(),
+            Ok(Err(e)) => return groups.iter().map(|_| Outcome::of(Err(e.clone()))).collect(),
+            Err(_) => {
+                return groups
+                    .iter()
+                    .map(|_| Outcome::of(Err(StoreError::Timeout)))
+                    .collect()
+            }
         };
         let params: Vec<Params> = checks
             .iter()
@@ -799,7 +849,13 @@ impl Inner {
             for &i in group {
                 cmd.arg(keys[i].as_str());
             }
-            cmd.arg(lease.as_str()).arg(lease_ttl_us).arg(now.as_str());
+            // A tag of this call's own, which the script's reply starts with: a reply that is
+            // not this call's is never taken for its answer (see `resp`'s invariant).
+            let tag = fastrand::u64(..).to_le_bytes();
+            cmd.arg(lease.as_str())
+                .arg(lease_ttl_us)
+                .arg(now.as_str())
+                .arg(&tag[..]);
             for &i in group {
                 cmd.arg(&params[i].packed()[..]);
             }
@@ -817,24 +873,47 @@ impl Inner {
             let params = &params;
             let group = group.to_vec();
             async move {
-                let reply = tokio::time::timeout_at(deadline, conn.eval::<Vec<u8>>(&DECIDE, &cmd))
+                let reply = match conn
+                    .until(deadline, conn.eval::<Vec<u8>>(&DECIDE, &cmd))
                     .await
-                    .map_err(|_| StoreError::Timeout)?
-                    .map_err(|e| StoreError::Failed(e.to_string()))?;
-                if reply.len() != group.len() * REPLY_BYTES {
-                    return Err(StoreError::Failed(format!(
-                        "decide script answered {} bytes for {} checks",
-                        reply.len(),
-                        group.len()
-                    )));
-                }
-                let numbers: Vec<_> = reply.chunks_exact(REPLY_BYTES).map(unpack_reply).collect();
+                {
+                    None => return Outcome::of(Err(StoreError::Timeout)),
+                    Some(Err(e)) => {
+                        return Outcome {
+                            answers: Err(StoreError::Failed(e.to_string())),
+                            collateral: conn.was_poisoned(),
+                        }
+                    }
+                    Some(Ok(reply)) => reply,
+                };
+                let Some(numbers) = reply
+                    .strip_prefix(&tag[..])
+                    .filter(|n| n.len() == group.len() * REPLY_BYTES)
+                else {
+                    // Another call's reply (one went missing before it): nothing on this
+                    // connection can be trusted any more.
+                    // The first call to see it counts against the breaker; the replies the
+                    // reader had already handed out behind it are collateral.
+                    let first = conn.poison("a decide reply did not answer its call");
+                    return Outcome {
+                        answers: Err(StoreError::Failed(format!(
+                            "the store's reply ({} bytes) does not answer this call of {} checks",
+                            reply.len(),
+                            group.len()
+                        ))),
+                        collateral: !first,
+                    };
+                };
+                let numbers: Vec<_> = numbers
+                    .chunks_exact(REPLY_BYTES)
+                    .map(unpack_reply)
+                    .collect();
                 let all = numbers.iter().all(|n| n[0] == 1);
-                Ok(group
+                Outcome::of(Ok(group
                     .iter()
                     .zip(&numbers)
                     .map(|(&i, n)| (params[i].decision(n), grant(n, all)))
-                    .collect())
+                    .collect()))
             }
         };
         match groups {
@@ -943,6 +1022,7 @@ impl Inner {
             async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
         });
         applied_within(
+            &conn,
             calls,
             "lease return; the permits stay charged until their window ends",
         )
@@ -983,7 +1063,7 @@ impl Inner {
         checks: &[Check],
         lease: u64,
         ttl_us: Option<u64>,
-    ) -> Option<Result<Vec<redis::RedisResult<i64>>, tokio::time::error::Elapsed>> {
+    ) -> Option<Result<Vec<redis::RedisResult<i64>>, ()>> {
         let held: Vec<&Check> = checks.iter().filter(|c| holds_slot(c)).collect();
         if held.is_empty() {
             return None;
@@ -1006,7 +1086,12 @@ impl Inner {
             let conn = conn.clone();
             async move { conn.eval::<i64>(script, &cmd).await }
         });
-        Some(tokio::time::timeout(RELEASE_TIMEOUT, futures::future::join_all(calls)).await)
+        let deadline = Instant::now() + RELEASE_TIMEOUT;
+        Some(
+            conn.until(deadline, futures::future::join_all(calls))
+                .await
+                .ok_or(()),
+        )
     }
 }
 

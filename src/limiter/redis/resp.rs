@@ -14,6 +14,20 @@
 //! and the store builds a new one, see `super::conn`), TLS or Unix sockets (those URLs use
 //! redis-rs's connection), RESP3, pub/sub. Replies are RESP2.
 //!
+//! # Which reply answers which command
+//! RESP carries no request ids: the n-th reply read answers the n-th command written, and
+//! nothing else says so. The invariant this connection keeps is that **no reply is ever taken
+//! as the answer to a command it does not answer**:
+//! - a caller that stops waiting (its client left) leaves its slot in the queue, so the reply
+//!   that comes for it is read into that slot and dropped, and the order holds;
+//! - a reply that does not come when it should (a call past its deadline: a black-holed or
+//!   stalled peer, or a reply lost on the way) may never come, or come after others were lost
+//!   too, and then every later reply would land one slot early. So the caller that gave up
+//!   [`poison`](RespConn::poison)s the connection: every call on it fails at once, its socket
+//!   closes, and nothing is read from it again; the store opens a new one;
+//! - callers that can check their reply (the decide script echoes a tag the call chose) poison
+//!   the connection on a reply that is not theirs.
+//!
 //! Input from the network never panics: a malformed reply breaks the connection with an error.
 
 use std::collections::VecDeque;
@@ -81,6 +95,9 @@ struct State {
     waiting: VecDeque<oneshot::Sender<Reply>>,
     /// Set once the connection failed: every later call fails at once with it.
     broken: Option<String>,
+    /// It failed because a caller poisoned it ([`RespConn::poison`]), not because the socket
+    /// or Redis failed: the calls it took down are collateral.
+    poisoned: bool,
 }
 
 impl Shared {
@@ -101,8 +118,12 @@ impl Shared {
 }
 
 impl RespConn {
-    /// Connects to `host:port` within `timeout`, then authenticates (`AUTH [user] password`)
-    /// and selects `db` when given. Errors never contain the password.
+    /// Connects to `host:port` within `timeout`, then authenticates (`AUTH [user] password`),
+    /// selects `db` when given and checks with `PING` that replies come, all within
+    /// `handshake`: a connection is handed out only once a round trip on it has worked (a
+    /// black-holed peer accepts TCP connections and answers nothing). The socket gets
+    /// [`super::conn::tcp_settings`] (keepalive, user timeout). Errors never contain the
+    /// password.
     pub async fn connect(
         host: &str,
         port: u16,
@@ -110,14 +131,13 @@ impl RespConn {
         password: Option<&str>,
         db: i64,
         timeout: Duration,
+        handshake: Duration,
     ) -> Result<RespConn, RespError> {
         let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
             .await
             .map_err(|_| RespError::Broken("connect timed out".into()))?
             .map_err(|e| RespError::Broken(e.to_string()))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| RespError::Broken(e.to_string()))?;
+        super::conn::configure_socket(&stream).map_err(|e| RespError::Broken(e.to_string()))?;
         let conn = RespConn::spawn(stream);
         let setup = async {
             if let Some(password) = password {
@@ -136,12 +156,25 @@ impl RespConn {
                     return Err(RespError::Broken(format!("SELECT {db} failed: {message}")));
                 }
             }
-            Ok(())
+            match conn.query(&redis::cmd("PING")).await? {
+                Ok(Value::SimpleString(s)) if s == "PONG" => Ok(()),
+                Ok(other) => Err(RespError::Broken(format!(
+                    "PING answered {other:?}, not PONG"
+                ))),
+                Err(message) => Err(RespError::Broken(format!("PING failed: {message}"))),
+            }
         };
-        tokio::time::timeout(timeout, setup)
-            .await
-            .map_err(|_| RespError::Broken("handshake timed out".into()))??;
-        Ok(conn)
+        match tokio::time::timeout(handshake, setup).await {
+            Ok(Ok(())) => Ok(conn),
+            Ok(Err(e)) => {
+                conn.poison(&e.to_string());
+                Err(e)
+            }
+            Err(_) => {
+                conn.poison("handshake timed out");
+                Err(RespError::Broken("handshake timed out".into()))
+            }
+        }
     }
 
     fn spawn(stream: TcpStream) -> RespConn {
@@ -178,6 +211,31 @@ impl RespConn {
             let why = shared.state.lock().broken.clone();
             RespError::Broken(why.unwrap_or_else(|| "connection closed".into()))
         })
+    }
+
+    /// Fails the connection for good: every call waiting on it and every later call fail at
+    /// once with `why`, its tasks stop and its socket closes, so nothing is read from it again.
+    /// Called when a reply is missing (a call gave up waiting for it) or is not the caller's:
+    /// the order that matches replies to commands is lost (see the module doc).
+    /// Returns whether this call poisoned it (`false`: it was poisoned or broken already).
+    pub fn poison(&self, why: &str) -> bool {
+        let first = {
+            let mut st = self.handle.shared.state.lock();
+            let first = st.broken.is_none();
+            st.poisoned |= first;
+            first
+        };
+        self.handle.shared.fail(why);
+        for t in &self.handle.tasks {
+            t.abort();
+        }
+        first
+    }
+
+    /// Whether a caller poisoned the connection ([`RespConn::poison`]): the calls that failed
+    /// with it failed for another call's missing reply, not for their own.
+    pub fn was_poisoned(&self) -> bool {
+        self.handle.shared.state.lock().poisoned
     }
 
     /// Whether the connection failed (every call on it fails; a new one is needed), or its
@@ -338,6 +396,95 @@ fn number(line: &[u8]) -> Result<i64, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that answers the connection's `PING` and then reads everything and answers
+    /// nothing (a stalled or black-holed Redis); tells when the client closed the socket.
+    async fn silent_after_ping() -> (u16, oneshot::Receiver<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (closed_tx, closed) = oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            let mut answered = false;
+            loop {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if !answered => {
+                        answered = true;
+                        socket.write_all(b"+PONG\r\n").await.unwrap();
+                    }
+                    Ok(_) => {}
+                }
+            }
+            let _ = closed_tx.send(());
+        });
+        (port, closed)
+    }
+
+    #[tokio::test]
+    async fn a_call_without_its_reply_poisons_the_connection_and_it_is_never_read_again() {
+        let (port, closed) = silent_after_ping().await;
+        let timeout = Duration::from_secs(5);
+        let conn = RespConn::connect("127.0.0.1", port, None, None, 0, timeout, timeout)
+            .await
+            .expect("PING answered");
+        let ping = redis::cmd("PING");
+        // Two calls in flight; the first gives up waiting.
+        let waiting = tokio::spawn({
+            let conn = conn.clone();
+            let ping = ping.clone();
+            async move { conn.query(&ping).await }
+        });
+        let gave_up = tokio::time::timeout(Duration::from_millis(50), conn.query(&ping)).await;
+        assert!(gave_up.is_err());
+        assert!(
+            !conn.is_broken(),
+            "a caller that stops waiting changes nothing by itself"
+        );
+        assert!(conn.poison("no reply"), "the first poison");
+        assert!(!conn.poison("no reply"), "already poisoned");
+        assert!(conn.is_broken() && conn.was_poisoned());
+        // The call still in flight fails at once, and so does every later one.
+        let failed = tokio::time::timeout(timeout, waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(failed, Err(RespError::Broken(ref why)) if why == "no reply"));
+        assert!(conn.query(&ping).await.is_err());
+        // The socket is closed: nothing can be read from it again.
+        tokio::time::timeout(timeout, closed)
+            .await
+            .expect("the server sees the connection closed")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_accepts_but_never_answers_yields_no_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            drop(socket);
+        });
+        let made = RespConn::connect(
+            "127.0.0.1",
+            port,
+            None,
+            None,
+            0,
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+        )
+        .await;
+        assert!(
+            matches!(made, Err(RespError::Broken(ref why)) if why == "handshake timed out"),
+            "{:?}",
+            made.err()
+        );
+        held.abort();
+    }
 
     fn one(input: &[u8]) -> (Reply, usize) {
         parse(input, 0).unwrap().unwrap()

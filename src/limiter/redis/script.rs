@@ -679,7 +679,7 @@ mod tests {
             "local function unpack_check",
             "\nend\n",
         );
-        assert!(decide.contains("unpack_check(ARGV[3 + i], "));
+        assert!(decide.contains("unpack_check(ARGV[4 + i], "));
         assert!(include_str!("../../../lua/usage.lua").contains("unpack_check(ARGV[3], "));
         let format = between(unpack, "struct.unpack('", "'");
         let (endian, fields) = format.split_at(1);

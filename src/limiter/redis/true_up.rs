@@ -122,7 +122,12 @@ impl Inner {
                 })
                 .collect::<Vec<_>>()
         });
-        applied_within(calls, "reservation true-up; the reservation stays charged").await
+        applied_within(
+            &conn,
+            calls,
+            "reservation true-up; the reservation stays charged",
+        )
+        .await
     }
 }
 

@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::script::{unix_now_ns, Params, MAX_EXACT, USAGE};
 use super::Inner;
 use crate::limiter::algorithm;
@@ -39,10 +41,12 @@ impl Inner {
         key.push_str(":b");
         let mut cmd = redis::cmd("DEL");
         cmd.arg(key.as_str());
+        let deadline = Instant::now() + timeout;
         let call = async {
             let conn = self.connection().await?;
-            conn.on_key::<i64>(&cmd)
+            conn.until(deadline, conn.on_key::<i64>(&cmd))
                 .await
+                .ok_or(StoreError::Timeout)?
                 .map_err(|e| StoreError::Failed(e.to_string()))
         };
         Ok(self.within(timeout, call).await? > 0)
@@ -74,10 +78,12 @@ impl Inner {
             .arg(deadline_us)
             .arg(ttl_ms)
             .arg(self.resets_channel());
+        let deadline = Instant::now() + call.timeout + CLOCK_GRACE;
         let call_redis = async {
             let conn = self.connection().await?;
-            conn.eval::<Vec<u8>>(&USAGE, &cmd)
+            conn.until(deadline, conn.eval::<Vec<u8>>(&USAGE, &cmd))
                 .await
+                .ok_or(StoreError::Timeout)?
                 .map_err(|e| StoreError::Failed(e.to_string()))
         };
         // Past the deadline the script refuses the change; a reply within the grace is the
