@@ -618,11 +618,13 @@ impl Outcome {
     }
 }
 
-/// Awaits best-effort batched calls (lease returns, reservation true-ups), at most
-/// [`RELEASE_TIMEOUT`] for all of them; returns the sum of what the store says it applied.
-/// What fails or times out stays charged, which `what` says in the debug log.
+/// Awaits best-effort batched calls on `conn` (lease returns, reservation true-ups) until
+/// `deadline` (the caller's [`RELEASE_TIMEOUT`]); returns the sum of what the store says it
+/// applied. What fails or times out stays charged, which `what` says in the debug log; calls
+/// past the deadline poison `conn` (see [`Conn::until`]).
 async fn applied_within<F, E>(
     conn: &Conn,
+    deadline: Instant,
     calls: impl Iterator<Item = F>,
     what: &'static str,
 ) -> u64
@@ -630,7 +632,6 @@ where
     F: std::future::Future<Output = Result<i64, E>>,
     E: std::fmt::Display,
 {
-    let deadline = Instant::now() + RELEASE_TIMEOUT;
     match conn.until(deadline, futures::future::join_all(calls)).await {
         Some(results) => results
             .into_iter()
@@ -994,12 +995,30 @@ impl Inner {
         tokio::spawn(async move { inner.release(&held, lease).await });
     }
 
-    async fn give_back(&self, returns: &[Return]) -> u64 {
+    /// The shared connection for a best-effort call (a release, a renewal, a lease return, a
+    /// true-up): the current one, or, when it is dead, its successor if it comes before
+    /// `deadline` (this starts it). `None` when none comes in time, or when the store never
+    /// connected (so nothing can have been taken through it).
+    async fn shared_by(self: &Arc<Self>, deadline: Instant) -> Option<Conn> {
+        match self.conn.borrow().as_ref() {
+            None => return None,
+            Some(conn) if !conn.is_dead() => return Some(conn.clone()),
+            Some(_) => {}
+        }
+        self.reconnect_if_broken();
+        let mut rx = self.conn.subscribe();
+        let live = rx.wait_for(|c| c.as_ref().is_some_and(|c| !c.is_dead()));
+        let conn = tokio::time::timeout_at(deadline, live).await.ok()?.ok()?.clone();
+        conn
+    }
+
+    async fn give_back(self: &Arc<Self>, returns: &[Return]) -> u64 {
         let returns: Vec<&Return> = returns.iter().filter(|r| r.permits > 0).collect();
         if returns.is_empty() {
             return 0;
         }
-        let Some(conn) = self.conn.borrow().clone() else {
+        let deadline = Instant::now() + RELEASE_TIMEOUT;
+        let Some(conn) = self.shared_by(deadline).await else {
             return 0;
         };
         let keys: Vec<String> = returns.iter().map(|r| self.redis_key(&r.check)).collect();
@@ -1021,22 +1040,25 @@ impl Inner {
             let conn = conn.clone();
             async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
         });
-        applied_within(
+        let applied = applied_within(
             &conn,
+            deadline,
             calls,
             "lease return; the permits stay charged until their window ends",
         )
-        .await
+        .await;
+        self.reconnect_if_broken();
+        applied
     }
 
-    async fn renew(&self, checks: &[Check], lease: u64) {
+    async fn renew(self: &Arc<Self>, checks: &[Check], lease: u64) {
         let ttl_us = self.options.lease_ttl_us();
         if let Some(Err(_)) = self.slot_calls(&RENEW, checks, lease, Some(ttl_us)).await {
             tracing::debug!("concurrency slot renewal timed out; it is retried");
         }
     }
 
-    async fn release(&self, checks: &[Check], lease: u64) {
+    async fn release(self: &Arc<Self>, checks: &[Check], lease: u64) {
         match self.slot_calls(&RELEASE, checks, lease, None).await {
             Some(Ok(results)) => {
                 for r in results {
@@ -1058,7 +1080,7 @@ impl Inner {
     /// `None` when there is nothing to do: no slot held, or not connected yet (so nothing can
     /// have been acquired through this store).
     async fn slot_calls(
-        &self,
+        self: &Arc<Self>,
         script: &'static Lua,
         checks: &[Check],
         lease: u64,
@@ -1068,7 +1090,10 @@ impl Inner {
         if held.is_empty() {
             return None;
         }
-        let conn = self.conn.borrow().clone()?;
+        let deadline = Instant::now() + RELEASE_TIMEOUT;
+        let Some(conn) = self.shared_by(deadline).await else {
+            return Some(Err(()));
+        };
         let keys: Vec<String> = held.iter().map(|c| self.redis_key(c)).collect();
         let lease = hex16(lease);
         let calls = self.groups(&keys).into_iter().map(|group| {
@@ -1086,12 +1111,9 @@ impl Inner {
             let conn = conn.clone();
             async move { conn.eval::<i64>(script, &cmd).await }
         });
-        let deadline = Instant::now() + RELEASE_TIMEOUT;
-        Some(
-            conn.until(deadline, futures::future::join_all(calls))
-                .await
-                .ok_or(()),
-        )
+        let done = conn.until(deadline, futures::future::join_all(calls)).await;
+        self.reconnect_if_broken();
+        Some(done.ok_or(()))
     }
 }
 

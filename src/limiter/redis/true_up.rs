@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::script::{hex16, Params, TRUE_UP};
 use super::{applied_within, Inner, RELEASE_TIMEOUT};
@@ -88,11 +89,12 @@ impl Inner {
 
     /// Applies `ups` now; returns how many the store applied (a reservation of an ended
     /// window, or of a key gone, is not).
-    async fn true_up(&self, ups: &[TrueUp]) -> u64 {
+    async fn true_up(self: &Arc<Self>, ups: &[TrueUp]) -> u64 {
         if ups.is_empty() {
             return 0;
         }
-        let Some(conn) = self.conn.borrow().clone() else {
+        let deadline = Instant::now() + RELEASE_TIMEOUT;
+        let Some(conn) = self.shared_by(deadline).await else {
             return 0;
         };
         let keys: Vec<String> = ups.iter().map(|u| self.redis_key(&u.check)).collect();
@@ -122,12 +124,15 @@ impl Inner {
                 })
                 .collect::<Vec<_>>()
         });
-        applied_within(
+        let applied = applied_within(
             &conn,
+            deadline,
             calls,
             "reservation true-up; the reservation stays charged",
         )
-        .await
+        .await;
+        self.reconnect_if_broken();
+        applied
     }
 }
 
