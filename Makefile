@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
-.PHONY: run test deps deps-build lint check-config bench bench-idle bench-deps
+.PHONY: run test deps deps-build lint vendor-check check-config bench bench-idle bench-deps
 .PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
@@ -18,13 +18,20 @@ run: deps-build
 	  ./target/release/floodgate -c $(CONFIG)
 
 ## Install what the build and the tests need, then run every check and test.
-test: deps lint
+test: deps lint vendor-check
 	$(CARGO) test --all-targets
 	$(CARGO) test -p http -p pingora-http -p pingora-timeout --lib
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+## The vendored crates are the published ones plus their patch series, byte for byte
+## (vendor/check.sh: fetches each crate at its Cargo.lock version, applies
+## vendor/patches/<crate>-<version>/ in order, compares with vendor/<crate>/).
+vendor-check:
+	@command -v patch >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patch; }
+	bash vendor/check.sh
 
 ## cmake (pingora-core's zlib-ng) for the build.
 deps-build:

@@ -264,9 +264,8 @@ impl TransportConnector {
                         let mut stream = l.into_inner();
                         // test_reusable_stream: we assume server would never actively send data
                         // first on an idle stream.
-                        // floodgate patch: checked without a getpeername (pooled_stream_matches).
                         #[cfg(unix)]
-                        if pooled_stream_matches(peer, &stream)
+                        if peer.matches_fd(stream.id())
                             && test_reusable_stream(&mut stream, &self.unexpected_data_conn_count)
                         {
                             Some(stream)
@@ -476,24 +475,6 @@ impl PreferredHttpVersion {
 
 use futures::future::FutureExt;
 use tokio::io::AsyncReadExt;
-
-/// Whether a stream taken from the pool under `peer`'s key is connected to `peer`.
-///
-/// floodgate patch (PATCHES.md): the address `connect` recorded in the stream's socket digest
-/// answers without a system call; `matches_fd` (a `getpeername` on every reuse, one per proxied
-/// request over a kept-alive upstream connection) answers for a stream without one and for a
-/// peer reached through a CONNECT proxy, whose digest holds the peer rather than the hop.
-#[cfg(unix)]
-fn pooled_stream_matches<P: Peer>(peer: &P, stream: &Stream) -> bool {
-    if peer.get_proxy().is_none() {
-        if let Some(digest) = stream.get_socket_digest() {
-            if let Some(Some(recorded)) = digest.peer_addr.get() {
-                return recorded == peer.address();
-            }
-        }
-    }
-    peer.matches_fd(stream.id())
-}
 
 /// Test whether a stream is already closed or not reusable (server sent unexpected data)
 fn test_reusable_stream(stream: &mut Stream, unexpected_data_conn_count: &AtomicU64) -> bool {
