@@ -13,7 +13,9 @@ the whole answer before its next request.
 
 Systems: pingora-bare (benches/load/bare_proxy.rs), pingora-contract (`--contract`), fg-none
 (floodgate, no rules), fg-local (one local token bucket keyed on the client IP admitting
-everything: benches/load/run.py's fg-local), fg-429 (not run by default: every request over
+everything: benches/load/run.py's fg-local), fg-global1 (not run by default: the same rule
+global, on a redis-server this script starts; with --connections 1 every request makes its
+own call, none shares a coalesced one), fg-429 (not run by default: every request over
 its limit, answered 429 at the edge) and pingora-429 (`--reject`, its floor). The floodgate config is the load bench's:
 `threads = 1`, `access_log = false`, one route `match = {}`, `auth = "none"`.
 
@@ -63,6 +65,8 @@ def token_bucket_rule(name: str, limit: int, window: str) -> str:
 
 # benches/load/run.py's fg-local: admits everything.
 LOCAL_RULE = token_bucket_rule("local", 1_000_000_000, "1s")
+# benches/load/run.py's fg-global1: the same bucket, global, in Redis.
+GLOBAL_RULE = token_bucket_rule("g1", 1_000_000_000, "1s").replace('scope = "local"', 'scope = "global"')
 # benches/load/run.py's fg-429: a bucket of one token an hour, every request but the first
 # answered 429 (the first is in both runs of a pair, so it cancels out).
 REFUSING_RULE = token_bucket_rule("tiny", 1, "1h")
@@ -72,7 +76,8 @@ def nginx_conf(d: Path, port: int) -> Path:
     return common.nginx_conf(d, port, 'location / { return 200 "ok"; }', worker_connections=1024)
 
 
-def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str) -> Path:
+def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str,
+                   store: str = 'backend = "memory"') -> Path:
     conf = d / f"{name}.toml"
     conf.write_text(f"""[server]
 listen = ["127.0.0.1:{port}"]
@@ -82,7 +87,7 @@ grace_period = "1s"
 access_log = false
 
 [store]
-backend = "memory"
+{store}
 
 [[upstreams]]
 name = "upstream"
@@ -222,7 +227,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1000, help="requests in both runs (1000)")
     ap.add_argument("--connections", type=int, default=4, help="kept-alive connections (4)")
     ap.add_argument("--only", nargs="*", default=["pingora-bare", "pingora-contract", "fg-none", "fg-local"],
-                    help="systems (pingora-bare pingora-contract fg-none fg-local; not by default: fg-429, "
+                    help="systems (pingora-bare pingora-contract fg-none fg-local; not by default: fg-global1, "
+                         "one global rule on a redis-server started here, fg-429, "
                          "every request over its limit, answered 429, and its floor pingora-429, "
                          "the bare proxy answering 429 in request_filter)")
     ap.add_argument("--label", default="", help="a suffix for the systems' names in the report (a build's name)")
@@ -247,6 +253,16 @@ def main() -> int:
                                  stderr=subprocess.DEVNULL, start_new_session=True)
         procs.append(nginx)
         common.wait_port(up)
+        store = 'backend = "memory"'
+        if "fg-global1" in args.only:
+            redis_port = common.free_port()
+            redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+            procs.append(redis)
+            common.wait_port(redis_port)
+            store = f'backend = "redis"\nurl = "redis://127.0.0.1:{redis_port}/0"\ntimeout = "1s"'
         results = {}
         env = dict(os.environ, RUST_LOG="warn")
         for name in args.only:
@@ -256,8 +272,9 @@ def main() -> int:
                         "--threads", "1"] + {"pingora-contract": ["--contract"],
                                              "pingora-429": ["--reject"]}.get(name, [])
             else:
-                rules = {"fg-local": LOCAL_RULE, "fg-429": REFUSING_RULE}.get(name, "")
-                conf = floodgate_conf(tmp, name, port, common.free_port(), up, rules)
+                rules = {"fg-local": LOCAL_RULE, "fg-global1": GLOBAL_RULE, "fg-429": REFUSING_RULE}.get(name, "")
+                conf = floodgate_conf(tmp, name, port, common.free_port(), up, rules,
+                                      store if name == "fg-global1" else 'backend = "memory"')
                 argv = [args.floodgate, "-c", str(conf), "--pid-file", str(tmp / f"{name}.pid"),
                         "--upgrade-sock", str(tmp / f"{name}.sock")]
             label = name + args.label

@@ -846,7 +846,18 @@ impl Inner {
             .map(|n| n.min(MAX_EXACT).to_string())
             .unwrap_or_default();
         let call = |group: &[usize]| {
-            let mut cmd = DECIDE.evalsha(group.len());
+            // Keys, lease, TTL, now, tag, checks and perhaps their bans: sized up front, so that
+            // building the call costs two allocations, not a string of regrowths.
+            let args = 4 + group.len() * 3;
+            let bytes: usize = group
+                .iter()
+                .map(|&i| keys[i].len() + script::PACKED_BYTES + 32 + 20)
+                .sum::<usize>()
+                + lease.len()
+                + now.len()
+                + 20
+                + 8;
+            let mut cmd = DECIDE.evalsha_sized(group.len(), args, bytes);
             for &i in group {
                 cmd.arg(keys[i].as_str());
             }
@@ -1008,7 +1019,11 @@ impl Inner {
         self.reconnect_if_broken();
         let mut rx = self.conn.subscribe();
         let live = rx.wait_for(|c| c.as_ref().is_some_and(|c| !c.is_dead()));
-        let conn = tokio::time::timeout_at(deadline, live).await.ok()?.ok()?.clone();
+        let conn = tokio::time::timeout_at(deadline, live)
+            .await
+            .ok()?
+            .ok()?
+            .clone();
         conn
     }
 

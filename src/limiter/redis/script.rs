@@ -91,8 +91,14 @@ impl Lua {
     /// Written straight into one command buffer: redis-rs' `ScriptInvocation` first copies
     /// every key and argument into a vector of its own, a dozen allocations per request.
     pub(super) fn evalsha(&self, keys: usize) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(keys);
+        self.evalsha_sized(keys, 0, 0)
+    }
+
+    /// [`Lua::evalsha`] with room for `args` more arguments (keys included) of `bytes` bytes
+    /// in all, so that appending them reallocates neither of the command's two buffers.
+    pub(super) fn evalsha_sized(&self, keys: usize, args: usize, bytes: usize) -> Cmd {
+        let mut cmd = Cmd::with_capacity(3 + args, "EVALSHA".len() + self.sha.len() + 4 + bytes);
+        cmd.arg("EVALSHA").arg(&self.sha).arg(keys);
         cmd
     }
 
