@@ -12,6 +12,18 @@
 //! exchange makes two, held for as long as the request waits on its upstream: 4 KiB of the
 //! 17 a waiting request held. This one allocates its state (about 150 B) and, on the first
 //! send, a queue of the bound's size.
+//!
+//! Who may wait on it: a channel has one `Sender` and one `Receiver` (neither is `Clone`), and
+//! each side keeps one waiting task (one waker slot). `proxy_h1` polls both ends of both pipes
+//! of an exchange from the exchange's one task (its `select!` loop), and that is the use this
+//! is built and measured for. Any two tasks may hold the two ends: a side polled by another
+//! task than the one it registered wakes the earlier one (`register`), so no wake-up is lost;
+//! but two tasks waiting on the *same* side at once would wake each other in turn, so a side
+//! is to be awaited by one task at a time.
+//!
+//! Like tokio's channels, `recv` and `reserve` take part in tokio's co-operative budget: a task
+//! that keeps finding values (or slots) ready yields to the other tasks of its runtime once
+//! its budget is spent, instead of running on for as long as the other end keeps up.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -106,13 +118,16 @@ pub(crate) enum TrySendError<T> {
 }
 
 impl<T> Sender<T> {
-    fn poll_reserve(&self, cx: &Context<'_>) -> Poll<Result<(), SendError<()>>> {
+    fn poll_reserve(&self, cx: &mut Context<'_>) -> Poll<Result<(), SendError<()>>> {
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let mut state = lock(&self.shared);
         if !state.receiver_alive {
+            coop.made_progress();
             return Poll::Ready(Err(SendError(())));
         }
         if state.used < state.capacity {
             state.used += 1;
+            coop.made_progress();
             return Poll::Ready(Ok(()));
         }
         let replaced = register(&mut state.tx_waker, cx);
@@ -193,15 +208,18 @@ impl<T> Drop for Permit<'_, T> {
 }
 
 impl<T> Receiver<T> {
-    fn poll_recv(&mut self, cx: &Context<'_>) -> Poll<Option<T>> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let mut state = lock(&self.shared);
         if let Some(value) = state.queue.pop_front() {
             state.used -= 1;
             let waker = state.tx_waker.take();
             unlock_and_wake(state, waker);
+            coop.made_progress();
             return Poll::Ready(Some(value));
         }
         if !state.sender_alive {
+            coop.made_progress();
             return Poll::Ready(None);
         }
         let replaced = register(&mut state.rx_waker, cx);
