@@ -15,6 +15,8 @@
 -- permit that was never spent leaves the state exactly as if the lease had been smaller.
 -- Permits charged before a usage reset of the key are not given back to the new counter
 -- (same_epoch, common.lua). Returns the number of permits given back.
+-- ARGV[#ARGV] the call's tag (8 bytes the gateway drew), which the reply starts with: the
+--               reply is {tag, count}, so that a reply is taken only by the call it answers
 local now = redis_now()
 local returned = 0
 for i, key in ipairs(KEYS) do
@@ -59,4 +61,4 @@ for i, key in ipairs(KEYS) do
     end
   end
 end
-return returned
+return {ARGV[#ARGV], returned}

@@ -5,6 +5,8 @@
 -- Removes exactly this lease's members, so it can never free another request's slot, and is
 -- harmless when the lease already expired or was never charged. An emptied set is deleted by
 -- Redis itself. Returns the number of slots freed.
+-- ARGV[#ARGV] the call's tag (8 bytes the gateway drew), which the reply starts with: the
+--               reply is {tag, count}, so that a reply is taken only by the call it answers
 local freed = 0
 for i, key in ipairs(KEYS) do
   local cost = tonumber(ARGV[1 + i]) or 0
@@ -23,4 +25,4 @@ for i, key in ipairs(KEYS) do
     j = last + 1
   end
 end
-return freed
+return {ARGV[#ARGV], freed}

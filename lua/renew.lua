@@ -7,6 +7,8 @@
 -- Only members that still exist are renewed (ZADD XX): a slot that already expired (or was
 -- released) is not taken again, so renewing can never admit past the limit. Returns the
 -- number of slots renewed.
+-- ARGV[#ARGV] the call's tag (8 bytes the gateway drew), which the reply starts with: the
+--               reply is {tag, count}, so that a reply is taken only by the call it answers
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ttl = tonumber(ARGV[2])
@@ -24,4 +26,4 @@ for i, key in ipairs(KEYS) do
     redis.pcall('PEXPIRE', key, math.ceil(ttl / 1000))
   end
 end
-return renewed
+return {ARGV[#ARGV], renewed}

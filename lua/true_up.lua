@@ -16,6 +16,8 @@
 -- reservation was charged in, while it still counts: never to another, nor to the counter a
 -- usage reset started after the charge (same_epoch, common.lua). Returns the number of
 -- reservations trued up.
+-- ARGV[#ARGV] the call's tag (8 bytes the gateway drew), which the reply starts with: the
+--               reply is {tag, count}, so that a reply is taken only by the call it answers
 local now = redis_now()
 local applied = 0
 local n_keys = #KEYS
@@ -101,4 +103,4 @@ for i, key in ipairs(KEYS) do
     end
   end
 end
-return applied
+return {ARGV[#ARGV], applied}

@@ -602,6 +602,25 @@ impl Inner {
     }
 }
 
+/// Runs `cmd`, a call of a script that answers `{tag, count}` (release, renew, lease_return,
+/// true_up), with a tag of its own appended as the last argument: a reply with another tag is
+/// not this call's answer, and poisons `conn` (see [`resp`]'s invariant).
+async fn eval_count(conn: &Conn, script: &Lua, mut cmd: redis::Cmd) -> redis::RedisResult<i64> {
+    let tag = fastrand::u64(..).to_le_bytes();
+    cmd.arg(&tag[..]);
+    let (echo, count): (Vec<u8>, i64) = conn.eval(script, &cmd).await?;
+    if echo != tag {
+        let _ = conn.poison("a script's reply did not answer its call");
+        return Err((
+            redis::ErrorKind::Io,
+            "Redis connection",
+            "a reply that does not answer its call".to_string(),
+        )
+            .into());
+    }
+    Ok(count)
+}
+
 /// One decide call's result, and whether it failed only because another call poisoned its
 /// connection ([`Conn::poison`]): such a failure is not counted against the node's breaker.
 struct Outcome {
@@ -1053,7 +1072,7 @@ impl Inner {
                 );
             }
             let conn = conn.clone();
-            async move { conn.eval::<i64>(&LEASE_RETURN, &cmd).await }
+            async move { eval_count(&conn, &LEASE_RETURN, cmd).await }
         });
         let applied = applied_within(
             &conn,
@@ -1124,7 +1143,7 @@ impl Inner {
                 cmd.arg(held[i].cost);
             }
             let conn = conn.clone();
-            async move { conn.eval::<i64>(script, &cmd).await }
+            async move { eval_count(&conn, script, cmd).await }
         });
         let done = conn.until(deadline, futures::future::join_all(calls)).await;
         self.reconnect_if_broken();

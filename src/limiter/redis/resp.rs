@@ -25,8 +25,11 @@
 //!   too, and then every later reply would land one slot early. So the caller that gave up
 //!   [`poison`](RespConn::poison)s the connection: every call on it fails at once, its socket
 //!   closes, and nothing is read from it again; the store opens a new one;
-//! - callers that can check their reply (the decide script echoes a tag the call chose) poison
-//!   the connection on a reply that is not theirs.
+//! - callers that can check their reply poison the connection on a reply that is not theirs:
+//!   every script the request path and its background work run (decide, release, renew,
+//!   lease_return, true_up) answers with a tag the call chose. The rest (the usage API's
+//!   script, `PING`, `SCRIPT LOAD`, `CONFIG GET`, `DEL`) rely on the deadline rule above: a
+//!   missing reply makes some call wait past its deadline, which poisons the connection.
 //!
 //! Input from the network never panics: a malformed reply breaks the connection with an error.
 

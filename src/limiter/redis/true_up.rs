@@ -120,7 +120,7 @@ impl Inner {
                         cmd.arg(hex16(ups[i].holder).as_str());
                     }
                     let conn = conn.clone();
-                    async move { conn.eval::<i64>(&TRUE_UP, &cmd).await }
+                    async move { super::eval_count(&conn, &TRUE_UP, cmd).await }
                 })
                 .collect::<Vec<_>>()
         });
