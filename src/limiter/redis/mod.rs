@@ -637,21 +637,11 @@ impl Outcome {
     }
 }
 
-/// Awaits best-effort batched calls on `conn` (lease returns, reservation true-ups) until
-/// `deadline` (the caller's [`RELEASE_TIMEOUT`]); returns the sum of what the store says it
-/// applied. What fails or times out stays charged, which `what` says in the debug log; calls
-/// past the deadline poison `conn` (see [`Conn::until`]).
-async fn applied_within<F, E>(
-    conn: &Conn,
-    deadline: Instant,
-    calls: impl Iterator<Item = F>,
-    what: &'static str,
-) -> u64
-where
-    F: std::future::Future<Output = Result<i64, E>>,
-    E: std::fmt::Display,
-{
-    match conn.until(deadline, futures::future::join_all(calls)).await {
+/// The sum of what batched best-effort calls (lease returns, reservation true-ups) say the
+/// store applied, `None` when they ran out of time ([`Inner::best_effort`]). What fails or
+/// times out stays charged, which `what` says in the debug log.
+fn applied<E: std::fmt::Display>(results: Option<Vec<Result<i64, E>>>, what: &'static str) -> u64 {
+    match results {
         Some(results) => results
             .into_iter()
             .map(|r| match r {
@@ -799,21 +789,23 @@ impl Inner {
     /// broken) is never handed out: the caller waits for its successor, which this starts if
     /// need be (the caller bounds the wait with its timeout), as it waits for the first one.
     async fn connection(self: &Arc<Self>) -> Result<Conn, StoreError> {
-        let dead = {
-            let shared = self.conn.borrow();
-            match shared.as_ref() {
-                Some(shared) => {
-                    if let Some(own) = lanes::own(&self.lanes, &self.target) {
-                        return Ok(own);
-                    }
-                    if !shared.is_dead() {
-                        return Ok(shared.clone());
-                    }
-                    true
-                }
-                None => false,
+        if self.conn.borrow().is_some() {
+            if let Some(own) = lanes::own(&self.lanes, &self.target) {
+                return Ok(own);
             }
+        }
+        self.live_shared().await
+    }
+
+    /// The shared connection once it is up and not dead: the current one, or the first one,
+    /// or the successor of a dead one (started here if need be). The caller bounds the wait.
+    async fn live_shared(self: &Arc<Self>) -> Result<Conn, StoreError> {
+        let dead = match self.conn.borrow().as_ref() {
+            Some(conn) if !conn.is_dead() => return Ok(conn.clone()),
+            Some(_) => true,
+            None => false,
         };
+        // Outside the borrow above: starting the successor reads the watch again.
         if dead {
             self.reconnect_if_broken();
         }
@@ -1030,20 +1022,27 @@ impl Inner {
     /// `deadline` (this starts it). `None` when none comes in time, or when the store never
     /// connected (so nothing can have been taken through it).
     async fn shared_by(self: &Arc<Self>, deadline: Instant) -> Option<Conn> {
-        match self.conn.borrow().as_ref() {
-            None => return None,
-            Some(conn) if !conn.is_dead() => return Some(conn.clone()),
-            Some(_) => {}
+        if self.conn.borrow().is_none() {
+            return None;
         }
-        self.reconnect_if_broken();
-        let mut rx = self.conn.subscribe();
-        let live = rx.wait_for(|c| c.as_ref().is_some_and(|c| !c.is_dead()));
-        let conn = tokio::time::timeout_at(deadline, live)
+        tokio::time::timeout_at(deadline, self.live_shared())
             .await
             .ok()?
-            .ok()?
-            .clone();
-        conn
+            .ok()
+    }
+
+    /// Runs best-effort `calls` on `conn` (from [`Inner::shared_by`]) until `deadline`: calls
+    /// past it poison `conn` ([`Conn::until`]), whose successor is then started at once rather
+    /// than by the next call. `None` when the deadline passed.
+    async fn best_effort<F: std::future::Future>(
+        self: &Arc<Self>,
+        conn: &Conn,
+        deadline: Instant,
+        calls: impl Iterator<Item = F>,
+    ) -> Option<Vec<F::Output>> {
+        let done = conn.until(deadline, futures::future::join_all(calls)).await;
+        self.reconnect_if_broken();
+        done
     }
 
     async fn give_back(self: &Arc<Self>, returns: &[Return]) -> u64 {
@@ -1074,15 +1073,10 @@ impl Inner {
             let conn = conn.clone();
             async move { eval_count(&conn, &LEASE_RETURN, cmd).await }
         });
-        let applied = applied_within(
-            &conn,
-            deadline,
-            calls,
+        applied(
+            self.best_effort(&conn, deadline, calls).await,
             "lease return; the permits stay charged until their window ends",
         )
-        .await;
-        self.reconnect_if_broken();
-        applied
     }
 
     async fn renew(self: &Arc<Self>, checks: &[Check], lease: u64) {
@@ -1145,9 +1139,7 @@ impl Inner {
             let conn = conn.clone();
             async move { eval_count(&conn, script, cmd).await }
         });
-        let done = conn.until(deadline, futures::future::join_all(calls)).await;
-        self.reconnect_if_broken();
-        Some(done.ok_or(()))
+        Some(self.best_effort(&conn, deadline, calls).await.ok_or(()))
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::script::{hex16, Params, TRUE_UP};
-use super::{applied_within, Inner, RELEASE_TIMEOUT};
+use super::{applied, Inner, RELEASE_TIMEOUT};
 use crate::limiter::store::TrueUp;
 
 /// The most true-ups one `EVALSHA` carries: a larger flush is sent as several calls at once,
@@ -124,15 +124,10 @@ impl Inner {
                 })
                 .collect::<Vec<_>>()
         });
-        let applied = applied_within(
-            &conn,
-            deadline,
-            calls,
+        applied(
+            self.best_effort(&conn, deadline, calls).await,
             "reservation true-up; the reservation stays charged",
         )
-        .await;
-        self.reconnect_if_broken();
-        applied
     }
 }
 
