@@ -5,8 +5,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
-.PHONY: run test deps deps-build lint vendor-check check-config bench bench-idle bench-deps
-.PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock
+.PHONY: run test deps deps-build lint vendor-check vendor-test check-config bench bench-idle bench-deps
+.PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock bench-patches
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -20,18 +20,26 @@ run: deps-build
 ## Install what the build and the tests need, then run every check and test.
 test: deps lint vendor-check
 	$(CARGO) test --all-targets
-	$(CARGO) test -p http -p pingora-http -p pingora-timeout --lib
+	$(CARGO) test -p pingora-http -p pingora-timeout --lib
+	$(MAKE) --no-print-directory vendor-test
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
 ## The vendored crates are the published ones plus their patch series, byte for byte
-## (vendor/check.sh: fetches each crate at its Cargo.lock version, applies
+## (vendor/series.sh: fetches each crate at its Cargo.lock version, applies
 ## vendor/patches/<crate>-<version>/ in order, compares with vendor/<crate>/).
 vendor-check:
 	@command -v patch >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patch; }
-	bash vendor/check.sh
+	bash vendor/series.sh
+
+## The upstream unit tests of the files the series of pingora-core and pingora-proxy touch:
+## the published crates with their series applied and their dev-dependencies back, in a
+## workspace of their own under target/vendor-tests, resolved from this Cargo.lock (tests
+## that reach beyond loopback are left out by name, vendor/series.sh says which).
+vendor-test: vendor-check
+	bash vendor/series.sh test
 
 ## cmake (pingora-core's zlib-ng) for the build.
 deps-build:
@@ -95,6 +103,16 @@ bench-stock: deps-build
 	cd benches/stock && CARGO_TARGET_DIR=$(CURDIR)/target/stock $(CARGO) build --release
 	$(CARGO) build --release --bin floodgate
 	python3 benches/instructions/run.py --floodgate target/release/floodgate --bare-proxy target/stock/release/bare-proxy-stock --out target/instructions-stock $(INSTR_ARGS)
+
+## What each patch of the vendored Pingora crates buys (docs/benchmarks.md, "What each patch
+## buys"): the bare proxy built once per step of the series (each step one patch more, from
+## Pingora 0.9.1 as published), instructions per request under callgrind and one interleaved
+## load run of all steps. About 60 minutes on 2 cores (17 release builds). Writes
+## target/patches/patches.md and patches.json. PATCHES_ARGS passes options
+## (`python3 benches/patches/run.py --help`).
+bench-patches: bench-deps
+	@command -v valgrind >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind; }
+	python3 benches/patches/run.py $(PATCHES_ARGS)
 
 ## Adaptive concurrency with fair sharing (docs/benchmarks.md, "Protecting a slow upstream"): an
 ## upstream of 16 slots of 20 ms, one tenant flooding it with 128 connections and two quiet ones,

@@ -504,7 +504,7 @@ async fn a_reload_during_an_in_flight_reservation_keeps_and_settles_it() {
         let c = client();
         // A slow successful login holds the rule's one unit while it runs.
         let slow = {
-            let (c, url) = (c.clone(), gw.url("/login?delay_ms=5000"));
+            let (c, url) = (c.clone(), gw.url("/login?delay_ms=8000"));
             tokio::spawn(async move {
                 let body = serde_json::json!({ "password": "open-sesame" });
                 c.post(url)

@@ -309,6 +309,12 @@ class Bench:
             if not vname or not vpath or "@" in vname or not os.path.isfile(vpath):
                 raise SystemExit(f"--variant {v}: NAME=PATH of a floodgate binary")
             self.variants.append((vname, str(Path(vpath).resolve())))
+        self.bare_variants: list[tuple[str, str]] = []
+        for v in getattr(args, "bare_variant", None) or []:
+            vname, _, vpath = v.partition("=")
+            if not vname or not vpath or "@" in vname or not os.path.isfile(vpath):
+                raise SystemExit(f"--bare-variant {v}: NAME=PATH of a bare-proxy binary")
+            self.bare_variants.append((vname, str(Path(vpath).resolve())))
 
     # ---- processes ----------------------------------------------------------------------
 
@@ -821,7 +827,7 @@ auth = "none"
                  "nginx-429", "envoy-429", "pingora-429", "fg-429", "fg-429-notop", "fg-concurrency",
                  "fg-trace-0", "fg-trace-0.01", "fg-trace-1", "envoy-trace-1"]
         order.insert(order.index("envoy-limit") + 1, "envoy-rls")
-        order = [n for k in order for n in [k] + [f"{k}@{v}" for v, _ in self.variants]]
+        order = [n for k in order for n in [k] + [f"{k}@{v}" for v, _ in self.variants + self.bare_variants]]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
         if a.only:
             self.systems = {k: v for k, v in self.systems.items() if k.split("@")[0] in a.only}
@@ -864,6 +870,18 @@ auth = "none"
         base = "nginx-429" if reject else "pingora-bare" if contract else "upstream"
         self.add(System(name, title, port, p.pid, "pingora", baseline=base,
                         expect=429 if reject else 200))
+        if reject or contract:
+            return
+        # --bare-variant: the bare proxy of another build, measured right after it in every
+        # round and reported against it.
+        for vname, vpath in self.bare_variants:
+            vport = free_port()
+            vp = self.spawn(f"{name}@{vname}", [vpath, "--listen", f"127.0.0.1:{vport}",
+                                                "--upstream", f"127.0.0.1:{upstream}",
+                                                "--threads", str(self.args.threads)])
+            self.wait_http(f"{name}@{vname}", vp, vport)
+            self.add(System(f"{name}@{vname}", f"{title} [variant {vname}: {vpath}]", vport, vp.pid,
+                            "pingora", baseline=name))
 
     def probe(self) -> None:
         """Each system answers what it is meant to answer, or is left out with the reason."""
@@ -1428,6 +1446,10 @@ def main() -> int:
                    help="also run every floodgate system with the floodgate binary PATH, as system "
                         "SYSTEM@NAME right after SYSTEM in each round, its ratio taken against SYSTEM "
                         "(an interleaved A/B of two builds in one run; repeatable)")
+    p.add_argument("--bare-variant", action="append", metavar="NAME=PATH",
+                   help="also run pingora-bare with the bare-proxy binary PATH, as system "
+                        "pingora-bare@NAME right after it in each round, its ratio taken against "
+                        "pingora-bare (benches/patches: one build per patch; repeatable)")
     p.add_argument("--floodgate-env", action="append", metavar="KEY=VALUE",
                    help="extra environment of the gateways (e.g. LD_PRELOAD=... to try an allocator)")
     args = p.parse_args()

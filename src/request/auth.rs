@@ -34,9 +34,11 @@ pub struct HeaderText {
 
 impl HeaderText {
     /// `text` as a header value, or `None` when a header cannot carry it (CR, LF, NUL and
-    /// other control bytes), as judged by the `http` crate that writes the headers.
+    /// other control bytes), as judged by the `http` crate that writes the headers. Non-ASCII
+    /// text goes out as its UTF-8 bytes (RFC 9110's opaque `obs-text`): `from_bytes` takes
+    /// them, where `from_str` takes visible ASCII only.
     pub fn new(text: &str) -> Option<HeaderText> {
-        let value = http::HeaderValue::from_str(text).ok()?;
+        let value = http::HeaderValue::from_bytes(text.as_bytes()).ok()?;
         Some(HeaderText {
             text: text.into(),
             value,

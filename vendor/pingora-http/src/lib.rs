@@ -432,26 +432,6 @@ impl RequestHeader {
     }
 }
 
-impl RequestHeader {
-    /// A clone with room for `additional` more headers in the value map and in the case map,
-    /// allocated at their final size (floodgate patch, see PATCHES.md): a proxy clones the
-    /// downstream head to insert its own headers into the upstream copy, and a plain clone
-    /// keeps no spare room, so the first insert reallocated both maps.
-    pub fn clone_with_room(&self, additional: usize) -> Result<Self> {
-        let (headers, header_name_map) = clone_maps_with_room(
-            &self.base.headers,
-            self.header_name_map.as_ref(),
-            additional,
-        )?;
-        Ok(Self {
-            base: req_parts_with(&self.base, headers),
-            header_name_map,
-            raw_target: self.raw_target.clone(),
-            send_end_stream: self.send_end_stream,
-        })
-    }
-}
-
 impl Clone for RequestHeader {
     fn clone(&self) -> Self {
         Self {
@@ -518,25 +498,6 @@ impl Deref for ResponseHeader {
 
     fn deref(&self) -> &Self::Target {
         &self.base
-    }
-}
-
-impl ResponseHeader {
-    /// A clone with room for `additional` more headers in the value map and in the case map,
-    /// allocated at their final size (floodgate patch, see PATCHES.md): the head a proxy
-    /// filters and sends downstream is a clone of the one read from the upstream, and a plain
-    /// clone keeps no spare room, so the first insert reallocated both maps.
-    pub fn clone_with_room(&self, additional: usize) -> Result<Self> {
-        let (headers, header_name_map) = clone_maps_with_room(
-            &self.base.headers,
-            self.header_name_map.as_ref(),
-            additional,
-        )?;
-        Ok(Self {
-            base: resp_parts_with(&self.base, headers),
-            header_name_map,
-            reason_phrase: self.reason_phrase.clone(),
-        })
     }
 }
 
@@ -893,33 +854,7 @@ fn parse_request_target(target: &[u8]) -> Result<ParsedRequestTarget> {
     })
 }
 
-/// The value map and the case map of a head, cloned with room for `additional` more headers
-/// each (floodgate patch, see PATCHES.md; the `clone_with_room` of requests and responses).
-fn clone_maps_with_room(
-    value_map: &HMap,
-    name_map: Option<&CaseMap>,
-    additional: usize,
-) -> Result<(HMap, Option<CaseMap>)> {
-    let values = value_map.try_clone_with_room(additional).or_err(
-        InvalidHTTPHeader,
-        "header value map size overflows MAX_SIZE",
-    )?;
-    let names = match name_map {
-        Some(map) => Some(
-            map.try_clone_with_room(additional)
-                .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?,
-        ),
-        None => None,
-    };
-    Ok((values, names))
-}
-
 fn clone_req_parts(me: &ReqParts) -> ReqParts {
-    req_parts_with(me, me.headers.clone())
-}
-
-/// A copy of `me` with `headers` for its header map.
-fn req_parts_with(me: &ReqParts, headers: HMap) -> ReqParts {
     let mut parts = ReqBuilder::new()
         .method(me.method.clone())
         .uri(me.uri.clone())
@@ -928,17 +863,12 @@ fn req_parts_with(me: &ReqParts, headers: HMap) -> ReqParts {
         .unwrap()
         .into_parts()
         .0;
-    parts.headers = headers;
+    parts.headers = me.headers.clone();
     parts.extensions = me.extensions.clone();
     parts
 }
 
 fn clone_resp_parts(me: &RespParts) -> RespParts {
-    resp_parts_with(me, me.headers.clone())
-}
-
-/// A copy of `me` with `headers` for its header map.
-fn resp_parts_with(me: &RespParts, headers: HMap) -> RespParts {
     let mut parts = RespBuilder::new()
         .status(me.status)
         .version(me.version)
@@ -946,7 +876,7 @@ fn resp_parts_with(me: &RespParts, headers: HMap) -> RespParts {
         .unwrap()
         .into_parts()
         .0;
-    parts.headers = headers;
+    parts.headers = me.headers.clone();
     parts.extensions = me.extensions.clone();
     parts
 }
@@ -974,14 +904,12 @@ fn http_header_map_upper_bound(size_hint: Option<usize>) -> usize {
     )
 }
 
-/// Room for the headers a proxy adds to a head (floodgate patch, see PATCHES.md), made where
-/// they go in: in a response built with a size hint (the count of headers parsed, or about to
-/// be inserted), and in the copies a proxy inserts into, made with `clone_with_room` (the
-/// upstream copy of a request, the downstream copy of an upstream response). A short head
-/// would otherwise make both maps grow, a reallocation (and often a rehash) each, as soon as
-/// `X-Forwarded-For`, `X-Request-Id`, the RateLimit fields or Pingora's own `Connection` and
-/// `Date` go in. A parsed request keeps its exact hint: it is held for the whole exchange,
-/// and nothing is inserted into it.
+/// Room for the headers a proxy adds to a response (floodgate patch, see PATCHES.md), made
+/// when a response is built with a size hint (the count of headers parsed, or about to be
+/// inserted). A short head would otherwise make both maps grow, a reallocation (and often a
+/// rehash) each, as soon as `X-Request-Id`, the RateLimit fields or Pingora's own `Connection`
+/// and `Date` go in. A parsed request keeps its exact hint: it is held for the whole exchange,
+/// and a proxy inserts into its clone, not into it.
 pub const PROXY_HEADROOM: usize = 4;
 
 /// [http_header_map_upper_bound] of a response's size hint, with [PROXY_HEADROOM].
@@ -1265,51 +1193,6 @@ mod tests {
             .insert_header_parsed(&X_ID, &X_ID_CASE, HeaderValue::from_static("3"))
             .unwrap();
         assert_eq!(no_case.headers["x-request-id"], "3");
-    }
-
-    #[test]
-    fn a_clone_with_room_is_the_head_on_the_wire_and_takes_inserts_in_order() {
-        const X_ID: HeaderName = HeaderName::from_static("x-request-id");
-        const X_ID_CASE: CaseHeaderName = CaseHeaderName::from_static("X-Request-Id");
-        let mut req = RequestHeader::build("POST", b"/a?b", Some(2)).unwrap();
-        req.append_header("Host", "a").unwrap();
-        req.append_header("X-Custom", "1").unwrap();
-        req.append_header("x-custom", "2").unwrap();
-        let mut copy = req.clone_with_room(PROXY_HEADROOM).unwrap();
-        assert_eq!(copy.method, req.method);
-        assert_eq!(copy.raw_path(), req.raw_path());
-        let (mut a, mut b): (Vec<u8>, Vec<u8>) = (vec![], vec![]);
-        req.header_to_h1_wire(&mut a);
-        copy.header_to_h1_wire(&mut b);
-        assert_eq!(a, b);
-        copy.insert_header_parsed(&X_ID, &X_ID_CASE, HeaderValue::from_static("1"))
-            .unwrap();
-        // A replaced header keeps its place.
-        copy.insert_header("Host", "b").unwrap();
-        let mut buf: Vec<u8> = vec![];
-        copy.header_to_h1_wire(&mut buf);
-        assert_eq!(
-            buf,
-            b"Host: b\r\nX-Custom: 1\r\nx-custom: 2\r\nX-Request-Id: 1\r\n".as_slice()
-        );
-        // The original is untouched.
-        assert_eq!(req.headers["host"], "a");
-        assert!(!req.headers.contains_key("x-request-id"));
-
-        let mut resp = ResponseHeader::build(404, Some(1)).unwrap();
-        resp.append_header("Server", "s").unwrap();
-        resp.set_reason_phrase(Some("Gone Fishing")).unwrap();
-        let mut copy = resp.clone_with_room(PROXY_HEADROOM).unwrap();
-        copy.insert_header_parsed(&X_ID, &X_ID_CASE, HeaderValue::from_static("2"))
-            .unwrap();
-        let mut buf: Vec<u8> = vec![];
-        copy.header_to_h1_wire(&mut buf);
-        assert_eq!(buf, b"Server: s\r\nX-Request-Id: 2\r\n");
-        assert_eq!(copy.status, 404);
-        assert_eq!(copy.get_reason_phrase(), Some("Gone Fishing"));
-
-        let no_case = ResponseHeader::build_no_case(200, None).unwrap();
-        assert!(!no_case.clone_with_room(1).unwrap().has_case());
     }
 
     #[test]

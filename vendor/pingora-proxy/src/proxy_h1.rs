@@ -46,12 +46,7 @@ where
 
         // phase 2 send to upstream
 
-        // floodgate patch (PATCHES.md): a copy with room for the headers a proxy adds, so that
-        // the first of them does not reallocate both header maps.
-        let mut req = session
-            .req_header()
-            .clone_with_room(pingora_http::PROXY_HEADROOM)
-            .unwrap_or_else(|_| session.req_header().clone());
+        let mut req = session.req_header().clone();
         let authority_policy = AuthorityPolicy::from(session.downstream_session.is_custom());
         let downstream_had_host = req.headers.contains_key(http::header::HOST);
         req.set_version(Version::HTTP_11);

@@ -82,9 +82,10 @@ pub trait Peek {
 
     /// floodgate patch: ready once a read would return data without waiting for the peer (or
     /// when the transport cannot tell: the default). A reader that waits here first allocates
-    /// its buffer only once there is something to put in it.
+    /// its buffer only once there is something to put in it. A transport that times its reads
+    /// counts this wait as read-pending time, as it would the read's own wait.
     fn poll_read_ready(
-        &self,
+        &mut self,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))

@@ -771,7 +771,9 @@ impl Peek for Stream {
     }
 
     // floodgate patch: readiness of the socket itself, unless bytes wait in a buffer already.
-    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    // The wait is read-pending time (`get_read_pending_time`), as a read's own wait is: the
+    // read that follows a ready socket does not wait.
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.rewind_read_buf.is_empty() {
             return Poll::Ready(Ok(()));
         }
@@ -780,12 +782,14 @@ impl Peek for Stream {
                 return Poll::Ready(Ok(()));
             }
         }
-        match &self.stream().get_ref().stream {
+        let result = match &self.stream().get_ref().stream {
             RawStream::Tcp(s) => s.poll_read_ready(cx),
             #[cfg(unix)]
             RawStream::Unix(s) => s.poll_read_ready(cx),
             RawStream::Virtual(_) => Poll::Ready(Ok(())),
-        }
+        };
+        self.read_pending_time.poll_time(&result);
+        result
     }
 }
 
@@ -1047,6 +1051,33 @@ mod tests {
         let n = stream.read(buffer.as_mut_slice()).await.unwrap();
         assert_eq!(n, message.len());
         assert!(stream.rx_ts.is_some());
+    }
+
+    // floodgate patch: the wait for a readable socket is read-pending time, as the wait of a
+    // read is (the head of an upstream response is waited for that way).
+    #[tokio::test]
+    async fn a_wait_for_readiness_is_read_pending_time() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stream.write_all(b"late").await.unwrap();
+            stream
+        });
+        let mut stream: Stream = TcpStream::connect(addr).await.unwrap().into();
+        std::future::poll_fn(|cx| stream.poll_read_ready(cx))
+            .await
+            .unwrap();
+        let mut buffer = [0u8; 4];
+        stream.read_exact(&mut buffer).await.unwrap();
+        assert_eq!(&buffer, b"late");
+        let pending = stream.get_read_pending_time();
+        assert!(
+            pending >= Duration::from_millis(150),
+            "read-pending time {pending:?} misses the wait for the response"
+        );
+        drop(server.await.unwrap());
     }
 
     #[cfg(target_os = "linux")]

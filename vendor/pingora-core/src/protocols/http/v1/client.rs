@@ -439,13 +439,8 @@ impl HttpSession {
     /// Similar to [`Self::read_response()`], read the response header and then return a copy of it.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
-        // safe to unwrap because it is just read. floodgate patch (PATCHES.md): a copy with room
-        // for the headers a proxy adds, so that the first does not reallocate both header maps.
-        let resp = self.resp_header().unwrap();
-        Ok(Box::new(
-            resp.clone_with_room(pingora_http::PROXY_HEADROOM)
-                .unwrap_or_else(|_| resp.clone()),
-        ))
+        // safe to unwrap because it is just read
+        Ok(Box::new(self.resp_header().unwrap().clone()))
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
