@@ -309,3 +309,136 @@ async fn health_checks_take_a_slot_and_skip_when_none_is_free() {
     })
     .await;
 }
+
+/// The upstream's count of requests that came in (`/debug/load`'s `total`).
+async fn upstream_total(c: &reqwest::Client, api: &OrdersApi) -> u64 {
+    get_json(c, format!("http://{}/debug/load", api.addr)).await["total"]
+        .as_u64()
+        .expect("total")
+}
+
+/// A request whose client goes away while it waits for a slot leaves the queue at once, is
+/// never forwarded, and holds nothing: neither when the client resets its connection nor when
+/// it closes it. Before, such waiters stayed queued until `queue_timeout` and were then
+/// forwarded one by one, ahead of the live requests of their tenant.
+#[tokio::test]
+async fn a_waiter_whose_client_left_leaves_the_queue_and_is_never_forwarded() {
+    use tokio::io::AsyncWriteExt;
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
+    let body =
+        config(api.addr, "20s").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let gw = Gateway::start(&body);
+    let c = client();
+    let slow = hold_the_slot(&c, &gw, 3000).await;
+    let forwarded = upstream_total(&c, &api).await;
+    // 12 clients send a request (within max_queue = 16), wait in the queue, and leave.
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        s.write_all(b"GET /orders HTTP/1.1\r\nhost: a\r\nx-api-key: quiet-secret\r\n\r\n")
+            .await
+            .unwrap();
+        clients.push(s);
+    }
+    eventually(Duration::from_secs(10), "12 requests queued", || async {
+        (protect_status(&c, &gw).await["queued"] == 12).then_some(())
+    })
+    .await;
+    for (i, s) in clients.into_iter().enumerate() {
+        if i % 2 == 0 {
+            // A reset (SO_LINGER 0); the others close with a FIN.
+            s.set_zero_linger().unwrap();
+        }
+        drop(s);
+    }
+    // Well before the slot is free (3 s) or any waiter's queue_timeout (20 s).
+    eventually(Duration::from_secs(2), "the queue is empty", || async {
+        (protect_status(&c, &gw).await["queued"] == 0).then_some(())
+    })
+    .await;
+    assert!(!slow.is_finished(), "the slot was still held");
+    assert_eq!(slow.await.unwrap().unwrap(), 200);
+    // A live request of the same tenant is served next, and is the only one forwarded.
+    let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        upstream_total(&c, &api).await,
+        forwarded + 1,
+        "a request whose client left was forwarded"
+    );
+    let status = protect_status(&c, &gw).await;
+    assert_eq!(status["left"], 12, "{status}");
+    assert_eq!(status["in_flight"], 0, "{status}");
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "floodgate_upstream_queue_left_total{upstream=\"orders\"}"
+        ),
+        Some(12.0)
+    );
+}
+
+/// One HTTP/1.1 answer read from `s`: its head (status line and headers) and body (by
+/// `content-length`), within 10 s.
+async fn read_answer(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let read = async {
+        let mut buf = Vec::new();
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed before an answer: {buf:?}");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let length = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().unwrap())
+            })
+            .expect("a content-length");
+        let mut body = buf[end..].to_vec();
+        while body.len() < length {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed inside the body");
+            body.extend_from_slice(&chunk[..n]);
+        }
+        (head, body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("an answer within 10 s")
+}
+
+/// A shed answer (503 `upstream-overloaded`) keeps the client's connection: a shed costs the
+/// client a retry, not a new connection and handshake.
+#[tokio::test]
+async fn a_shed_request_keeps_its_connection_for_the_next() {
+    use tokio::io::AsyncWriteExt;
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
+    let body =
+        config(api.addr, "200ms").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let gw = Gateway::start(&body);
+    let c = client();
+    let slow = hold_the_slot(&c, &gw, 1500).await;
+    let request = b"GET /orders HTTP/1.1\r\nhost: a\r\nx-api-key: quiet-secret\r\n\r\n";
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let (head, _) = read_answer(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert_eq!(slow.await.unwrap().unwrap(), 200);
+    s.write_all(request).await.unwrap();
+    let (head, _) = read_answer(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}

@@ -7,8 +7,7 @@ use std::cell::Cell;
 use std::path::Path;
 
 use floodgate::config::Config;
-use floodgate::request::forwarding::{take_turn, Turn};
-use futures::FutureExt;
+use floodgate::request::forwarding::{enter, Entry};
 
 struct Counting;
 
@@ -57,12 +56,8 @@ fn a_route_without_protect_allocates_nothing_more() {
     let cfg = config("");
     let upstream = &cfg.upstreams[0];
     for _ in 0..3 {
-        let (turn, n) = allocations(|| {
-            take_turn(upstream, |_| unreachable!("no tenant is read"))
-                .now_or_never()
-                .expect("ready at once")
-        });
-        assert!(matches!(turn, Turn::Unguarded));
+        let (entry, n) = allocations(|| enter(upstream));
+        assert!(matches!(entry, Entry::Unguarded));
         assert_eq!(n, 0, "the protect hook allocated on an unprotected route");
     }
 }

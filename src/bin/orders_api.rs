@@ -18,8 +18,8 @@
 //!
 //! `--capacity N` makes it a server of fixed capacity: N requests are served at once (each
 //! holding its slot for its `delay_ms`), the rest wait inside it, as a real server's backlog
-//! does; `GET /debug/load` answers how many requests are inside and the most there were
-//! (`?reset=1` resets that peak).
+//! does; `GET /debug/load` answers how many requests are inside, the most there were
+//! (`?reset=1` resets that peak) and how many came in since the start (`total`).
 //!
 //! Usage: `orders-api [--listen 127.0.0.1:9000] [--name orders-1] [--status N]
 //! [--capacity N] [--tls-cert PEM --tls-key PEM [--client-ca PEM]]`
@@ -52,6 +52,8 @@ struct OrdersApi {
     /// Requests inside (served or waiting), and the most there were.
     inside: AtomicU64,
     peak: AtomicU64,
+    /// Requests that came in (but `/debug/load` itself).
+    total: AtomicU64,
 }
 
 /// One request counted inside the server until dropped.
@@ -87,6 +89,7 @@ impl OrdersApi {
             capacity: None,
             inside: AtomicU64::new(0),
             peak: AtomicU64::new(0),
+            total: AtomicU64::new(0),
         }
     }
 
@@ -221,8 +224,13 @@ impl ServeHttp for OrdersApi {
                 self.peak.load(Ordering::SeqCst)
             };
             let inside = self.inside.load(Ordering::SeqCst);
-            return self.reply(StatusCode::OK, &json!({"inside": inside, "peak": peak}));
+            let total = self.total.load(Ordering::SeqCst);
+            return self.reply(
+                StatusCode::OK,
+                &json!({"inside": inside, "peak": peak, "total": total}),
+            );
         }
+        self.total.fetch_add(1, Ordering::SeqCst);
         let n = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
         let _inside = Inside(&self.inside);
         self.peak.fetch_max(n, Ordering::SeqCst);

@@ -376,28 +376,55 @@ pub enum Turn {
     Go(crate::upstream::protect::Permit),
     /// No turn: answer this 503 (`upstream-overloaded`) instead of forwarding.
     Shed(Box<crate::request::response::Problem>),
+    /// The client went away while the request waited: it left the queue, and nothing is to
+    /// be answered or forwarded.
+    Left,
 }
 
-/// A turn at `upstream`: at once below its limit (one atomic), else in fair order as the
-/// tenant `tenant` names (called only then: reading key parts costs more than the fast path).
-pub async fn take_turn(
-    upstream: &crate::config::Upstream,
-    tenant: impl FnOnce(&crate::upstream::settings::Protect) -> (u64, u32),
-) -> Turn {
-    let Some(settings) = upstream.settings.protect.as_ref() else {
-        return Turn::Unguarded;
-    };
-    let Some(guard) = upstream.pool().protect.clone() else {
-        return Turn::Unguarded;
-    };
-    if let Some(permit) = guard.try_enter() {
-        return Turn::Go(permit);
+/// The first step of a turn at `upstream`: nothing to do, a slot at once (one atomic), or a
+/// wait in the fair queue ([`queue`]).
+pub enum Entry {
+    /// The upstream has no `protect`.
+    Unguarded,
+    /// Below the limit: the slot.
+    Go(crate::upstream::protect::Permit),
+    /// At the limit: the guard to wait at.
+    Queue(std::sync::Arc<crate::upstream::protect::Guard>),
+}
+
+/// A turn at `upstream` below its limit, or the guard to queue at (the caller then reads the
+/// tenant's key parts, which cost more than this fast path).
+pub fn enter(upstream: &crate::config::Upstream) -> Entry {
+    if upstream.settings.protect.is_none() {
+        return Entry::Unguarded;
     }
-    let (tenant, weight) = tenant(settings);
-    match guard.wait(tenant, weight).await {
-        Ok(permit) => Turn::Go(permit),
-        Err(why) => {
-            let retry_after = settings.queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
+    let Some(guard) = upstream.pool().protect.clone() else {
+        return Entry::Unguarded;
+    };
+    match guard.try_enter() {
+        Some(permit) => Entry::Go(permit),
+        None => Entry::Queue(guard),
+    }
+}
+
+/// A turn at `guard` in fair order as `tenant` of `weight`, or the 503 that refuses one, or
+/// [`Turn::Left`] as soon as `gone` (the client went away) completes.
+pub async fn queue(
+    upstream: &crate::config::Upstream,
+    guard: &std::sync::Arc<crate::upstream::protect::Guard>,
+    (tenant, weight): (u64, u32),
+    gone: impl std::future::Future<Output = ()>,
+) -> Turn {
+    match guard.wait_unless(tenant, weight, gone).await {
+        None => Turn::Left,
+        Some(Ok(permit)) => Turn::Go(permit),
+        Some(Err(why)) => {
+            let queue_timeout = upstream
+                .settings
+                .protect
+                .as_ref()
+                .map_or(std::time::Duration::from_secs(1), |p| p.queue_timeout);
+            let retry_after = queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
             Turn::Shed(Box::new(
                 crate::request::response::Problem::upstream_overloaded(
                     &upstream.name,

@@ -232,21 +232,27 @@ impl ProxyHttp for Proxy {
                 if let Some(slow) = &mut ctx.slow {
                     slow.body_deadline = Some(Instant::now() + timeout);
                 }
-                let problem = match ctx.body.read_ahead(session, timeout).await? {
-                    ReadAhead::Forward => match take_turn(ctx, session.req_header()).await {
+                // A shed request's body was read (its connection can take the next request, as
+                // after any other early answer: a shed costs the client a retry, not a new
+                // handshake); a body that did not arrive in time leaves the stream unusable.
+                let (problem, close) = match ctx.body.read_ahead(session, timeout).await? {
+                    ReadAhead::Forward => match take_turn(ctx, session).await? {
                         None => return Ok(false),
-                        Some(shed) => shed,
+                        Some(shed) => (shed, false),
                     },
                     ReadAhead::TimedOut => {
                         count_body_timeout();
-                        Problem::body_timeout()
+                        (Problem::body_timeout(), true)
                     }
-                    ReadAhead::TooManyWaiting => Problem::too_many_uploads(
-                        crate::request::body::MAX_WAITING_PER_H2_CONNECTION,
+                    ReadAhead::TooManyWaiting => (
+                        Problem::too_many_uploads(
+                            crate::request::body::MAX_WAITING_PER_H2_CONNECTION,
+                        ),
+                        true,
                     ),
                 };
                 let mut answer = problem.answer();
-                answer.close = true;
+                answer.close = close;
                 Box::pin(self.send(session, &ctx.request_id, &mut answer)).await?;
                 Ok(true)
             }
@@ -792,32 +798,69 @@ fn hash_key(ctx: &RequestCtx, req: &RequestHeader, parts: &[KeyPart]) -> Vec<u8>
 /// `[upstreams.protect]`: a turn at the upstream, or the 503 that refuses one. The rules have
 /// charged the request already, as refundable reservations (see admission): a shed request
 /// was never admitted, so every rule's charge is given back, and its concurrency slots are
-/// freed at once.
-async fn take_turn(ctx: &mut RequestCtx, req: &RequestHeader) -> Option<Problem> {
-    let upstream = ctx.upstream()?;
+/// freed at once. A request whose client goes away while it waits leaves the queue at once,
+/// charged nothing, and ends with an error (nothing to answer, the connection is gone).
+async fn take_turn(ctx: &mut RequestCtx, session: &mut Session) -> Result<Option<Problem>> {
+    use crate::request::forwarding::{self, Entry, Turn};
+    let Some(upstream) = ctx.upstream() else {
+        return Ok(None);
+    };
     // Without `[upstreams.protect]` (the usual case) this returns here, without a clone of
     // the upstream's `Arc`: its count is written by every thread's requests.
-    upstream.settings.protect.as_ref()?;
+    let Some(settings) = upstream.settings.protect.as_ref() else {
+        return Ok(None);
+    };
     let upstream = upstream.clone();
-    let turn = crate::request::forwarding::take_turn(&upstream, |p| {
-        crate::upstream::protect::tenant(p, &view(ctx, req))
-    })
-    .await;
-    match turn {
-        crate::request::forwarding::Turn::Unguarded => None,
-        crate::request::forwarding::Turn::Go(permit) => {
-            ctx.protect = Some(permit);
-            None
+    let turn = match forwarding::enter(&upstream) {
+        Entry::Unguarded => Turn::Unguarded,
+        Entry::Go(permit) => Turn::Go(permit),
+        Entry::Queue(guard) => {
+            let tenant =
+                crate::upstream::protect::tenant(settings, &view(ctx, session.req_header()));
+            forwarding::queue(&upstream, &guard, tenant, client_gone(session)).await
         }
-        crate::request::forwarding::Turn::Shed(mut problem) => {
-            if let Some(slots) = ctx.slots.as_mut() {
-                slots.reservations().refund_all().await;
-            }
-            ctx.slots = None;
+    };
+    match turn {
+        Turn::Unguarded => Ok(None),
+        Turn::Go(permit) => {
+            ctx.protect = Some(permit);
+            Ok(None)
+        }
+        Turn::Shed(mut problem) => {
+            refund_unadmitted(ctx).await;
             problem.request_id = Some(ctx.request_id.as_str().to_owned());
-            Some(*problem)
+            Ok(Some(*problem))
+        }
+        Turn::Left => {
+            refund_unadmitted(ctx).await;
+            Error::e_explain(
+                ErrorType::ConnectionClosed,
+                "the client went away while its request waited for an upstream slot",
+            )
         }
     }
+}
+
+/// What the rules charged a request that was never admitted, given back; its concurrency
+/// slots freed.
+async fn refund_unadmitted(ctx: &mut RequestCtx) {
+    if let Some(slots) = ctx.slots.as_mut() {
+        slots.reservations().refund_all().await;
+    }
+    ctx.slots = None;
+}
+
+/// Completes when the client of `session` is gone (its connection closed or reset, its HTTP/2
+/// stream reset), so that a request waiting for an upstream slot stops waiting. Only a request
+/// whose body has been read whole can be watched without taking body bytes from the stream:
+/// for any other this never completes, and the wait ends as before (a turn or a shed). A
+/// pipelined next request's bytes are kept for it, as Pingora keeps them while proxying.
+async fn client_gone(session: &mut Session) {
+    let downstream = session.as_downstream_mut();
+    if downstream.is_body_done() && downstream.read_body_or_idle(true).await.is_err() {
+        return;
+    }
+    std::future::pending::<()>().await
 }
 
 /// What key parts read of a request on its way upstream (the normalized target).

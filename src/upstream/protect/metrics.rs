@@ -88,11 +88,23 @@ impl Collector for Protect {
     }
 }
 
+static LEFT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new(
+            "floodgate_upstream_queue_left_total",
+            "Requests that left the fair queue because their client went away, never forwarded.",
+        ),
+        &["upstream"],
+    )
+    .expect("static metric definition")
+});
+
 /// Registers the families (once, with the first guard).
 pub(super) fn register() {
     let m = crate::metrics::metrics();
     m.register(Box::new(Protect));
     m.register(Box::new(SHED.clone()));
+    m.register(Box::new(LEFT.clone()));
 }
 
 /// Exports `upstream`'s shed series at 0, so an `increase()` alert sees the first one.
@@ -100,6 +112,12 @@ pub(super) fn export(upstream: &str) {
     for why in [Shed::Timeout, Shed::QueueFull] {
         SHED.with_label_values(&[upstream, why.as_str()]);
     }
+    LEFT.with_label_values(&[upstream]);
+}
+
+/// Counts one waiter whose client left.
+pub(super) fn left(upstream: &str) {
+    LEFT.with_label_values(&[upstream]).inc();
 }
 
 /// Counts one request shed.

@@ -76,6 +76,8 @@ pub struct Guard {
     queued: AtomicU32,
     /// Requests refused, by reason (also counted in the metric).
     shed: [AtomicU64; 2],
+    /// Waiters whose client left (also counted in the metric).
+    left: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -149,6 +151,7 @@ impl Guard {
             in_flight: AtomicU32::new(0),
             queued: AtomicU32::new(0),
             shed: [AtomicU64::new(0), AtomicU64::new(0)],
+            left: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 gradient,
                 queue: FairQueue::new(p.max_queue),
@@ -197,6 +200,28 @@ impl Guard {
         (self.queued.load(Ordering::SeqCst) == 0 && self.try_take()).then(|| Permit {
             guard: self.clone(),
         })
+    }
+
+    /// Waits for a turn as `tenant` of `weight`, at most the queue timeout, or until `gone`
+    /// (the client went away) completes first: then the request leaves the queue at once,
+    /// is never forwarded, and `None` is returned.
+    pub async fn wait_unless(
+        self: &Arc<Self>,
+        tenant: u64,
+        weight: u32,
+        gone: impl std::future::Future<Output = ()>,
+    ) -> Option<Result<Permit, Shed>> {
+        tokio::select! {
+            biased;
+            turn = self.wait(tenant, weight) => Some(turn),
+            () = gone => {
+                // The wait's future is dropped here: `Waiting`'s drop takes it out of the queue
+                // (or gives back a slot handed to it in between).
+                self.left.fetch_add(1, Ordering::Relaxed);
+                metrics::left(&self.name);
+                None
+            }
+        }
     }
 
     /// Waits for a turn as `tenant` of `weight`, at most the queue timeout.
@@ -330,6 +355,7 @@ impl Guard {
                 "queue_timeout": self.shed_count(Shed::Timeout),
                 "queue_full": self.shed_count(Shed::QueueFull),
             },
+            "left": self.left.load(Ordering::Relaxed),
         })
     }
 }
