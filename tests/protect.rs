@@ -442,3 +442,43 @@ async fn a_shed_request_keeps_its_connection_for_the_next() {
     let (head, _) = read_answer(&mut s).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
+
+/// An upstream that answers what is above its capacity with a 503 at once: those fast answers
+/// are failures, not spare capacity, so the limit stays near the capacity (before, each fast
+/// 503 looked like a fast exchange and the limit climbed towards `max_limit`).
+#[tokio::test]
+async fn fast_failures_do_not_raise_the_limit() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "4", "--shed"]);
+    let body = config(api.addr, "500ms")
+        .replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 200")
+        .replace("max_queue = 16", "max_queue = 1000");
+    let gw = Gateway::start(&body);
+    let c = client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for _ in 0..48 {
+        let (c, url, stop) = (c.clone(), gw.url("/orders?delay_ms=20"), stop.clone());
+        flood.push(tokio::spawn(async move {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) && sent < 2_000 {
+                let _ = c.get(&url).header("x-api-key", "noisy-secret").send().await;
+                sent += 1;
+            }
+        }));
+    }
+    // Three seconds of the flood, the limit read every 100 ms.
+    let mut highest = 0;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let limit = protect_status(&c, &gw).await["limit"].as_u64().unwrap_or(0);
+        highest = highest.max(limit);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in flood {
+        task.await.unwrap();
+    }
+    assert!(
+        highest <= 6,
+        "the limit reached {highest} for an upstream of 4 slots that sheds the rest"
+    );
+}

@@ -19,10 +19,12 @@
 //! `--capacity N` makes it a server of fixed capacity: N requests are served at once (each
 //! holding its slot for its `delay_ms`), the rest wait inside it, as a real server's backlog
 //! does; `GET /debug/load` answers how many requests are inside, the most there were
-//! (`?reset=1` resets that peak) and how many came in since the start (`total`).
+//! (`?reset=1` resets that peak) and how many came in since the start (`total`). With
+//! `--shed` it answers what finds every slot taken `503` at once instead (a backend that sheds
+//! its overload).
 //!
 //! Usage: `orders-api [--listen 127.0.0.1:9000] [--name orders-1] [--status N]
-//! [--capacity N] [--tls-cert PEM --tls-key PEM [--client-ca PEM]]`
+//! [--capacity N [--shed]] [--tls-cert PEM --tls-key PEM [--client-ca PEM]]`
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +51,8 @@ struct OrdersApi {
     failed_logins: AtomicU64,
     /// `--capacity`: the slots requests are served in.
     capacity: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    /// `--shed`: a request that finds every slot taken is answered 503 at once.
+    shed: bool,
     /// Requests inside (served or waiting), and the most there were.
     inside: AtomicU64,
     peak: AtomicU64,
@@ -87,6 +91,7 @@ impl OrdersApi {
             logins: AtomicU64::new(0),
             failed_logins: AtomicU64::new(0),
             capacity: None,
+            shed: false,
             inside: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             total: AtomicU64::new(0),
@@ -235,6 +240,15 @@ impl ServeHttp for OrdersApi {
         let _inside = Inside(&self.inside);
         self.peak.fetch_max(n, Ordering::SeqCst);
         let _slot = match &self.capacity {
+            Some(c) if self.shed => match c.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    return self.reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &json!({"error": "over capacity", "path": path}),
+                    )
+                }
+            },
             Some(c) => c.clone().acquire_owned().await.ok(),
             None => None,
         };
@@ -419,6 +433,7 @@ fn main() {
     let mut name = "orders-api".to_string();
     let mut status = None;
     let mut capacity = None;
+    let mut shed = false;
     let (mut tls_cert, mut tls_key, mut client_ca) = (None, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -437,6 +452,7 @@ fn main() {
                     .and_then(|s| s.parse::<usize>().ok())
                     .filter(|n| (1..=100_000).contains(n));
             }
+            "--shed" => shed = true,
             "--tls-cert" => tls_cert = args.next(),
             "--tls-key" => tls_key = args.next(),
             "--client-ca" => client_ca = args.next(),
@@ -463,6 +479,7 @@ fn main() {
     let mut api = OrdersApi::new(name);
     api.status = status;
     api.capacity = capacity.map(|n| std::sync::Arc::new(tokio::sync::Semaphore::new(n)));
+    api.shed = shed;
     let mut service = Service::new("orders api".to_string(), api);
     match (tls_cert, tls_key) {
         (Some(cert), Some(key)) => {

@@ -487,6 +487,15 @@ impl ProxyHttp for Proxy {
                 session.set_read_timeout(Some(idle));
             }
         }
+        if let (Some(permit), Some(start)) = (ctx.protect.as_mut(), ctx.upstream_start) {
+            // A 5xx is a failure, not a latency: an upstream answering 503 at once above its
+            // capacity must not look fast to the limit.
+            if upstream_response.status.is_server_error() {
+                permit.fail();
+            } else {
+                permit.sample(start.elapsed());
+            }
+        }
         if let (Some(start), Some(upstream), Some(pool)) = (
             ctx.upstream_start,
             ctx.upstream(),
@@ -494,9 +503,6 @@ impl ProxyHttp for Proxy {
         ) {
             let took = start.elapsed();
             pool.duration.observe(took.as_secs_f64());
-            if let Some(permit) = &ctx.protect {
-                permit.sample(took);
-            }
             if let Some(t) = &ctx.target {
                 let status = upstream_response.status.as_u16();
                 t.count(&upstream.name, Some(status), Some(took));
@@ -644,6 +650,13 @@ impl ProxyHttp for Proxy {
             e.esource(),
             session.was_upgraded(),
         );
+        if matches!(code, 502 | 504) {
+            // The upstream failed the exchange (connect error, reset, timeout): a failure for
+            // `[upstreams.protect]`'s limit, unless its response header was already counted.
+            if let Some(permit) = ctx.protect.as_mut() {
+                permit.fail();
+            }
+        }
         if code > 0 {
             let name = ctx.upstream().map(|u| &*u.name).unwrap_or_default();
             let mut problem = match (code, ctx.no_healthy) {

@@ -51,6 +51,14 @@
 //! followed by one at 1.1 C * 1.06 = 1.17 C, within the 1.25 C the benchmark allows (doubling,
 //! as TCP does, held 2 C for a window).
 
+//!
+//! A failed exchange (`fail`: a `5xx`, a connect error, a reset, a timeout) is not a latency.
+//! An upstream that sheds what is above its capacity with fast `503`s would otherwise look
+//! fast, and the limit would climb to `max_limit`. A window with any failure does not raise
+//! the limit; a window (or probe) where at least half failed is an outage, and the limit
+//! restarts from `min_limit` in slow start, so a recovering upstream gets its traffic back as
+//! it proves it can serve it.
+
 use std::time::{Duration, Instant};
 
 /// How long one measurement window lasts at least.
@@ -85,6 +93,8 @@ struct Probe {
     level: u32,
     /// What the probe before it in this round measured (see [`Gradient::probe_done`]).
     previous: Option<Duration>,
+    /// Exchanges that failed during it (not latencies).
+    failed: u32,
 }
 
 /// The latest [`KEPT`] latencies of a window, in a fixed array (no allocation per exchange).
@@ -139,6 +149,8 @@ pub struct Gradient {
     kept: Kept,
     /// The most requests in flight seen during the window.
     peak_in_flight: u32,
+    /// Exchanges of the window that failed (`fail`): no latency, and no growth.
+    failed: u32,
     min_rtt: Option<Duration>,
     probe: Option<Probe>,
     next_probe: Instant,
@@ -161,6 +173,7 @@ impl Gradient {
             window_start: now,
             kept: Kept::new(),
             peak_in_flight: 0,
+            failed: 0,
             min_rtt: None,
             probe: None,
             next_probe: now,
@@ -205,6 +218,51 @@ impl Gradient {
         self.window_start = now;
         self.kept = Kept::new();
         self.peak_in_flight = 0;
+        self.failed = 0;
+    }
+
+    /// Back to `min_limit` in slow start (an outage, or an upstream failing half of what it
+    /// is sent): the limit comes back step by step as exchanges succeed within `min_rtt`.
+    fn restart(&mut self, now: Instant) {
+        self.limit = self.min_limit as f64;
+        self.slow_start = true;
+        self.queued_once = false;
+        self.reset_window(now);
+    }
+
+    /// Records one exchange that failed while `in_flight` requests were out (a `5xx` answer,
+    /// a connect error, a reset, a timeout); returns the limit in force when it changed.
+    /// A failure is not a latency: an upstream that answers `503` at once above its capacity
+    /// would otherwise look fast and the limit would climb. A window (or a `min_rtt` probe) in
+    /// which at least half the exchanges failed restarts the limit from `min_limit` in slow
+    /// start; a window with any failure does not raise the limit (`sample`).
+    pub fn fail(&mut self, in_flight: u32, now: Instant) -> Option<u32> {
+        if let Some(p) = &mut self.probe {
+            if p.skip > 0 {
+                p.skip -= 1;
+                return None;
+            }
+            p.failed += 1;
+            if p.failed * 2 < PROBE_SAMPLES.max(p.kept.count + p.failed) {
+                return None;
+            }
+            // The probe is mostly failures: no `min_rtt` to measure now.
+            self.probe = None;
+            self.next_probe = now + PROBE_INTERVAL;
+            self.restart(now);
+            return Some(self.limit());
+        }
+        self.failed += 1;
+        self.peak_in_flight = self.peak_in_flight.max(in_flight);
+        let total = self.kept.count + self.failed;
+        if total < MIN_SAMPLES || now.saturating_duration_since(self.window_start) < WINDOW {
+            return None;
+        }
+        if self.failed * 2 >= total {
+            self.restart(now);
+            return Some(self.limit());
+        }
+        None
     }
 
     /// Records one exchange that took `rtt` while `in_flight` requests were out; returns the
@@ -256,8 +314,27 @@ impl Gradient {
         }
         let latency = self.kept.typical().as_secs_f64().max(1e-6);
         let used = self.peak_in_flight as f64;
+        let failed = self.failed;
+        if failed * 2 >= self.kept.count + failed {
+            self.restart(now);
+            return Some(self.limit());
+        }
         self.reset_window(now);
         let min_rtt = self.min_rtt?.as_secs_f64();
+        if failed > 0 {
+            // Some exchanges failed: whatever the latency of the others, no growth.
+            let before = self.limit;
+            self.judge(latency, used, min_rtt);
+            self.limit = self.limit.min(before);
+            return Some(self.limit());
+        }
+        self.judge(latency, used, min_rtt);
+        Some(self.limit())
+    }
+
+    /// Updates the limit from a window's typical `latency`, its peak use `used` and `min_rtt`
+    /// (seconds): slow start's step, or the gradient.
+    fn judge(&mut self, latency: f64, used: f64, min_rtt: f64) {
         if self.slow_start {
             if latency <= min_rtt * (1.0 + BUFFER) {
                 self.queued_once = false;
@@ -272,12 +349,12 @@ impl Gradient {
                     };
                     self.limit = (self.limit * growth).min(self.max_limit as f64);
                 }
-                return Some(self.limit());
+                return;
             }
             if !self.queued_once {
                 // Judge the same limit once more before taking it for a backlog.
                 self.queued_once = true;
-                return Some(self.limit());
+                return;
             }
             // It queued. The step before may have been within the buffer already (up to
             // 1.1 C): go back two steps, below the capacity, and let the gradient approach it
@@ -286,7 +363,7 @@ impl Gradient {
             self.slow_start = false;
             self.limit =
                 (self.limit / SLOW_START_GROWTH / SLOW_START_GROWTH).max(self.min_limit as f64);
-            return Some(self.limit());
+            return;
         }
         let gradient = (min_rtt * (1.0 + BUFFER) / latency).clamp(0.5, 2.0);
         let mut new = self.limit * gradient;
@@ -296,7 +373,6 @@ impl Gradient {
         }
         let next = (1.0 - SMOOTHING) * self.limit + SMOOTHING * new;
         self.limit = next.clamp(self.min_limit as f64, self.max_limit as f64);
-        Some(self.limit())
     }
 
     /// Halves the limit to `level` to measure `min_rtt`; `previous` is what the probe before
@@ -308,6 +384,7 @@ impl Gradient {
             kept: Kept::new(),
             level,
             previous,
+            failed: 0,
         });
     }
 
@@ -382,6 +459,55 @@ mod tests {
     }
 
     const S: Duration = Duration::from_millis(20);
+
+    /// Like [`run_ms`], against an upstream of `slots` that answers what is above them with a
+    /// failure at once (a fast 503): of every `n` exchanges at `n` in flight, `n - slots` fail
+    /// in 1 ms. The learned limit at the end and the most in flight meanwhile.
+    fn run_shedding(g: &mut Gradient, now: &mut Instant, ms: u64, slots: u32) -> (u32, u32) {
+        let mut most = 0;
+        for i in 0..ms {
+            *now += Duration::from_millis(1);
+            let n = g.limit();
+            most = most.max(n);
+            if (i % u64::from(n)) >= u64::from(slots) {
+                g.fail(n, *now);
+            } else {
+                g.sample(S, n, *now);
+            }
+        }
+        (g.learned(), most)
+    }
+
+    #[test]
+    fn fast_failures_above_the_capacity_never_raise_the_limit() {
+        let mut now = Instant::now();
+        let mut g = Gradient::new(4, 1000, now);
+        let (at, most) = run_shedding(&mut g, &mut now, 30_000, 16);
+        assert!((16..=20).contains(&at), "limit {at} for 16 slots that shed");
+        assert!(most <= 20, "{most} in flight for 16 slots: over 1.25x");
+    }
+
+    #[test]
+    fn after_an_outage_the_limit_comes_back_from_min_limit_by_slow_start() {
+        let mut now = Instant::now();
+        let mut g = Gradient::new(4, 1000, now);
+        let at16 = run(&mut g, &mut now, 30, 16, S);
+        assert!((16..=20).contains(&at16), "limit {at16} for 16 slots");
+        // Two seconds of an upstream that fails everything at once.
+        for _ in 0..2000 {
+            now += Duration::from_millis(1);
+            let n = g.limit();
+            g.fail(n, now);
+        }
+        assert_eq!(g.limit(), 4, "the limit after an outage");
+        // Healthy again: back near the capacity within 1.5 s, never past 1.25x.
+        let (back, most) = run_ms(&mut g, &mut now, 1500, 16, S);
+        assert!(
+            (14..=20).contains(&back),
+            "limit {back} 1.5 s after the outage"
+        );
+        assert!(most <= 20, "{most} in flight after the outage: over 1.25x");
+    }
 
     #[test]
     fn converges_near_the_capacity_and_follows_it_when_it_halves() {

@@ -121,6 +121,9 @@ impl Drop for Waiting {
 /// One request's slot at the upstream; dropping it gives the slot back (to the next waiter).
 pub struct Permit {
     guard: Arc<Guard>,
+    /// The exchange's outcome has fed the limit (once per exchange: a response that fails
+    /// in its body after its header was sampled is not counted twice).
+    recorded: bool,
 }
 
 impl std::fmt::Debug for Permit {
@@ -131,8 +134,19 @@ impl std::fmt::Debug for Permit {
 
 impl Permit {
     /// Feeds the limit one exchange's latency (request sent to response header).
-    pub fn sample(&self, took: Duration) {
-        self.guard.sample(took, Instant::now());
+    pub fn sample(&mut self, took: Duration) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            self.guard.sample(Some(took), Instant::now());
+        }
+    }
+
+    /// Feeds the limit one failed exchange: a `5xx` answer, a connect error, a reset or a
+    /// timeout. Not a latency: what an upstream answers fast while failing is not spare
+    /// capacity (`limit::Gradient::fail`).
+    pub fn fail(&mut self) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            self.guard.sample(None, Instant::now());
+        }
     }
 }
 
@@ -199,6 +213,7 @@ impl Guard {
     pub fn try_enter(self: &Arc<Self>) -> Option<Permit> {
         (self.queued.load(Ordering::SeqCst) == 0 && self.try_take()).then(|| Permit {
             guard: self.clone(),
+            recorded: false,
         })
     }
 
@@ -275,6 +290,7 @@ impl Guard {
         match turn {
             Turn::Go => Ok(Permit {
                 guard: self.clone(),
+                recorded: false,
             }),
             Turn::Shed(why) => Err(self.count_shed(why)),
         }
@@ -317,10 +333,15 @@ impl Guard {
         }
     }
 
-    fn sample(&self, took: Duration, now: Instant) {
+    /// One exchange's latency, or `None` for a failed one.
+    fn sample(&self, took: Option<Duration>, now: Instant) {
         let in_flight = self.in_flight.load(Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        if let Some(limit) = inner.gradient.sample(took, in_flight, now) {
+        let changed = match took {
+            Some(took) => inner.gradient.sample(took, in_flight, now),
+            None => inner.gradient.fail(in_flight, now),
+        };
+        if let Some(limit) = changed {
             // A lower limit takes effect as slots come back: none is taken from a request.
             let grew = limit > self.limit.swap(limit, Ordering::SeqCst);
             if grew {
