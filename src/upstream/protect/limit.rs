@@ -82,6 +82,11 @@ const KEPT: usize = 64;
 pub const SLOW_START_GROWTH: f64 = 1.125;
 /// Weight of the new value in each update.
 pub const SMOOTHING: f64 = 0.2;
+/// Windows in a row that lower the limit, after which `min_rtt` is measured again at once
+/// rather than at the next [`PROBE_INTERVAL`] (a second of windows): an upstream that became
+/// slower per request keeps answering slower however low the limit goes, and only a new
+/// `min_rtt` tells it from one that queues.
+pub const EARLY_PROBE_AFTER: u32 = 10;
 
 /// A `min_rtt` measurement under way.
 #[derive(Debug, Clone)]
@@ -151,6 +156,8 @@ pub struct Gradient {
     peak_in_flight: u32,
     /// Exchanges of the window that failed (`fail`): no latency, and no growth.
     failed: u32,
+    /// Windows in a row that lowered the limit (see [`EARLY_PROBE_AFTER`]).
+    lowered: u32,
     min_rtt: Option<Duration>,
     probe: Option<Probe>,
     next_probe: Instant,
@@ -174,6 +181,7 @@ impl Gradient {
             kept: Kept::new(),
             peak_in_flight: 0,
             failed: 0,
+            lowered: 0,
             min_rtt: None,
             probe: None,
             next_probe: now,
@@ -328,7 +336,17 @@ impl Gradient {
             self.limit = self.limit.min(before);
             return Some(self.limit());
         }
+        let before = self.limit;
         self.judge(latency, used, min_rtt);
+        self.lowered = if self.limit < before {
+            self.lowered + 1
+        } else {
+            0
+        };
+        if self.lowered >= EARLY_PROBE_AFTER {
+            self.lowered = 0;
+            self.next_probe = now;
+        }
         Some(self.limit())
     }
 
@@ -411,9 +429,18 @@ impl Gradient {
             self.start_probe(lower, Some(best), in_flight);
             return;
         }
+        if self.min_rtt.is_some_and(|m| above(best, m)) {
+            // The upstream is slower per request than when last measured (a slow database),
+            // not queueing: the limit lowered for its latency is too low for its capacity.
+            // Slow start finds the capacity again in a few round trips (the gradient's 2% a
+            // window took seconds) and ends as soon as it queues.
+            self.slow_start = true;
+            self.queued_once = false;
+        }
         self.min_rtt = Some(best);
         self.probe = None;
         self.next_probe = now + PROBE_INTERVAL;
+        self.lowered = 0;
         self.reset_window(now);
     }
 }
@@ -612,6 +639,22 @@ mod tests {
         let slower = run(&mut g, &mut now, 30, 16, S * 2);
         assert!((16..=20).contains(&slower), "limit {slower}");
         assert_eq!(g.min_rtt(), Some(S * 2));
+    }
+
+    #[test]
+    fn a_slower_upstream_is_followed_within_five_seconds() {
+        let mut now = Instant::now();
+        let mut g = Gradient::new(4, 1000, now);
+        run(&mut g, &mut now, 30, 16, S);
+        // Just after a routine probe (every 10 s, one at 30 s): the next is 8.5 s away.
+        run_ms(&mut g, &mut now, 1500, 16, S);
+        // Every exchange takes twice as long from now on, the same 16 at once.
+        let (at, most) = run_ms(&mut g, &mut now, 5000, 16, S * 2);
+        assert!((16..=20).contains(&at), "limit {at} 5 s after the slowdown");
+        assert!(most <= 20, "{most} in flight: over 1.25x");
+        assert_eq!(g.min_rtt(), Some(S * 2));
+        let later = run(&mut g, &mut now, 10, 16, S * 2);
+        assert!((16..=20).contains(&later), "limit {later} 15 s after it");
     }
 
     #[test]
