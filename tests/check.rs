@@ -322,3 +322,38 @@ fn unbounded_shaping_delays_fail_check() {
     assert!(ok, "{err}");
     assert!(out.contains("max_delay 1m"), "{out}");
 }
+
+/// `[upstreams.protect]` reading a header or query parameter for `fair_by` or `weights` is
+/// accepted with a warning: the client sets those, so it can mint tenants or name its weight.
+/// The default (the customer) and key parts from the key or the connection warn of nothing.
+#[test]
+fn protect_parts_a_client_sets_are_warned_of() {
+    let upstream = |protect: &str| {
+        format!(
+            "[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9000\"]\n[upstreams.protect]\n{protect}\n\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n"
+        )
+    };
+    let (ok, out, err) = check(
+        &upstream("fair_by = [\"header:x-tenant\"]\nweights = { \"query:plan\" = { gold = 4 } }"),
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("warning: upstream \"u\": protect's fair_by reads \"header:x-tenant\", which the client sets"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "warning: upstream \"u\": protect's weights read \"query:plan\", which the client sets"
+        ),
+        "{out}"
+    );
+    for quiet in [
+        "",
+        "fair_by = [\"user\", \"ip\"]\nweights = { plan = { pro = 4 } }",
+    ] {
+        let (ok, out, err) = check(&upstream(quiet), &[]);
+        assert!(ok, "{err}");
+        assert!(!out.contains("protect's"), "{quiet}: {out}");
+    }
+}

@@ -407,7 +407,8 @@ pub struct RawUpstream {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProtect {
-    /// Who a tenant is: key parts as in a rule's `key`. Default: `["api_key"]`.
+    /// Who a tenant is: key parts as in a rule's `key`. Default: the customer (the key's
+    /// `user`, or the client IP's /24 or /64 without a key).
     #[schemars(with = "Option<Vec<String>>")]
     pub fair_by: Option<Spanned<Vec<Spanned<String>>>>,
     /// Shares under contention per key part and value, 1 to 1000, e.g.

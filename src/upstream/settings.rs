@@ -176,7 +176,9 @@ pub struct Passive {
 /// in front of it (see [`super::protect`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Protect {
-    /// Who a tenant is: key parts read as a rule's `key` reads them.
+    /// Who a tenant is: key parts read as a rule's `key` reads them; empty (the default) is
+    /// the customer: the key's `user`, or for a request without a key its client IP's /24
+    /// (IPv4) or /64 (IPv6) network (`protect::tenant`).
     pub fair_by: Vec<KeyPart>,
     /// Shares under contention: for a key part, the weight of each of its values (default 1;
     /// a request matching several takes the largest).

@@ -87,7 +87,7 @@ fn upstream_settings(
     };
     let passive = passive(src, u)?;
     let protect = match &u.protect {
-        Some(p) => Some(protect(src, p.get_ref())?),
+        Some(p) => Some(protect(src, u.name.get_ref(), p.get_ref(), warnings)?),
         None => None,
     };
     Ok(Settings {
@@ -159,18 +159,22 @@ const MAX_WEIGHT: i64 = 1000;
 const MAX_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `[upstreams.protect]`: the adaptive concurrency limit and its fair queue.
-fn protect(src: &Src, p: &RawProtect) -> Result<Protect, ConfigError> {
+fn protect(
+    src: &Src,
+    upstream: &str,
+    p: &RawProtect,
+    warnings: &mut Vec<String>,
+) -> Result<Protect, ConfigError> {
     let mut fair_by = Vec::new();
-    match &p.fair_by {
-        Some(list) => {
-            if list.get_ref().is_empty() {
-                return Err(src.err(list.span(), "fair_by needs at least one key part"));
-            }
-            for part in list.get_ref() {
-                fair_by.push(key_part(src, part.get_ref(), part.span(), "fair_by part")?);
-            }
+    // Without fair_by the tenant is the customer (`Protect::fair_by` empty): see
+    // `protect::tenant`.
+    if let Some(list) = &p.fair_by {
+        if list.get_ref().is_empty() {
+            return Err(src.err(list.span(), "fair_by needs at least one key part"));
         }
-        None => fair_by.push(KeyPart::ApiKey),
+        for part in list.get_ref() {
+            fair_by.push(key_part(src, part.get_ref(), part.span(), "fair_by part")?);
+        }
     }
     let mut weights = Vec::new();
     if let Some(w) = &p.weights {
@@ -228,6 +232,21 @@ fn protect(src: &Src, p: &RawProtect) -> Result<Protect, ConfigError> {
         return Err(src.err(
             span,
             "queue_timeout must be at most 60s (a longer wait holds the client's connection for nothing)",
+        ));
+    }
+    // A part the client writes itself is the client's to choose: a tenant per value minted,
+    // or the weight it names.
+    let client_set = |part: &KeyPart| matches!(part, KeyPart::Header(_) | KeyPart::Query(_));
+    for part in fair_by.iter().filter(|p| client_set(p)) {
+        warnings.push(format!(
+            "upstream \"{upstream}\": protect's fair_by reads \"{}\", which the client sets: a client can mint a tenant per value and take a share for each",
+            part.to_config_string()
+        ));
+    }
+    for (part, _) in weights.iter().filter(|(p, _)| client_set(p)) {
+        warnings.push(format!(
+            "upstream \"{upstream}\": protect's weights read \"{}\", which the client sets: a client can name its own weight",
+            part.to_config_string()
         ));
     }
     Ok(Protect {

@@ -384,6 +384,9 @@ impl Guard {
 /// The tenant a request belongs to under `p` (a hash of its `fair_by` parts) and its weight.
 pub fn tenant(p: &Protect, view: &RequestView<'_>) -> (u64, u32) {
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    if p.fair_by.is_empty() {
+        customer(view).hash(&mut h);
+    }
     for part in &p.fair_by {
         match crate::rules::key::read(part, view) {
             Some(v) => {
@@ -407,6 +410,39 @@ pub fn tenant(p: &Protect, view: &RequestView<'_>) -> (u64, u32) {
         .max()
         .unwrap_or(1);
     (h.finish(), weight)
+}
+
+/// The customer a request comes from, `fair_by`'s default: the `user` of its key (several
+/// keys of one customer are one tenant, so minting keys buys no share), else the network of
+/// its client IP, a /24 for IPv4 and a /64 for IPv6 (one host, or one customer's block of
+/// addresses, is one tenant, so spreading over addresses of a block buys none either).
+#[derive(Hash)]
+enum Customer<'a> {
+    User(&'a str),
+    V4([u8; 3]),
+    V6([u16; 4]),
+}
+
+fn customer<'a>(view: &RequestView<'a>) -> Customer<'a> {
+    if let Some(id) = view.identity {
+        return Customer::User(id.user.as_str());
+    }
+    match view.ip {
+        std::net::IpAddr::V4(ip) => {
+            let [a, b, c, _] = ip.octets();
+            Customer::V4([a, b, c])
+        }
+        std::net::IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+            Some(v4) => {
+                let [a, b, c, _] = v4.octets();
+                Customer::V4([a, b, c])
+            }
+            None => {
+                let s = ip.segments();
+                Customer::V6([s[0], s[1], s[2], s[3]])
+            }
+        },
+    }
 }
 
 /// Every upstream's guard by name: what a reload keeps.
@@ -446,4 +482,90 @@ pub fn forget(name: &str) {
 /// Forgets the guards of upstreams that are gone or no longer have `protect`.
 pub fn retain(names: &BTreeSet<&str>) {
     guards().lock().retain(|k, _| names.contains(&**k));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::auth::{HeaderText, Identity};
+    use http::{HeaderMap, Method};
+
+    fn protect(fair_by: Vec<crate::rules::KeyPart>) -> Protect {
+        Protect {
+            fair_by,
+            weights: Vec::new(),
+            min_limit: 4,
+            max_limit: 100,
+            queue_timeout: Duration::from_millis(500),
+            max_queue: 100,
+        }
+    }
+
+    fn identity(id: &str, user: &str) -> Identity {
+        Identity {
+            id: HeaderText::new(id).unwrap(),
+            user: HeaderText::new(user).unwrap(),
+            plan: None,
+        }
+    }
+
+    /// The tenant of a request from `ip` with `identity` under `p`.
+    fn of(p: &Protect, ip: &str, identity: Option<&Identity>) -> u64 {
+        let headers = HeaderMap::new();
+        let view = RequestView {
+            route: "orders",
+            case_sensitive: true,
+            method: &Method::GET,
+            path: "/orders",
+            query: None,
+            host: None,
+            headers: &headers,
+            ip: ip.parse().unwrap(),
+            identity,
+        };
+        tenant(p, &view).0
+    }
+
+    #[test]
+    fn the_default_tenant_is_the_customer_not_its_keys_or_addresses() {
+        let p = protect(Vec::new());
+        let (a1, a2, b) = (
+            identity("acme-1", "acme"),
+            identity("acme-2", "acme"),
+            identity("beta-1", "beta"),
+        );
+        // Keys of one customer are one tenant, wherever they come from.
+        assert_eq!(
+            of(&p, "10.0.0.1", Some(&a1)),
+            of(&p, "192.0.2.7", Some(&a2))
+        );
+        assert_ne!(of(&p, "10.0.0.1", Some(&a1)), of(&p, "10.0.0.1", Some(&b)));
+        // Without a key: the /24 of IPv4, the /64 of IPv6 (and a mapped IPv4 as IPv4).
+        assert_eq!(of(&p, "198.51.100.1", None), of(&p, "198.51.100.254", None));
+        assert_ne!(of(&p, "198.51.100.1", None), of(&p, "198.51.101.1", None));
+        assert_eq!(
+            of(&p, "2001:db8:1:2::1", None),
+            of(&p, "2001:db8:1:2:ffff::9", None)
+        );
+        assert_ne!(
+            of(&p, "2001:db8:1:2::1", None),
+            of(&p, "2001:db8:1:3::1", None)
+        );
+        assert_eq!(
+            of(&p, "::ffff:198.51.100.9", None),
+            of(&p, "198.51.100.1", None)
+        );
+        // A customer named like an address is still a customer.
+        let named = identity("k", "198.51.100.1");
+        assert_ne!(
+            of(&p, "10.0.0.1", Some(&named)),
+            of(&p, "198.51.100.1", None)
+        );
+        // An explicit fair_by is kept: api_key tells the two keys of acme apart.
+        let by_key = protect(vec![crate::rules::KeyPart::ApiKey]);
+        assert_ne!(
+            of(&by_key, "10.0.0.1", Some(&a1)),
+            of(&by_key, "10.0.0.1", Some(&a2))
+        );
+    }
 }
