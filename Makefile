@@ -35,9 +35,9 @@ vendor-check:
 	bash vendor/series.sh
 
 ## The upstream unit tests of the files the series of pingora-core and pingora-proxy touch:
-## the published crates with their series applied and their dev-dependencies back, in a
-## workspace of their own under target/vendor-tests, resolved from this Cargo.lock (tests
-## that reach beyond loopback are left out by name, vendor/series.sh says which).
+## the published crates with their series applied and the dev-dependencies their unit tests
+## use, in a workspace of their own under target/vendor-tests, resolved from this Cargo.lock
+## (tests that reach beyond loopback are left out by name, vendor/series.sh says which).
 vendor-test: vendor-check
 	bash vendor/series.sh test
 

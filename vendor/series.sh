@@ -424,11 +424,25 @@ left_out=(
     listeners::test::test_listen_tls_with_offload
 )
 
-# The [dev-dependencies] sections (plain and per target) of a published Cargo.toml $1, without
-# criterion (the benches' only, and the benches are not kept).
+# The [dev-dependencies] sections (plain and per target) of a published Cargo.toml $1 that the
+# unit tests of crate tree $2 use (its src/ names the crate): the others serve the crate's
+# integration tests, benches and examples, which are not kept, and would only lengthen the
+# build.
 dev_dependencies() {
-    awk '
-        /^\[/ { keep = ($0 ~ /dev-dependencies/ && $0 !~ /criterion/) }
+    local used
+    used=$(grep -rhoE '\b[a-z][a-z0-9_]*::|use [a-z][a-z0-9_]*' "$2/src" | sed 's/^use //; s/::$//' | LC_ALL=C sort -u | tr '\n' ' ')
+    awk -v used=" $used " '
+        /^\[/ {
+            keep = 0
+            if ($0 ~ /dev-dependencies\./) {
+                name = $0
+                sub(/.*dev-dependencies\./, "", name)
+                sub(/\].*/, "", name)
+                gsub(/"/, "", name)
+                gsub(/-/, "_", name)
+                keep = index(used, " " name " ") > 0
+            }
+        }
         keep { print }
     ' "$1"
 }
@@ -453,17 +467,25 @@ test_file() {
 
 test() {
     local ws="$root/target/vendor-tests" c v work names=() m p skipped
+    # Built in the main target directory (or CARGO_TARGET_DIR): the dependencies floodgate's
+    # own tests built are reused where their features match, which is most of them.
+    local target="${CARGO_TARGET_DIR:-$root/target}"
     mkdir -p "$ws"
     for c in "${crates[@]}"; do
         v=${version[$c]}
-        work="$ws/$c"
-        rm -rf "$work"
+        work="$tmp/tree-$c"
         pristine_tree "$c" "$v" "$work"
         cp "$work/Cargo.toml" "$tmp/$c.published.toml"
         while IFS= read -r p; do
             apply_patch "$work" "$p"
         done < <(series_patches "$vendor_dir/patches/$c-$v")
-        dev_dependencies "$tmp/$c.published.toml" >>"$work/Cargo.toml"
+        dev_dependencies "$tmp/$c.published.toml" "$work" >>"$work/Cargo.toml"
+        # The tree of the run before is kept when nothing changed: its files' times tell cargo
+        # that its build is still good.
+        if ! diff -rq "$work" "$ws/$c" >/dev/null 2>&1; then
+            rm -rf "${ws:?}/$c"
+            mv "$work" "$ws/$c"
+        fi
     done
     {
         printf '# Written by vendor/series.sh test: the patched pingora-core and pingora-proxy with\n'
@@ -479,7 +501,7 @@ test() {
     for c in "${crates[@]}"; do
         v=${version[$c]}
         series_files "$vendor_dir/patches/$c-$v" >"$tmp/files"
-        (cd "$ws" && CARGO_TARGET_DIR="$ws/target" cargo test --quiet --lib -p "$c" --features rustls \
+        (cd "$ws" && CARGO_TARGET_DIR="$target" cargo test --quiet --lib -p "$c" --features rustls \
             -- --list --format terse) >"$tmp/list" || die "$c $v: unit tests do not build"
         # libtest's filters and --skip match substrings (connectors:: would take connectors::http's
         # tests, --skip test_connect test_connect_uds): the tests are listed, those of the
@@ -493,7 +515,7 @@ test() {
         done < <(sed -n 's/: test$//p' "$tmp/list")
         [ "${#names[@]}" -gt 0 ] || die "$c $v: no unit tests in the files its series touches"
         echo "$c $v: ${#names[@]} unit tests of $(wc -l <"$tmp/files") touched files ($skipped left out: vendor/series.sh says why)"
-        (cd "$ws" && CARGO_TARGET_DIR="$ws/target" cargo test --quiet --lib -p "$c" --features rustls \
+        (cd "$ws" && CARGO_TARGET_DIR="$target" cargo test --quiet --lib -p "$c" --features rustls \
             -- --exact "${names[@]}") || die "$c $v: unit tests failed"
     done
     # The crates the two build against (their normal dependencies, all the way down) at the
