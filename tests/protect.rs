@@ -575,3 +575,53 @@ auth = "required"
         "the quiet customer was served {served} in 2 s behind one customer's 32 keys"
     );
 }
+
+/// Over HTTP/2 a waiter whose stream is reset (the client gave up on that request, its
+/// connection stays) leaves the queue at once too.
+#[tokio::test]
+async fn an_http2_waiter_whose_stream_is_reset_leaves_the_queue() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
+    let body =
+        config(api.addr, "20s").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let gw = Gateway::start(&body);
+    let c = client();
+    let slow = hold_the_slot(&c, &gw, 4000).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    // Six requests on one HTTP/2 connection, given up once they queued: aborting a request's
+    // task drops its future, which resets its stream.
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        let (h2, url) = (h2.clone(), gw.url("/orders"));
+        waits.push(tokio::spawn(async move {
+            h2.get(url).header("x-api-key", "quiet-secret").send().await
+        }));
+    }
+    eventually(Duration::from_secs(10), "6 requests queued", || async {
+        (protect_status(&c, &gw).await["queued"] == 6).then_some(())
+    })
+    .await;
+    for w in &waits {
+        w.abort();
+    }
+    for w in waits {
+        assert!(
+            w.await.is_err_and(|e| e.is_cancelled()),
+            "a queued request was answered"
+        );
+    }
+    eventually(Duration::from_secs(2), "the queue is empty", || async {
+        (protect_status(&c, &gw).await["queued"] == 0).then_some(())
+    })
+    .await;
+    assert!(!slow.is_finished(), "the slot was still held");
+    assert_eq!(protect_status(&c, &gw).await["left"], 6);
+    assert_eq!(slow.await.unwrap().unwrap(), 200);
+    assert_eq!(
+        upstream_total(&c, &api).await,
+        1,
+        "a reset request was forwarded"
+    );
+}
