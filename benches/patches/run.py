@@ -132,7 +132,10 @@ def main() -> int:
         load_out = OUT / "load"
         cmd = [sys.executable, str(ROOT / "benches" / "load" / "run.py"), "--bare-proxy", str(binaries[0]),
                "--out", str(load_out), "--only", "pingora-bare", "--no-redis", "--no-envoy",
-               "--skip-half", "--skip-memory", "--rounds", str(args.rounds), "--duration", str(args.duration)]
+               "--skip-half", "--skip-memory", "--rounds", str(args.rounds), "--duration", str(args.duration),
+               # One connection count, and the other steps' idle proxies (a few % of a CPU
+               # each) are not "other load" that repeats every run.
+               "--connections", "32", "--noise-cpus", "1.0"]
         for i, b in enumerate(binaries[1:], start=1):
             cmd += ["--bare-variant", f"s{i:02d}={b}"]
         subprocess.run(cmd, check=True)
