@@ -51,6 +51,11 @@ auth = "required"
     )
 }
 
+/// The config of an upstream whose limit is pinned at one slot, waiting up to `queue_timeout`.
+fn one_slot(upstream: std::net::SocketAddr, queue_timeout: &str) -> String {
+    config(upstream, queue_timeout).replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1")
+}
+
 async fn upstream_peak(c: &reqwest::Client, api: &OrdersApi, reset: bool) -> u64 {
     let q = if reset { "?reset=1" } else { "" };
     get_json(c, format!("http://{}/debug/load{q}", api.addr)).await["peak"]
@@ -219,8 +224,7 @@ async fn a_request_that_waits_past_queue_timeout_gets_503_with_retry_after_and_i
     // Capacity 1, limit pinned at 1: the second request waits for the first (2 s) and gives
     // up after 200 ms.
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
-    let mut body =
-        config(api.addr, "200ms").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let mut body = one_slot(api.addr, "200ms");
     // Plain rules charge at admission; a shed request was never admitted and keeps nothing.
     body.push_str(
         r#"
@@ -275,12 +279,10 @@ burst = 10
 #[tokio::test]
 async fn health_checks_take_a_slot_and_skip_when_none_is_free() {
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
-    let body = config(api.addr, "5s")
-        .replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1")
-        .replace(
-            "[upstreams.protect]",
-            "[upstreams.health_check]\npath = \"/healthz\"\ninterval = \"100ms\"\n[upstreams.protect]",
-        );
+    let body = one_slot(api.addr, "5s").replace(
+        "[upstreams.protect]",
+        "[upstreams.health_check]\npath = \"/healthz\"\ninterval = \"100ms\"\n[upstreams.protect]",
+    );
     let gw = Gateway::start(&body);
     let c = client();
     let last_check = || async {
@@ -325,8 +327,7 @@ async fn upstream_total(c: &reqwest::Client, api: &OrdersApi) -> u64 {
 async fn a_waiter_whose_client_left_leaves_the_queue_and_is_never_forwarded() {
     use tokio::io::AsyncWriteExt;
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
-    let body =
-        config(api.addr, "20s").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let body = one_slot(api.addr, "20s");
     let gw = Gateway::start(&body);
     let c = client();
     let slow = hold_the_slot(&c, &gw, 3000).await;
@@ -423,8 +424,7 @@ async fn read_answer(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
 async fn a_shed_request_keeps_its_connection_for_the_next() {
     use tokio::io::AsyncWriteExt;
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
-    let body =
-        config(api.addr, "200ms").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let body = one_slot(api.addr, "200ms");
     let gw = Gateway::start(&body);
     let c = client();
     let slow = hold_the_slot(&c, &gw, 1500).await;
@@ -581,8 +581,7 @@ auth = "required"
 #[tokio::test]
 async fn an_http2_waiter_whose_stream_is_reset_leaves_the_queue() {
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
-    let body =
-        config(api.addr, "20s").replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1");
+    let body = one_slot(api.addr, "20s");
     let gw = Gateway::start(&body);
     let c = client();
     let slow = hold_the_slot(&c, &gw, 4000).await;

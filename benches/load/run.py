@@ -240,6 +240,17 @@ def envoy_rls_yaml(port: int, admin: int, upstream: int, rls: int) -> str:
 """
 
 
+def variants(values: list[str] | None, flag: str, what: str) -> list[tuple[str, str]]:
+    """`flag`'s NAME=PATH values as (name, absolute path) pairs; exits on a bad one."""
+    out = []
+    for v in values or []:
+        vname, _, vpath = v.partition("=")
+        if not vname or not vpath or "@" in vname or not os.path.isfile(vpath):
+            raise SystemExit(f"{flag} {v}: NAME=PATH of {what}")
+        out.append((vname, str(Path(vpath).resolve())))
+    return out
+
+
 def pct(part: float, whole: float) -> str:
     return f"{part / whole:.2f}×" if whole else "—"
 
@@ -303,18 +314,9 @@ class Bench:
         self.redis_port = 0
         self.redis_pid = 0
         self.envoy = find_envoy(getattr(args, "envoy", None))
-        self.variants: list[tuple[str, str]] = []
-        for v in getattr(args, "variant", None) or []:
-            vname, _, vpath = v.partition("=")
-            if not vname or not vpath or "@" in vname or not os.path.isfile(vpath):
-                raise SystemExit(f"--variant {v}: NAME=PATH of a floodgate binary")
-            self.variants.append((vname, str(Path(vpath).resolve())))
-        self.bare_variants: list[tuple[str, str]] = []
-        for v in getattr(args, "bare_variant", None) or []:
-            vname, _, vpath = v.partition("=")
-            if not vname or not vpath or "@" in vname or not os.path.isfile(vpath):
-                raise SystemExit(f"--bare-variant {v}: NAME=PATH of a bare-proxy binary")
-            self.bare_variants.append((vname, str(Path(vpath).resolve())))
+        self.variants = variants(getattr(args, "variant", None), "--variant", "a floodgate binary")
+        self.bare_variants = variants(getattr(args, "bare_variant", None), "--bare-variant",
+                                      "a bare-proxy binary")
 
     # ---- processes ----------------------------------------------------------------------
 

@@ -411,6 +411,7 @@ pub fn enter(upstream: &crate::config::Upstream) -> Entry {
 /// [`Turn::Left`] as soon as `gone` (the client went away) completes.
 pub async fn queue(
     upstream: &crate::config::Upstream,
+    settings: &crate::upstream::settings::Protect,
     guard: &std::sync::Arc<crate::upstream::protect::Guard>,
     (tenant, weight): (u64, u32),
     gone: impl std::future::Future<Output = ()>,
@@ -419,12 +420,7 @@ pub async fn queue(
         None => Turn::Left,
         Some(Ok(permit)) => Turn::Go(permit),
         Some(Err(why)) => {
-            let queue_timeout = upstream
-                .settings
-                .protect
-                .as_ref()
-                .map_or(std::time::Duration::from_secs(1), |p| p.queue_timeout);
-            let retry_after = queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
+            let retry_after = settings.queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
             Turn::Shed(Box::new(
                 crate::request::response::Problem::upstream_overloaded(
                     &upstream.name,

@@ -487,21 +487,19 @@ impl ProxyHttp for Proxy {
                 session.set_read_timeout(Some(idle));
             }
         }
-        if let (Some(permit), Some(start)) = (ctx.protect.as_mut(), ctx.upstream_start) {
+        let took = ctx.upstream_start.map(|start| start.elapsed());
+        if let (Some(permit), Some(took)) = (ctx.protect.as_mut(), took) {
             // A 5xx is a failure, not a latency: an upstream answering 503 at once above its
             // capacity must not look fast to the limit.
             if upstream_response.status.is_server_error() {
                 permit.fail();
             } else {
-                permit.sample(start.elapsed());
+                permit.sample(took);
             }
         }
-        if let (Some(start), Some(upstream), Some(pool)) = (
-            ctx.upstream_start,
-            ctx.upstream(),
-            route_pool(&ctx.config, ctx.route),
-        ) {
-            let took = start.elapsed();
+        if let (Some(took), Some(upstream), Some(pool)) =
+            (took, ctx.upstream(), route_pool(&ctx.config, ctx.route))
+        {
             pool.duration.observe(took.as_secs_f64());
             if let Some(t) = &ctx.target {
                 let status = upstream_response.status.as_u16();
@@ -830,7 +828,7 @@ async fn take_turn(ctx: &mut RequestCtx, session: &mut Session) -> Result<Option
         Entry::Queue(guard) => {
             let tenant =
                 crate::upstream::protect::tenant(settings, &view(ctx, session.req_header()));
-            forwarding::queue(&upstream, &guard, tenant, client_gone(session)).await
+            forwarding::queue(&upstream, settings, &guard, tenant, client_gone(session)).await
         }
     };
     match turn {

@@ -262,15 +262,21 @@ impl Gradient {
         }
         self.failed += 1;
         self.peak_in_flight = self.peak_in_flight.max(in_flight);
-        let total = self.kept.count + self.failed;
-        if total < MIN_SAMPLES || now.saturating_duration_since(self.window_start) < WINDOW {
+        if self.kept.count + self.failed < MIN_SAMPLES
+            || now.saturating_duration_since(self.window_start) < WINDOW
+        {
             return None;
         }
-        if self.failed * 2 >= total {
+        if self.outage() {
             self.restart(now);
             return Some(self.limit());
         }
         None
+    }
+
+    /// Whether at least half the window's exchanges failed.
+    fn outage(&self) -> bool {
+        self.failed * 2 >= self.kept.count + self.failed
     }
 
     /// Records one exchange that took `rtt` while `in_flight` requests were out; returns the
@@ -322,22 +328,20 @@ impl Gradient {
         }
         let latency = self.kept.typical().as_secs_f64().max(1e-6);
         let used = self.peak_in_flight as f64;
-        let failed = self.failed;
-        if failed * 2 >= self.kept.count + failed {
+        if self.outage() {
             self.restart(now);
             return Some(self.limit());
         }
+        let failed = self.failed > 0;
         self.reset_window(now);
         let min_rtt = self.min_rtt?.as_secs_f64();
-        if failed > 0 {
+        let before = self.limit;
+        self.judge(latency, used, min_rtt);
+        if failed {
             // Some exchanges failed: whatever the latency of the others, no growth.
-            let before = self.limit;
-            self.judge(latency, used, min_rtt);
             self.limit = self.limit.min(before);
             return Some(self.limit());
         }
-        let before = self.limit;
-        self.judge(latency, used, min_rtt);
         self.lowered = if self.limit < before {
             self.lowered + 1
         } else {
@@ -475,12 +479,27 @@ mod tests {
         slots: u32,
         service: Duration,
     ) -> (u32, u32) {
+        drive(g, now, ms, |_, n| Some(latency(service, slots, n)))
+    }
+
+    /// `ms` milliseconds of one exchange each with the limit in force filled: `outcome(i, n)`
+    /// of the `i`th at `n` in flight is its latency, or `None` for a failure. The learned
+    /// limit at the end and the most in flight meanwhile.
+    fn drive(
+        g: &mut Gradient,
+        now: &mut Instant,
+        ms: u64,
+        outcome: impl Fn(u64, u32) -> Option<Duration>,
+    ) -> (u32, u32) {
         let mut most = 0;
-        for _ in 0..ms {
+        for i in 0..ms {
             *now += Duration::from_millis(1);
             let n = g.limit();
             most = most.max(n);
-            g.sample(latency(service, slots, n), n, *now);
+            match outcome(i, n) {
+                Some(rtt) => g.sample(rtt, n, *now),
+                None => g.fail(n, *now),
+            };
         }
         (g.learned(), most)
     }
@@ -491,18 +510,9 @@ mod tests {
     /// failure at once (a fast 503): of every `n` exchanges at `n` in flight, `n - slots` fail
     /// in 1 ms. The learned limit at the end and the most in flight meanwhile.
     fn run_shedding(g: &mut Gradient, now: &mut Instant, ms: u64, slots: u32) -> (u32, u32) {
-        let mut most = 0;
-        for i in 0..ms {
-            *now += Duration::from_millis(1);
-            let n = g.limit();
-            most = most.max(n);
-            if (i % u64::from(n)) >= u64::from(slots) {
-                g.fail(n, *now);
-            } else {
-                g.sample(S, n, *now);
-            }
-        }
-        (g.learned(), most)
+        drive(g, now, ms, |i, n| {
+            (i % u64::from(n) < u64::from(slots)).then_some(S)
+        })
     }
 
     #[test]
@@ -521,11 +531,7 @@ mod tests {
         let at16 = run(&mut g, &mut now, 30, 16, S);
         assert!((16..=20).contains(&at16), "limit {at16} for 16 slots");
         // Two seconds of an upstream that fails everything at once.
-        for _ in 0..2000 {
-            now += Duration::from_millis(1);
-            let n = g.limit();
-            g.fail(n, now);
-        }
+        drive(&mut g, &mut now, 2000, |_, _| None);
         assert_eq!(g.limit(), 4, "the limit after an outage");
         // Healthy again: back near the capacity within 1.5 s, never past 1.25x.
         let (back, most) = run_ms(&mut g, &mut now, 1500, 16, S);

@@ -427,21 +427,16 @@ fn customer<'a>(view: &RequestView<'a>) -> Customer<'a> {
     if let Some(id) = view.identity {
         return Customer::User(id.user.as_str());
     }
-    match view.ip {
+    // A mapped IPv4 address is its IPv4 address.
+    match view.ip.to_canonical() {
         std::net::IpAddr::V4(ip) => {
             let [a, b, c, _] = ip.octets();
             Customer::V4([a, b, c])
         }
-        std::net::IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
-            Some(v4) => {
-                let [a, b, c, _] = v4.octets();
-                Customer::V4([a, b, c])
-            }
-            None => {
-                let s = ip.segments();
-                Customer::V6([s[0], s[1], s[2], s[3]])
-            }
-        },
+        std::net::IpAddr::V6(ip) => {
+            let s = ip.segments();
+            Customer::V6([s[0], s[1], s[2], s[3]])
+        }
     }
 }
 
