@@ -418,6 +418,117 @@ async fn read_answer(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
         .expect("an answer within 10 s")
 }
 
+/// The config of an upstream whose limit is pinned at `n` slots.
+fn pinned(upstream: std::net::SocketAddr, n: u32, queue_timeout: &str) -> String {
+    config(upstream, queue_timeout)
+        .replace("min_limit = 1", &format!("min_limit = {n}"))
+        .replace(
+            &format!("max_limit = {MAX_LIMIT}"),
+            &format!("max_limit = {n}"),
+        )
+}
+
+/// `n` clients that each send `GET path` with the noisy key on a connection of their own.
+async fn send_from_new_clients(gw: &Gateway, n: usize, path: &str) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: a\r\nx-api-key: noisy-secret\r\n\r\n");
+        s.write_all(request.as_bytes()).await.unwrap();
+        clients.push(s);
+    }
+    clients
+}
+
+/// A client that leaves after its request was forwarded does not give its slot back while the
+/// upstream still works on the request (as most backends do on a request whose connection
+/// closed): the upstream's answer is read to its end, and only then is the slot free. So an
+/// abort flood cannot put more in the upstream than the limit. Before, the slot went back
+/// with the client, and the next requests were forwarded on top of the abandoned ones.
+#[tokio::test]
+async fn a_client_that_leaves_mid_exchange_holds_its_slot_until_the_upstream_is_done() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "16"]);
+    let gw = Gateway::start(&pinned(api.addr, 4, "20s"));
+    let c = client();
+    // Four clients fill the four slots with requests the upstream works on for 1.5 s.
+    let first = send_from_new_clients(&gw, 4, "/orders?delay_ms=1500").await;
+    eventually(
+        Duration::from_secs(10),
+        "four requests inside the upstream",
+        || async {
+            let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+            (load["inside"] == 4).then_some(())
+        },
+    )
+    .await;
+    // They leave: two reset their connections, two close them.
+    for (i, s) in first.into_iter().enumerate() {
+        if i % 2 == 0 {
+            s.set_zero_linger().unwrap();
+        }
+        drop(s);
+    }
+    // Four more arrive. They wait for the slots the upstream is still using, then are served.
+    let mut second = send_from_new_clients(&gw, 4, "/orders?delay_ms=100").await;
+    for s in &mut second {
+        let (head, _) = read_answer(s).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+    assert_eq!(load["total"], 8, "{load}");
+    assert!(
+        load["peak"].as_u64().unwrap() <= 5,
+        "the upstream held more than 1.25x the limit of 4 at once: {load}"
+    );
+    let status = protect_status(&c, &gw).await;
+    assert_eq!(status["in_flight"], 0, "{status}");
+    assert_eq!(status["left"], 0, "none left while queued: {status}");
+}
+
+/// A tenant that holds many slots with long requests (a hog: here the noisy key, weight 1)
+/// leaves an eighth of the limit free while another tenant is active (the quiet key, weight
+/// 4, with one long request of its own): the quiet tenant's next request finds a slot at once
+/// instead of waiting for one of the hog's to end. Before, the hog took every free slot.
+#[tokio::test]
+async fn a_tenant_holding_slots_delays_only_itself() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "16"]);
+    let gw = Gateway::start(&pinned(api.addr, 8, "20s"));
+    let c = client();
+    let quiet_long = {
+        let (c, url) = (c.clone(), gw.url("/orders?delay_ms=3000"));
+        tokio::spawn(async move { get_with_key(&c, url, "quiet-secret").await.status() })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the quiet request holds a slot",
+        || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
+    )
+    .await;
+    // The hog sends 12 long requests: 6 get slots (8, less the quiet one, less one left
+    // free), 6 wait.
+    let _hog = send_from_new_clients(&gw, 12, "/orders?delay_ms=3000").await;
+    let status = eventually(
+        Duration::from_secs(10),
+        "the hog's requests in and waiting",
+        || async {
+            let s = protect_status(&c, &gw).await;
+            (s["queued"] == 6).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(status["in_flight"], 7, "a slot stays free: {status}");
+    // The quiet tenant's next request is served while all of the long requests still run.
+    let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
+    assert_eq!(r.status(), 200);
+    let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+    assert_eq!(
+        load["inside"], 7,
+        "it waited for a long request to end: {load}"
+    );
+    assert_eq!(quiet_long.await.unwrap(), 200);
+}
+
 /// A shed answer (503 `upstream-overloaded`) keeps the client's connection: a shed costs the
 /// client a retry, not a new connection and handshake.
 #[tokio::test]

@@ -56,7 +56,7 @@ fn a_route_without_protect_allocates_nothing_more() {
     let cfg = config("");
     let upstream = &cfg.upstreams[0];
     for _ in 0..3 {
-        let (entry, n) = allocations(|| enter(upstream));
+        let (entry, n) = allocations(|| enter(upstream, (7, 1)));
         assert!(matches!(entry, Entry::Unguarded));
         assert_eq!(n, 0, "the protect hook allocated on an unprotected route");
     }
@@ -67,7 +67,7 @@ fn below_the_limit_a_slot_costs_no_allocation() {
     let cfg = config("[upstreams.protect]\nmin_limit = 8\n");
     let guard = cfg.upstreams[0].pool().protect.clone().expect("a guard");
     for _ in 0..3 {
-        let (permit, n) = allocations(|| guard.try_enter());
+        let (permit, n) = allocations(|| guard.try_enter((7, 1)));
         assert!(permit.is_some());
         assert_eq!(n, 0, "taking a slot allocated");
         let ((), n) = allocations(|| drop(permit));

@@ -392,16 +392,16 @@ pub enum Entry {
     Queue(std::sync::Arc<crate::upstream::protect::Guard>),
 }
 
-/// A turn at `upstream` below its limit, or the guard to queue at (the caller then reads the
-/// tenant's key parts, which cost more than this fast path).
-pub fn enter(upstream: &crate::config::Upstream) -> Entry {
+/// A turn at `upstream` for `tenant` (its hash and weight, `protect::tenant`) below the limit,
+/// or the guard to queue at.
+pub fn enter(upstream: &crate::config::Upstream, tenant: (u64, u32)) -> Entry {
     if upstream.settings.protect.is_none() {
         return Entry::Unguarded;
     }
     let Some(guard) = upstream.pool().protect.clone() else {
         return Entry::Unguarded;
     };
-    match guard.try_enter() {
+    match guard.try_enter(tenant) {
         Some(permit) => Entry::Go(permit),
         None => Entry::Queue(guard),
     }

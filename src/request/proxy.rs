@@ -87,6 +87,9 @@ pub struct RequestCtx {
     /// The request's slot at a `[upstreams.protect]` upstream, held for the whole exchange
     /// (retries included); dropping it gives the slot to the next waiter.
     protect: Option<crate::upstream::protect::Permit>,
+    /// Set when the client left while a `[upstreams.protect]` slot was held and the upstream's
+    /// answer was read to its end after it (the access log's `error`).
+    client_left: Option<&'static str>,
     /// The request's spans, when `[tracing]` is on (`None` otherwise: nothing is built).
     trace: Option<Box<crate::telemetry::RequestTrace>>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
@@ -151,6 +154,7 @@ impl ProxyHttp for Proxy {
             body: crate::request::body::Body::default(),
             slow: None,
             protect: None,
+            client_left: None,
             trace: None,
             _in_flight: crate::shutdown::requests().enter_static(),
         }
@@ -637,6 +641,25 @@ impl ProxyHttp for Proxy {
         Ok(())
     }
 
+    /// While the request holds a `[upstreams.protect]` slot, a client that leaves mid-exchange
+    /// does not cut the exchange short: the upstream (which, like most backends, keeps working
+    /// on a request whose connection closed) is still busy with it, so its answer is read to
+    /// the end and discarded, bounded by the upstream's `read_timeout`, and only then is the
+    /// slot given back. Without protect Pingora's default stands: the upstream connection is
+    /// closed at once.
+    fn finish_upstream_after_client_left(
+        &self,
+        _session: &Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> bool {
+        if ctx.protect.is_none() {
+            return false;
+        }
+        ctx.client_left = Some(e.etype().as_str());
+        true
+    }
+
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
@@ -696,7 +719,7 @@ impl ProxyHttp for Proxy {
         ctx.slots = None;
         ctx.protect = None;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let error = e.map(|e| e.etype().as_str());
+        let error = e.map(|e| e.etype().as_str()).or(ctx.client_left);
         let trace_id = match ctx.trace.take() {
             Some(trace) => {
                 let id = trace.trace_id();
@@ -822,12 +845,12 @@ async fn take_turn(ctx: &mut RequestCtx, session: &mut Session) -> Result<Option
         return Ok(None);
     };
     let upstream = upstream.clone();
-    let turn = match forwarding::enter(&upstream) {
+    // The tenant counts on the fast path too: a tenant's slots count against its share.
+    let tenant = crate::upstream::protect::tenant(settings, &view(ctx, session.req_header()));
+    let turn = match forwarding::enter(&upstream, tenant) {
         Entry::Unguarded => Turn::Unguarded,
         Entry::Go(permit) => Turn::Go(permit),
         Entry::Queue(guard) => {
-            let tenant =
-                crate::upstream::protect::tenant(settings, &view(ctx, session.req_header()));
             forwarding::queue(&upstream, settings, &guard, tenant, client_gone(session)).await
         }
     };

@@ -118,7 +118,7 @@ impl Check for Recorded {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
         let _slot = match super::protect::current(&self.upstream) {
             None => None,
-            Some(guard) => match guard.try_enter() {
+            Some(guard) => match guard.try_enter(super::protect::HEALTH_CHECKS) {
                 Some(permit) => Some(permit),
                 None => return last_result(target),
             },

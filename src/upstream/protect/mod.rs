@@ -24,7 +24,7 @@ pub mod queue;
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,40 @@ impl Shed {
     }
 }
 
+/// Buckets of the per-tenant counts of requests in flight: a tenant's bucket is its hash
+/// modulo this. Two tenants in one bucket share a count, which only makes each look busier
+/// than it is.
+const BUCKETS: usize = 1024;
+
+/// The tenant health checks count as: their own, of weight 1.
+pub const HEALTH_CHECKS: (u64, u32) = (u64::MAX, 1);
+
+/// The bucket of `tenant` (a hash already).
+fn bucket_of(tenant: u64) -> u32 {
+    (tenant % BUCKETS as u64) as u32
+}
+
+/// The slots a tenant over its weighted share leaves free while others are active: an eighth
+/// of the limit, at least one. What a newcomer of another tenant finds free at once, so that a
+/// tenant's long or stuck requests delay only itself.
+pub fn headroom(limit: u32) -> u32 {
+    limit.div_ceil(8).max(1)
+}
+
+/// Whether a tenant of `weight` holding `held` slots is below its weighted share of `limit`
+/// among active tenants of `total` weight (its own included): at least one slot.
+fn under_share(held: u32, weight: u32, limit: u32, total: u64) -> bool {
+    let share = (u64::from(limit) * u64::from(weight) / total.max(1)).max(1);
+    u64::from(held) < share
+}
+
+/// A request waiting for a turn: where its answer goes, and whose it is.
+struct Waiter {
+    tx: oneshot::Sender<Turn>,
+    tenant: u64,
+    weight: u32,
+}
+
 /// What a waiter is told.
 enum Turn {
     Go,
@@ -64,7 +98,7 @@ enum Turn {
 /// The locked part: the controller and the queue.
 struct Inner {
     gradient: Gradient,
-    queue: FairQueue<oneshot::Sender<Turn>>,
+    queue: FairQueue<Waiter>,
     queue_timeout: Duration,
 }
 
@@ -78,6 +112,13 @@ pub struct Guard {
     shed: [AtomicU64; 2],
     /// Waiters whose client left (also counted in the metric).
     left: AtomicU64,
+    /// Per tenant bucket: requests in flight (low 32 bits) and the weight the tenant entered
+    /// with (high 32 bits), in one word so that the weight added to `active_weight` when the
+    /// count leaves 0 is the one taken away when it comes back to 0.
+    buckets: Box<[AtomicU64]>,
+    /// The weights of the tenants with requests in flight, summed (signed: a leave may be
+    /// counted an instant before the enter it follows; read as at least 0).
+    active_weight: AtomicI64,
     inner: Mutex<Inner>,
 }
 
@@ -94,6 +135,7 @@ impl std::fmt::Debug for Guard {
 /// queue, or gives back the slot it was handed.
 struct Waiting {
     guard: Arc<Guard>,
+    bucket: u32,
     ticket: queue::Ticket,
     rx: oneshot::Receiver<Turn>,
     done: bool,
@@ -113,7 +155,7 @@ impl Drop for Waiting {
         }
         drop(inner);
         if let Ok(Turn::Go) = self.rx.try_recv() {
-            self.guard.release();
+            self.guard.release(self.bucket);
         }
     }
 }
@@ -121,6 +163,8 @@ impl Drop for Waiting {
 /// One request's slot at the upstream; dropping it gives the slot back (to the next waiter).
 pub struct Permit {
     guard: Arc<Guard>,
+    /// Its tenant's bucket, counted in while the slot is held.
+    bucket: u32,
     /// The exchange's outcome has fed the limit (once per exchange: a response that fails
     /// in its body after its header was sampled is not counted twice).
     recorded: bool,
@@ -152,7 +196,7 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.guard.release();
+        self.guard.release(self.bucket);
     }
 }
 
@@ -166,6 +210,8 @@ impl Guard {
             queued: AtomicU32::new(0),
             shed: [AtomicU64::new(0), AtomicU64::new(0)],
             left: AtomicU64::new(0),
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            active_weight: AtomicI64::new(0),
             inner: Mutex::new(Inner {
                 gradient,
                 queue: FairQueue::new(p.max_queue),
@@ -198,21 +244,81 @@ impl Guard {
         self.queued.load(Ordering::Relaxed)
     }
 
-    /// Takes a slot if one is free below the limit: the one atomic of the uncontended path.
-    fn try_take(&self) -> bool {
-        let limit = self.limit.load(Ordering::SeqCst);
+    /// Takes a slot if one is free below the limit with `reserve` more left free: the one
+    /// atomic of the uncontended path.
+    fn try_take(&self, limit: u32, reserve: u32) -> bool {
         self.in_flight
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < limit).then_some(n + 1)
+                (n.saturating_add(reserve) < limit).then_some(n + 1)
             })
             .is_ok()
     }
 
-    /// A slot at once when the upstream is below its limit and nobody waits (a newcomer does
-    /// not pass those who wait).
-    pub fn try_enter(self: &Arc<Self>) -> Option<Permit> {
-        (self.queued.load(Ordering::SeqCst) == 0 && self.try_take()).then(|| Permit {
+    /// Slots held by the tenants of bucket `b`.
+    fn held(&self, b: u32) -> u32 {
+        self.buckets[b as usize].load(Ordering::SeqCst) as u32
+    }
+
+    /// The weights of the tenants with requests in flight.
+    fn active_weight(&self) -> u64 {
+        self.active_weight.load(Ordering::SeqCst).max(0) as u64
+    }
+
+    /// Counts a slot taken by a tenant of bucket `b` and `weight`.
+    fn enter_bucket(&self, b: u32, weight: u32) {
+        let cell = &self.buckets[b as usize];
+        let update = cell.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            Some(if v as u32 == 0 {
+                (u64::from(weight) << 32) | 1
+            } else {
+                v + 1
+            })
+        });
+        let old = update.unwrap_or_else(|v| v);
+        if old as u32 == 0 {
+            self.active_weight
+                .fetch_add(i64::from(weight), Ordering::SeqCst);
+        }
+    }
+
+    /// Counts a slot of bucket `b` given back.
+    fn leave_bucket(&self, b: u32) {
+        let cell = &self.buckets[b as usize];
+        let update = cell.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            (v as u32 > 0).then(|| v - 1)
+        });
+        if let Ok(old) = update {
+            if old as u32 == 1 {
+                self.active_weight
+                    .fetch_sub((old >> 32) as i64, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A slot at once for `tenant` of `weight` when nobody waits (a newcomer does not pass
+    /// those who wait) and the upstream is below its limit; a tenant above its weighted share
+    /// of the limit among the tenants in flight must leave [`headroom`] slots free. No lock,
+    /// no allocation: a few atomics.
+    pub fn try_enter(self: &Arc<Self>, (tenant, weight): (u64, u32)) -> Option<Permit> {
+        if self.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let (b, weight) = (bucket_of(tenant), weight.max(1));
+        let limit = self.limit.load(Ordering::SeqCst);
+        let held = self.held(b);
+        let total = self.active_weight() + if held == 0 { u64::from(weight) } else { 0 };
+        let reserve = if under_share(held, weight, limit, total) {
+            0
+        } else {
+            headroom(limit)
+        };
+        if !self.try_take(limit, reserve) {
+            return None;
+        }
+        self.enter_bucket(b, weight);
+        Some(Permit {
             guard: self.clone(),
+            bucket: b,
             recorded: false,
         })
     }
@@ -243,16 +349,18 @@ impl Guard {
     pub async fn wait(self: &Arc<Self>, tenant: u64, weight: u32) -> Result<Permit, Shed> {
         let (tx, rx) = oneshot::channel();
         let now = Instant::now();
+        let weight = weight.max(1);
+        let waiter = Waiter { tx, tenant, weight };
         let (ticket, timeout) = {
             let mut inner = self.inner.lock();
-            let ticket = match inner.queue.push(tenant, weight, tx, now) {
+            let ticket = match inner.queue.push(tenant, weight, waiter, now) {
                 Pushed::Refused(_) => {
                     drop(inner);
                     return Err(self.count_shed(Shed::QueueFull));
                 }
                 Pushed::Queued { ticket, evicted } => {
                     if let Some(e) = evicted {
-                        let _ = e.send(Turn::Shed(Shed::QueueFull));
+                        let _ = e.tx.send(Turn::Shed(Shed::QueueFull));
                     }
                     ticket
                 }
@@ -265,6 +373,7 @@ impl Guard {
         };
         let mut waiting = Waiting {
             guard: self.clone(),
+            bucket: bucket_of(tenant),
             ticket,
             rx,
             done: false,
@@ -290,6 +399,7 @@ impl Guard {
         match turn {
             Turn::Go => Ok(Permit {
                 guard: self.clone(),
+                bucket: bucket_of(tenant),
                 recorded: false,
             }),
             Turn::Shed(why) => Err(self.count_shed(why)),
@@ -302,22 +412,47 @@ impl Guard {
         why
     }
 
-    /// Hands free slots to waiters in fair order.
+    /// Hands free slots to waiters in fair order. A waiting tenant that holds its weighted share
+    /// of the limit or more (among the tenants in flight or waiting) is passed over while
+    /// fewer than [`headroom`] slots would stay free: its long or stuck requests then delay
+    /// itself, not the others. A slot nobody eligible waits for stays free.
     fn dispatch(&self, inner: &mut Inner, now: Instant) {
-        while !inner.queue.is_empty() && self.try_take() {
-            let timeout = inner.queue_timeout;
-            let next = inner.queue.pop(now, timeout, |late| {
-                let _ = late.send(Turn::Shed(Shed::Timeout));
-            });
-            match next {
-                Some(tx) => {
-                    if tx.send(Turn::Go).is_err() {
-                        // Its client left while it waited: the slot goes to the next.
-                        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    }
+        if !inner.queue.is_empty() {
+            // Waiting tenants with nothing in flight are active too.
+            let waiting: u64 = inner
+                .queue
+                .waiting()
+                .filter(|(t, _)| self.held(bucket_of(*t)) == 0)
+                .map(|(_, w)| u64::from(w))
+                .sum();
+            loop {
+                let limit = self.limit.load(Ordering::SeqCst);
+                if inner.queue.is_empty() || !self.try_take(limit, 0) {
+                    break;
                 }
-                None => {
+                let room = limit.saturating_sub(self.in_flight()) >= headroom(limit);
+                let total = self.active_weight() + waiting;
+                let timeout = inner.queue_timeout;
+                let next = inner.queue.pop_where(
+                    now,
+                    timeout,
+                    |late| {
+                        let _ = late.tx.send(Turn::Shed(Shed::Timeout));
+                    },
+                    |tenant, weight| {
+                        room || under_share(self.held(bucket_of(tenant)), weight, limit, total)
+                    },
+                );
+                let Some(w) = next else {
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                };
+                let b = bucket_of(w.tenant);
+                self.enter_bucket(b, w.weight);
+                if w.tx.send(Turn::Go).is_err() {
+                    // Its client left while it waited: the slot goes to the next.
+                    self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    self.leave_bucket(b);
                 }
             }
         }
@@ -325,7 +460,8 @@ impl Guard {
             .store(inner.queue.len() as u32, Ordering::SeqCst);
     }
 
-    fn release(&self) {
+    fn release(&self, bucket: u32) {
+        self.leave_bucket(bucket);
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         if self.queued.load(Ordering::SeqCst) > 0 {
             let mut inner = self.inner.lock();
@@ -519,6 +655,29 @@ mod tests {
             identity,
         };
         tenant(p, &view).0
+    }
+
+    #[test]
+    fn a_tenant_over_its_share_leaves_headroom_while_another_is_active() {
+        let mut p = protect(Vec::new());
+        (p.min_limit, p.max_limit) = (8, 8);
+        let g = Arc::new(Guard::new("t".into(), &p, Instant::now()));
+        let (hog, quiet) = ((1, 1), (2, 4));
+        // Alone, a tenant may take every slot: its share is the whole limit.
+        let all: Vec<_> = (0..8).filter_map(|_| g.try_enter(hog)).collect();
+        assert_eq!(all.len(), 8);
+        assert!(g.try_enter(quiet).is_none(), "no slot is left");
+        drop(all);
+        assert_eq!(g.active_weight(), 0);
+        // With the quiet tenant in flight, the hog stops one slot short (headroom(8) = 1).
+        let q1 = g.try_enter(quiet).expect("a free upstream");
+        let hogs: Vec<_> = std::iter::from_fn(|| g.try_enter(hog)).take(10).collect();
+        assert_eq!(hogs.len(), 6);
+        // The slot left is the quiet tenant's next request's.
+        let q2 = g.try_enter(quiet).expect("the headroom");
+        assert_eq!(g.in_flight(), 8);
+        drop((q1, q2, hogs));
+        assert_eq!((g.in_flight(), g.active_weight()), (0, 0));
     }
 
     #[test]

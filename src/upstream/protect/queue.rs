@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 /// Virtual time of one turn at weight 1.
 const SCALE: u64 = 1 << 20;
 
+/// The most waiting requests [`FairQueue::pop_where`] looks at for one turn.
+pub const MAX_SCAN: usize = 1024;
+
 /// Where a request waits: its start tag and arrival order (the key of its entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ticket {
@@ -150,25 +153,54 @@ impl<T> FairQueue<T> {
 
     /// The next request to serve. Requests that have waited `timeout` or longer by `now` are
     /// handed to `expired` instead (their turn would come too late).
-    pub fn pop(
+    pub fn pop(&mut self, now: Instant, timeout: Duration, expired: impl FnMut(T)) -> Option<T> {
+        self.pop_where(now, timeout, expired, |_, _| true)
+    }
+
+    /// The next request to serve among the tenants `eligible(tenant, weight)` accepts (a tenant
+    /// that already holds more than its share of the upstream is passed over while others
+    /// wait); `None` if no waiting tenant is eligible. At most [`MAX_SCAN`] waiting requests
+    /// are looked at, so that a tenant with thousands waiting costs a turn a bounded time.
+    /// Late requests found on the way are handed to `expired`.
+    pub fn pop_where(
         &mut self,
         now: Instant,
         timeout: Duration,
         mut expired: impl FnMut(T),
+        mut eligible: impl FnMut(u64, u32) -> bool,
     ) -> Option<T> {
-        while let Some((&ticket, entry)) = self.entries.first_key_value() {
-            let late = now.saturating_duration_since(entry.since) >= timeout;
-            let tenant = entry.tenant;
-            let entry = self.entries.remove(&ticket)?;
-            self.forget(tenant, ticket);
-            if late {
-                expired(entry.value);
+        let mut passed: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
+        let mut late = Vec::new();
+        let mut found = None;
+        for (&ticket, entry) in self.entries.iter().take(MAX_SCAN) {
+            if now.saturating_duration_since(entry.since) >= timeout {
+                late.push(ticket);
                 continue;
             }
-            self.vtime = self.vtime.max(ticket.start);
-            return Some(entry.value);
+            if passed.contains(&entry.tenant) {
+                continue;
+            }
+            let weight = self.tenants.get(&entry.tenant).map_or(1, |t| t.weight);
+            if eligible(entry.tenant, weight) {
+                found = Some(ticket);
+                break;
+            }
+            passed.push(entry.tenant);
         }
-        None
+        for ticket in late {
+            if let Some(value) = self.remove(ticket) {
+                expired(value);
+            }
+        }
+        let ticket = found?;
+        let value = self.remove(ticket)?;
+        self.vtime = self.vtime.max(ticket.start);
+        Some(value)
+    }
+
+    /// Each waiting tenant and its weight.
+    pub fn waiting(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.tenants.iter().map(|(id, t)| (*id, t.weight))
     }
 
     /// Takes a waiting request out (it timed out or its client left); `None` if it was served
@@ -201,6 +233,25 @@ mod tests {
 
     fn drain(q: &mut FairQueue<u64>, n: usize, now: Instant) -> Vec<u64> {
         (0..n).filter_map(|_| q.pop(now, LONG, |_| {})).collect()
+    }
+
+    #[test]
+    fn an_ineligible_tenant_is_passed_over_and_keeps_its_place() {
+        let now = Instant::now();
+        let mut q = FairQueue::new(100);
+        for _ in 0..5 {
+            q.push(1, 1, 1, now);
+        }
+        q.push(2, 4, 2, now);
+        let not_1 = |t: u64, _: u32| t != 1;
+        assert_eq!(q.pop_where(now, LONG, |_| {}, not_1), Some(2));
+        assert_eq!(
+            q.pop_where(now, LONG, |_| {}, not_1),
+            None,
+            "only tenant 1 waits"
+        );
+        assert_eq!(q.len(), 5);
+        assert_eq!(drain(&mut q, 5, now), vec![1; 5]);
     }
 
     #[test]

@@ -30,6 +30,27 @@ impl<SV, C> HttpProxy<SV, C>
 where
     C: custom::Connector,
 {
+    /// floodgate patch: whether the exchange with the upstream runs to its end after the
+    /// client failed with `e`: only once the whole request was read (an upstream still waiting
+    /// for the body is better told by the connection closing), never for an upgraded
+    /// connection (a tunnel has no end to wait for), and only when the application asks
+    /// (`ProxyHttp::finish_upstream_after_client_left`).
+    pub(crate) fn finishes_after_client_left(
+        &self,
+        session: &Session,
+        e: &Error,
+        ctx: &mut SV::CTX,
+        downstream_state: &DownstreamStateMachine,
+    ) -> bool
+    where
+        SV: ProxyHttp + Send + Sync,
+    {
+        downstream_state.is_done()
+            && !downstream_state.is_errored()
+            && !session.was_upgraded()
+            && self.inner.finish_upstream_after_client_left(session, e, ctx)
+    }
+
     pub(crate) async fn proxy_1to1(
         &self,
         session: &mut Session,
@@ -370,6 +391,8 @@ where
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
+        downstream_state: &mut DownstreamStateMachine,
+        finishing: &mut bool,
     ) -> Result<Option<bool>>
     where
         SV: ProxyHttp + Send + Sync,
@@ -434,7 +457,24 @@ where
             return Ok(None);
         }
 
-        let response_done = session.write_response_tasks(filtered_tasks).await?;
+        // floodgate patch: a write that fails because the client left lets the exchange with
+        // the upstream run to its end when the application asks (see
+        // `ProxyHttp::finish_upstream_after_client_left`); an upstream failure being written
+        // is not the client's.
+        let end = filtered_tasks.iter().any(HttpTask::is_end);
+        let failed = filtered_tasks
+            .iter()
+            .any(|t| matches!(t, HttpTask::Failed(_)));
+        let response_done = match session.write_response_tasks(filtered_tasks).await {
+            Ok(done) => done,
+            Err(e) if !failed && self.finishes_after_client_left(session, &e, ctx, downstream_state) => {
+                downstream_state.to_errored();
+                *finishing = true;
+                session.downstream_session.on_proxy_failure(e);
+                end
+            }
+            Err(e) => return Err(e),
+        };
 
         Ok(Some(response_done))
     }
@@ -500,6 +540,8 @@ where
         }
 
         let mut response_state = ResponseStateMachine::new();
+        // floodgate patch: the client left and the upstream's answer is being drained.
+        let mut finishing = false;
 
         // these two below can be wrapped into an internal ctx
         // use cache when upstream revalidates (or TODO: error)
@@ -583,6 +625,13 @@ where
                                 // downstream session regardless
                                 session.downstream_session.on_proxy_failure(e);
                                 continue;
+                           } else if self.finishes_after_client_left(session, &e, ctx, &downstream_state) {
+                                // floodgate patch: the exchange with the upstream runs to its
+                                // end (`ProxyHttp::finish_upstream_after_client_left`).
+                                downstream_state.to_errored();
+                                finishing = true;
+                                session.downstream_session.on_proxy_failure(e);
+                                continue;
                            } else {
                                 return Err(e.into_down());
                            }
@@ -629,6 +678,8 @@ where
                             &mut serve_from_cache,
                             &mut range_body_filter,
                             &mut response_state,
+                            &mut downstream_state,
+                            &mut finishing,
                         ).await? else {
                             // nothing sent downstream e.g. serve_from_cache
                             continue;
@@ -645,6 +696,13 @@ where
                 task = rx.recv(), if !response_state.upstream_done() && next_upstream_task.is_none() => {
                     debug!("upstream event: {:?}", task);
                     if let Some(t) = task {
+                        // floodgate patch: the client left and the application asked for the
+                        // exchange to run to its end: the upstream's answer is read and
+                        // discarded, and an upstream failure ends it as well.
+                        if finishing {
+                            response_state.maybe_set_upstream_done(t.is_end());
+                            continue;
+                        }
                         let upgraded = session.was_upgraded();
                         let Some(response_done) = self.process_upstream_tasks(
                             session,
@@ -654,6 +712,8 @@ where
                             &mut serve_from_cache,
                             &mut range_body_filter,
                             &mut response_state,
+                            &mut downstream_state,
+                            &mut finishing,
                         ).await? else {
                             // nothing sent downstream e.g. serve_from_cache
                             continue;

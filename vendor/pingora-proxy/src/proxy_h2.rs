@@ -409,6 +409,8 @@ where
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
+        downstream_state: &mut DownstreamStateMachine,
+        finishing: &mut bool,
     ) -> Result<Option<bool>>
     where
         SV: ProxyHttp + Send + Sync,
@@ -479,7 +481,24 @@ where
             return Ok(None);
         }
 
-        let response_done = session.write_response_tasks(filtered_tasks).await?;
+        // floodgate patch: a write that fails because the client left lets the exchange with
+        // the upstream run to its end when the application asks (see
+        // `ProxyHttp::finish_upstream_after_client_left`); an upstream failure being written
+        // is not the client's.
+        let end = filtered_tasks.iter().any(HttpTask::is_end);
+        let failed = filtered_tasks
+            .iter()
+            .any(|t| matches!(t, HttpTask::Failed(_)));
+        let response_done = match session.write_response_tasks(filtered_tasks).await {
+            Ok(done) => done,
+            Err(e) if !failed && self.finishes_after_client_left(session, &e, ctx, downstream_state) => {
+                downstream_state.to_errored();
+                *finishing = true;
+                session.downstream_session.on_proxy_failure(e);
+                end
+            }
+            Err(e) => return Err(e),
+        };
 
         Ok(Some(response_done))
     }
@@ -540,6 +559,8 @@ where
         }
 
         let mut response_state = ResponseStateMachine::new();
+        // floodgate patch: the client left and the upstream's answer is being drained.
+        let mut finishing = false;
 
         // these two below can be wrapped into an internal ctx
         // use cache when upstream revalidates (or TODO: error)
@@ -599,6 +620,13 @@ where
                                 }
                                 // This will not be treated as a final error, but we should signal to
                                 // downstream session regardless
+                                session.downstream_session.on_proxy_failure(e);
+                                continue;
+                           } else if self.finishes_after_client_left(session, &e, ctx, &downstream_state) {
+                                // floodgate patch: the exchange with the upstream runs to its
+                                // end (`ProxyHttp::finish_upstream_after_client_left`).
+                                downstream_state.to_errored();
+                                finishing = true;
                                 session.downstream_session.on_proxy_failure(e);
                                 continue;
                            } else {
@@ -662,6 +690,8 @@ where
                             &mut serve_from_cache,
                             &mut range_body_filter,
                             &mut response_state,
+                            &mut downstream_state,
+                            &mut finishing,
                         ).await? else {
                             // nothing sent downstream e.g. serve_from_cache
                             continue;
@@ -679,6 +709,13 @@ where
                 task = rx.recv(), if !response_state.upstream_done() && next_upstream_task.is_none() => {
                     debug!("upstream event: {:?}", task);
                     if let Some(t) = task {
+                        // floodgate patch: the client left and the application asked for the
+                        // exchange to run to its end: the upstream's answer is read and
+                        // discarded, and an upstream failure ends it as well.
+                        if finishing {
+                            response_state.maybe_set_upstream_done(t.is_end());
+                            continue;
+                        }
                         let Some(response_done) = self.process_upstream_tasks_h2(
                             session,
                             ctx,
@@ -687,6 +724,8 @@ where
                             &mut serve_from_cache,
                             &mut range_body_filter,
                             &mut response_state,
+                            &mut downstream_state,
+                            &mut finishing,
                         ).await? else {
                             // nothing sent downstream e.g. serve_from_cache
                             continue;

@@ -574,6 +574,28 @@ pub trait ProxyHttp {
         false
     }
 
+    /// floodgate patch: called when the downstream client fails (closes, resets, times out)
+    /// while the request is proxied to an upstream, after the whole request body was read.
+    ///
+    /// Returning `true` lets the exchange with the upstream run to its end: the upstream's
+    /// response is read (each read bounded by the peer's read timeout) and discarded, the
+    /// upstream connection is reused if the response ended cleanly, and the request then
+    /// finishes without an error (the downstream connection is not reused). Most backends keep
+    /// working on a request whose connection was closed, so closing the upstream connection
+    /// frees none of the upstream's capacity: an application that limits what is in flight at
+    /// the upstream must hold its slot until the upstream has finished.
+    ///
+    /// Returning `false` (the default) fails the request with the downstream error at once and
+    /// closes the upstream connection.
+    fn finish_upstream_after_client_left(
+        &self,
+        _session: &Session,
+        _error: &Error,
+        _ctx: &mut Self::CTX,
+    ) -> bool {
+        false
+    }
+
     /// This filter is called when there is an error **after** a connection is established (or reused)
     /// to the upstream.
     ///
