@@ -496,7 +496,7 @@ impl ProxyHttp for Proxy {
             // A 5xx is a failure, not a latency: an upstream answering 503 at once above its
             // capacity must not look fast to the limit.
             if upstream_response.status.is_server_error() {
-                permit.fail();
+                permit.fail(Some(took));
             } else {
                 permit.sample(took);
             }
@@ -675,7 +675,7 @@ impl ProxyHttp for Proxy {
             // The upstream failed the exchange (connect error, reset, timeout): a failure for
             // `[upstreams.protect]`'s limit, unless its response header was already counted.
             if let Some(permit) = ctx.protect.as_mut() {
-                permit.fail();
+                permit.fail(ctx.upstream_start.map(|start| start.elapsed()));
             }
         }
         if code > 0 {

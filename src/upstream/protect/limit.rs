@@ -54,10 +54,14 @@
 //!
 //! A failed exchange (`fail`: a `5xx`, a connect error, a reset, a timeout) is not a latency.
 //! An upstream that sheds what is above its capacity with fast `503`s would otherwise look
-//! fast, and the limit would climb to `max_limit`. A window with any failure does not raise
-//! the limit; a window (or probe) where at least half failed is an outage, and the limit
-//! restarts from `min_limit` in slow start, so a recovering upstream gets its traffic back as
-//! it proves it can serve it.
+//! fast, and the limit would climb to `max_limit`. A failure faster than `min_rtt` is the
+//! upstream turning away what was above its capacity: the limit drops at once below the
+//! requests that were in flight, and slow start ends (as TCP halves its window on a loss, but
+//! to what was carried rather than half: the gradient then grows it back slowly, so a
+//! shedding upstream sees a rare probe above its capacity, not a failure per round trip). A
+//! window with any failure does not raise the limit; a window (or probe) where at least half
+//! failed is an outage, and the limit restarts from `min_limit` in slow start, so a recovering
+//! upstream gets its traffic back as it proves it can serve it.
 
 use std::time::{Duration, Instant};
 
@@ -82,6 +86,11 @@ const KEPT: usize = 64;
 pub const SLOW_START_GROWTH: f64 = 1.125;
 /// Weight of the new value in each update.
 pub const SMOOTHING: f64 = 0.2;
+/// How long the limit stays at or below what it was cut to by a fast failure (see
+/// `Gradient::fail`): growing back at once probed the capacity of an upstream that sheds
+/// every few windows, each probe a `503` to some client; after this the limit may grow again,
+/// in case the capacity did.
+pub const SHED_HOLD: Duration = Duration::from_secs(5);
 /// Windows in a row that lower the limit, after which `min_rtt` is measured again at once
 /// rather than at the next [`PROBE_INTERVAL`] (a second of windows): an upstream that became
 /// slower per request keeps answering slower however low the limit goes, and only a new
@@ -167,6 +176,9 @@ pub struct Gradient {
     /// Slow start's last judgment said "queued": one more ends it (a single window slowed by
     /// the host, not the upstream, does not).
     queued_once: bool,
+    /// What a fast failure cut the limit to, and until when it may not grow past it
+    /// ([`SHED_HOLD`]).
+    shed_ceiling: Option<(f64, Instant)>,
 }
 
 impl Gradient {
@@ -187,6 +199,7 @@ impl Gradient {
             next_probe: now,
             slow_start: true,
             queued_once: false,
+            shed_ceiling: None,
         }
     }
 
@@ -233,18 +246,21 @@ impl Gradient {
     /// is sent): the limit comes back step by step as exchanges succeed within `min_rtt`.
     fn restart(&mut self, now: Instant) {
         self.limit = self.min_limit as f64;
+        self.shed_ceiling = None;
         self.slow_start = true;
         self.queued_once = false;
         self.reset_window(now);
     }
 
-    /// Records one exchange that failed while `in_flight` requests were out (a `5xx` answer,
-    /// a connect error, a reset, a timeout); returns the limit in force when it changed.
-    /// A failure is not a latency: an upstream that answers `503` at once above its capacity
-    /// would otherwise look fast and the limit would climb. A window (or a `min_rtt` probe) in
-    /// which at least half the exchanges failed restarts the limit from `min_limit` in slow
-    /// start; a window with any failure does not raise the limit (`sample`).
-    pub fn fail(&mut self, in_flight: u32, now: Instant) -> Option<u32> {
+    /// Records one exchange that failed after `took` (when it is known) while `in_flight`
+    /// requests were out, itself included (a `5xx` answer, a connect error, a reset, a
+    /// timeout); returns the limit in force when it changed. A failure is not a latency: an
+    /// upstream that answers `503` at once above its capacity would otherwise look fast and
+    /// the limit would climb. One faster than `min_rtt` lowers the limit below `in_flight` at
+    /// once and ends slow start. A window (or a `min_rtt` probe) in which at least half the
+    /// exchanges failed restarts the limit from `min_limit` in slow start; a window with any
+    /// failure does not raise the limit (`sample`).
+    pub fn fail(&mut self, took: Option<Duration>, in_flight: u32, now: Instant) -> Option<u32> {
         if let Some(p) = &mut self.probe {
             if p.skip > 0 {
                 p.skip -= 1;
@@ -262,16 +278,28 @@ impl Gradient {
         }
         self.failed += 1;
         self.peak_in_flight = self.peak_in_flight.max(in_flight);
-        if self.kept.count + self.failed < MIN_SAMPLES
-            || now.saturating_duration_since(self.window_start) < WINDOW
-        {
-            return None;
+        // Turned away faster than the upstream serves a request: it was over its capacity.
+        let fast = matches!((took, self.min_rtt), (Some(t), Some(m)) if t < m);
+        let below = in_flight.saturating_sub(1).max(self.min_limit) as f64;
+        let cut = fast && below < self.limit;
+        if cut {
+            self.limit = below;
+            self.slow_start = false;
+            self.queued_once = false;
+            // Held only for an upstream that serves some of what it is sent (it sheds its
+            // overload); one that fails everything is down, and comes back by slow start.
+            if self.kept.count > 0 {
+                self.shed_ceiling = Some((below, now + SHED_HOLD));
+            }
         }
-        if self.outage() {
+        if self.kept.count + self.failed >= MIN_SAMPLES
+            && now.saturating_duration_since(self.window_start) >= WINDOW
+            && self.outage()
+        {
             self.restart(now);
             return Some(self.limit());
         }
-        None
+        cut.then(|| self.limit())
     }
 
     /// Whether at least half the window's exchanges failed.
@@ -337,6 +365,10 @@ impl Gradient {
         let min_rtt = self.min_rtt?.as_secs_f64();
         let before = self.limit;
         self.judge(latency, used, min_rtt);
+        match self.shed_ceiling {
+            Some((ceiling, until)) if now < until => self.limit = self.limit.min(ceiling),
+            _ => self.shed_ceiling = None,
+        }
         if failed {
             // Some exchanges failed: whatever the latency of the others, no growth.
             self.limit = self.limit.min(before);
@@ -498,7 +530,8 @@ mod tests {
             most = most.max(n);
             match outcome(i, n) {
                 Some(rtt) => g.sample(rtt, n, *now),
-                None => g.fail(n, *now),
+                // A failure at once (a fast 503).
+                None => g.fail(Some(Duration::from_millis(1)), n, *now),
             };
         }
         (g.learned(), most)
@@ -520,8 +553,33 @@ mod tests {
         let mut now = Instant::now();
         let mut g = Gradient::new(4, 1000, now);
         let (at, most) = run_shedding(&mut g, &mut now, 30_000, 16);
-        assert!((16..=20).contains(&at), "limit {at} for 16 slots that shed");
+        assert!((14..=17).contains(&at), "limit {at} for 16 slots that shed");
         assert!(most <= 20, "{most} in flight for 16 slots: over 1.25x");
+    }
+
+    #[test]
+    fn a_fast_failure_lowers_the_limit_below_what_was_in_flight() {
+        let mut now = Instant::now();
+        let mut g = Gradient::new(4, 1000, now);
+        // Settle on an upstream of 16 slots that only queues, then let it shed instead.
+        run(&mut g, &mut now, 30, 16, S);
+        let before = g.learned();
+        assert!(before > 16, "limit {before}: above the 16 slots");
+        assert_eq!(g.fail(Some(Duration::from_millis(1)), 17, now), Some(16));
+        // A slow failure (a timeout, a 500 after the work) says nothing of the capacity.
+        assert_eq!(g.fail(Some(Duration::from_secs(1)), 16, now), None);
+        assert_eq!(g.limit(), 16);
+        // Over 30 s of an upstream that sheds above 16 slots, fewer than 1 exchange in 1,000
+        // fails: the limit probes above the capacity once per SHED_HOLD at most.
+        let failures = std::cell::Cell::new(0u32);
+        drive(&mut g, &mut now, 30_000, |i, n| {
+            let ok = i % u64::from(n) < 16;
+            if !ok {
+                failures.set(failures.get() + 1);
+            }
+            ok.then_some(S)
+        });
+        assert!(failures.get() < 30, "{} of 30,000 failed", failures.get());
     }
 
     #[test]

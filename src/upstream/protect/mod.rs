@@ -180,16 +180,17 @@ impl Permit {
     /// Feeds the limit one exchange's latency (request sent to response header).
     pub fn sample(&mut self, took: Duration) {
         if !std::mem::replace(&mut self.recorded, true) {
-            self.guard.sample(Some(took), Instant::now());
+            self.guard.sample(Ok(took), Instant::now());
         }
     }
 
-    /// Feeds the limit one failed exchange: a `5xx` answer, a connect error, a reset or a
-    /// timeout. Not a latency: what an upstream answers fast while failing is not spare
-    /// capacity (`limit::Gradient::fail`).
-    pub fn fail(&mut self) {
+    /// Feeds the limit one failed exchange, `took` after it was sent when known: a `5xx`
+    /// answer, a connect error, a reset or a timeout. Not a latency: what an upstream answers
+    /// fast while failing is not spare capacity, it is the upstream turning away what was
+    /// above its capacity (`limit::Gradient::fail`).
+    pub fn fail(&mut self, took: Option<Duration>) {
         if !std::mem::replace(&mut self.recorded, true) {
-            self.guard.sample(None, Instant::now());
+            self.guard.sample(Err(took), Instant::now());
         }
     }
 }
@@ -469,13 +470,13 @@ impl Guard {
         }
     }
 
-    /// One exchange's latency, or `None` for a failed one.
-    fn sample(&self, took: Option<Duration>, now: Instant) {
+    /// One exchange's latency, or a failed one's (`Err`, with how long it took when known).
+    fn sample(&self, took: Result<Duration, Option<Duration>>, now: Instant) {
         let in_flight = self.in_flight.load(Ordering::Relaxed);
         let mut inner = self.inner.lock();
         let changed = match took {
-            Some(took) => inner.gradient.sample(took, in_flight, now),
-            None => inner.gradient.fail(in_flight, now),
+            Ok(took) => inner.gradient.sample(took, in_flight, now),
+            Err(took) => inner.gradient.fail(took, in_flight, now),
         };
         if let Some(limit) = changed {
             // A lower limit takes effect as slots come back: none is taken from a request.
