@@ -492,6 +492,46 @@ async fn a_client_that_leaves_mid_exchange_holds_its_slot_until_the_upstream_is_
 /// instead of waiting for one of the hog's to end. Before, the hog took every free slot.
 #[tokio::test]
 async fn a_tenant_holding_slots_delays_only_itself() {
+    a_hog_leaves_room_for_others(|gw| {
+        Box::pin(send_from_new_clients(gw, 12, "/orders?delay_ms=3000"))
+    })
+    .await;
+}
+
+/// The same with slow uploads: bodies longer than the read-ahead buffer, whose rest never
+/// comes, hold their slots (the upstream waits for the rest) and count against their tenant.
+/// Before, 64 of them left a quiet tenant nothing.
+#[tokio::test]
+async fn slow_uploads_delay_only_their_tenant() {
+    a_hog_leaves_room_for_others(|gw| Box::pin(slow_uploads(gw, 12))).await;
+}
+
+/// `n` clients that each send a POST with the noisy key declaring a 256 KiB body, send 80 KiB
+/// of it (past the 64 KiB read ahead) and no more.
+async fn slow_uploads(gw: &Gateway, n: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        let head = "POST /orders HTTP/1.1\r\nhost: a\r\nx-api-key: noisy-secret\r\n\
+                    content-type: application/json\r\ncontent-length: 262144\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&[b' '; 80 * 1024]).await.unwrap();
+        clients.push(s);
+    }
+    clients
+}
+
+/// With the limit pinned at 8 and the quiet tenant holding one slot, `hog` makes the noisy
+/// tenant ask for 12 slots it holds long: 6 get one (8, less the quiet one, less one left
+/// free), 6 wait, and the quiet tenant's next request is served while they all still run.
+async fn a_hog_leaves_room_for_others(
+    hog: impl for<'a> FnOnce(
+        &'a Gateway,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Vec<tokio::net::TcpStream>> + 'a>,
+    >,
+) {
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "16"]);
     let gw = Gateway::start(&pinned(api.addr, 8, "20s"));
     let c = client();
@@ -505,9 +545,7 @@ async fn a_tenant_holding_slots_delays_only_itself() {
         || async { (protect_status(&c, &gw).await["in_flight"] == 1).then_some(()) },
     )
     .await;
-    // The hog sends 12 long requests: 6 get slots (8, less the quiet one, less one left
-    // free), 6 wait.
-    let _hog = send_from_new_clients(&gw, 12, "/orders?delay_ms=3000").await;
+    let _hog = hog(&gw).await;
     let status = eventually(
         Duration::from_secs(10),
         "the hog's requests in and waiting",
@@ -518,13 +556,12 @@ async fn a_tenant_holding_slots_delays_only_itself() {
     )
     .await;
     assert_eq!(status["in_flight"], 7, "a slot stays free: {status}");
-    // The quiet tenant's next request is served while all of the long requests still run.
     let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
     assert_eq!(r.status(), 200);
     let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
     assert_eq!(
         load["inside"], 7,
-        "it waited for a long request to end: {load}"
+        "it waited for a hog's request to end: {load}"
     );
     assert_eq!(quiet_long.await.unwrap(), 200);
 }
