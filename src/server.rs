@@ -46,6 +46,58 @@ pub struct ProcessFlags {
 
 /// Builds the server; `run_forever` on the result serves until a signal stops it.
 pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
+    let opt = Opt {
+        upgrade: flags.upgrade,
+        daemon: flags.daemon,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, server_conf(&config, flags));
+    server.bootstrap();
+
+    let server_conf = server.configuration.clone();
+    let grace_period = config.server.grace_period;
+    // Names are resolved once before serving (bounded), so the first requests find addresses;
+    // after that only the upstream service resolves, in the background.
+    crate::upstream::service::prime(
+        config.upstreams.iter().map(|u| (&u.name, &*u.settings)),
+        std::time::Duration::from_secs(2),
+    );
+    let gateway = Arc::new(Gateway::new(config));
+
+    // A rate-limit service only ([rls] without listeners or routes) runs no proxy.
+    if let Some(proxy) = proxy_service(&gateway, &server_conf)? {
+        server.add_service(AfterWarmUp {
+            inner: proxy,
+            gateway: gateway.clone(),
+        });
+    }
+    // Envoy's rate-limit service: a background service that serves on a runtime of its own
+    // with `[rls] threads` threads (crate::gateway::rls).
+    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone(), flags.upgrade)? {
+        server.add_service(rls);
+    }
+    add_background_services(&mut server, &gateway);
+
+    let admin_listen = gateway.config.load().server.admin_listen;
+    let mut admin = Service::new(
+        "floodgate admin".to_string(),
+        Admin {
+            gateway: gateway.clone(),
+        },
+    );
+    admin.add_tcp(&admin_listen.to_string());
+    server.add_service(admin);
+
+    // SIGTERM / upgrade: exit once no request is in flight instead of Pingora's fixed wait.
+    server.add_service(background_service(
+        "drain",
+        Drain::new(requests().clone(), grace_period),
+    ));
+    Ok(server)
+}
+
+/// Pingora's server settings for `config` and the process flags.
+fn server_conf(config: &Config, flags: &ProcessFlags) -> ServerConf {
     let mut conf = ServerConf {
         threads: config.server.threads,
         daemon: flags.daemon,
@@ -57,16 +109,15 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         // One single-threaded runtime per thread, connections spread over them at accept (as
         // nginx workers): a task woken by another runs after the tasks already ready instead
         // of at once, so the Redis commands of requests that became ready together leave in
-        // one write (about 0.5 writes per request under load instead of 0.8) and cost ~1 µs
-        // less CPU per request with global rules (docs/benchmarks.md).
+        // one write, and cost less CPU per request with global rules (docs/benchmarks.md).
         work_stealing: false,
         // Timeouts of a second or more (every upstream read and write timeout by default) on
         // tokio's timer wheel, which each single-threaded runtime has to itself, instead of
-        // Pingora's process-wide "fast" timer: its registration (a lock, an ordered map, a
-        // shared notifier and a boxed future per wait) cost ~2,400 more instructions per
-        // proxied request (callgrind, docs/benchmarks.md). Shorter ones stay on Pingora's. The
-        // vendored pingora-timeout recycles tokio's timers per thread, so that most waits move
-        // a registered timer's expiry instead of filing a new one (its PATCHES.md).
+        // Pingora's process-wide "fast" timer, whose registration takes a lock, an ordered
+        // map, a shared notifier and a boxed future per wait (docs/benchmarks.md). Shorter
+        // ones stay on Pingora's. The vendored pingora-timeout recycles tokio's timers per
+        // thread, so that most waits move a registered timer's expiry instead of filing a new
+        // one (its PATCHES.md).
         fast_timeout_to_tokio_threshold_seconds: Some(0),
         ..ServerConf::default()
     };
@@ -76,30 +127,19 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     if let Some(pid) = &flags.pid_file {
         conf.pid_file = pid.clone();
     }
-    let opt = Opt {
-        upgrade: flags.upgrade,
-        daemon: flags.daemon,
-        ..Opt::default()
-    };
-    let mut server = Server::new_with_opt_and_conf(opt, conf);
-    server.bootstrap();
+    conf
+}
 
-    let server_conf = server.configuration.clone();
-    let tls = config.server.tls.clone();
-    let listen = config.server.listen.clone();
-    let admin_listen = config.server.admin_listen;
-    let grace_period = config.server.grace_period;
-    // Names are resolved once before serving (bounded), so the first requests find addresses;
-    // after that only the upstream service resolves, in the background.
-    crate::upstream::service::prime(
-        config.upstreams.iter().map(|u| (&u.name, &*u.settings)),
-        std::time::Duration::from_secs(2),
-    );
-    let gateway = Arc::new(Gateway::new(config));
-
-    let connections = config_connections(&gateway);
+/// The proxy service on every plain and TLS listener of the config, or `None` when it has none.
+fn proxy_service(
+    gateway: &Arc<Gateway>,
+    server_conf: &Arc<ServerConf>,
+) -> Result<Option<Service<GuardedApp<pingora::proxy::HttpProxy<Proxy>>>>, String> {
+    let config = gateway.config.load();
+    let (tls, listen) = (&config.server.tls, &config.server.listen);
+    let connections = config_connections(gateway);
     let mut http = pingora::proxy::http_proxy(
-        &server_conf,
+        server_conf,
         Proxy {
             gateway: gateway.clone(),
         },
@@ -113,7 +153,7 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     opts.h2_idle_timeout = Some(connections.keepalive_timeout);
     http.server_options = Some(opts);
     let mut app = GuardedApp::new(http, gateway.clone());
-    if let Some(tls) = &tls {
+    if let Some(tls) = tls {
         // Plain TCP listeners of the same service: the handshake happens inside the connection
         // guard, after the connection has taken its slot (crate::connection::tls).
         let acceptor = crate::connection::tls::acceptor(
@@ -124,7 +164,7 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
     }
     let mut proxy = Service::new("floodgate proxy".to_string(), app);
     let mut proxy_listens = false;
-    for addr in &listen {
+    for addr in listen {
         proxy.add_listener(ListenerConfig::tcp(addr.to_string()).l4_buffer(PLAIN_L4_BUFFER));
         proxy_listens = true;
     }
@@ -133,20 +173,14 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         proxy.add_tcp(&addr.to_string());
         proxy_listens = true;
     }
-    // A rate-limit service only ([rls] without listeners or routes) runs no proxy.
-    if proxy_listens {
-        server.add_service(AfterWarmUp {
-            inner: proxy,
-            gateway: gateway.clone(),
-        });
-    }
-    // Envoy's rate-limit service: a background service that serves on a runtime of its own
-    // with `[rls] threads` threads (crate::gateway::rls).
-    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone(), flags.upgrade)? {
-        server.add_service(rls);
-    }
+    Ok(proxy_listens.then_some(proxy))
+}
 
-    server.add_service(pingora::services::background::background_service(
+/// The services that run beside the listeners: the memory store's sweeper, the quota lease
+/// returner, the counter reset listener, the upstreams' discovery and health checks, and the
+/// config reloader.
+fn add_background_services(server: &mut Server, gateway: &Arc<Gateway>) {
+    server.add_service(background_service(
         "memory store sweeper",
         gateway.limiter.sweeper(),
     ));
@@ -162,23 +196,12 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         "upstreams",
         crate::upstream::service::UpstreamService::new(gateway.clone()),
     ));
-    server.add_service(pingora::services::background::background_service(
+    server.add_service(background_service(
         "config reloader",
         Reloader {
             gateway: gateway.clone(),
         },
     ));
-
-    let mut admin = Service::new("floodgate admin".to_string(), Admin { gateway });
-    admin.add_tcp(&admin_listen.to_string());
-    server.add_service(admin);
-
-    // SIGTERM / upgrade: exit once no request is in flight instead of Pingora's fixed wait.
-    server.add_service(background_service(
-        "drain",
-        Drain::new(requests().clone(), grace_period),
-    ));
-    Ok(server)
 }
 
 /// A listening service whose listeners are bound only once the gateway's store is ready (or

@@ -389,40 +389,17 @@ pub async fn change(
         Ok(key) => key,
         Err(resp) => return *resp,
     };
-    let v: serde_json::Value = match serde_json::from_slice(body) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        _ => {
-            return *bad(format!(
-                "the body must be a JSON object, e.g. {}",
-                example(grant)
-            ))
-        }
+    let v = match asked_change(body, grant) {
+        Ok(v) => v,
+        Err(resp) => return *resp,
     };
-    let Some(rule_name) = v.get("rule").and_then(|r| r.as_str()) else {
-        return *bad(format!("\"rule\" is missing, e.g. {}", example(grant)));
-    };
-    let named: Vec<&str> = ["api_key", "user", "plan"]
-        .into_iter()
-        .filter(|f| v.get(*f).is_some())
-        .collect();
-    let [field] = named.as_slice() else {
-        return *bad("name exactly one identity: \"api_key\", \"user\" or \"plan\"".into());
-    };
-    let Some(value) = v.get(*field).and_then(|s| s.as_str()) else {
-        return *bad(format!("\"{field}\" must be a string"));
-    };
-    let change = if grant {
-        match v.get("amount").and_then(|a| a.as_u64()) {
-            Some(n) if (1..=MAX_COUNT).contains(&n) => UsageChange::Grant(n),
-            _ => {
-                return *bad(format!(
-                    "\"amount\" must be a whole number from 1 to {MAX_COUNT}"
-                ))
-            }
-        }
-    } else {
-        UsageChange::Reset
-    };
+    let AskedChange {
+        rule: rule_name,
+        field,
+        value,
+        change,
+    } = v;
+    let (rule_name, value) = (rule_name.as_str(), value.as_str());
     let Some(rule) = cfg.rules.iter().find(|r| &*r.policy.name == rule_name) else {
         return *not_found(format!("no rule is named \"{rule_name}\""));
     };
@@ -472,18 +449,21 @@ pub async fn change(
             Err(e) => return store_failed(&e, true),
         }
     };
-    if let Replay::Repeated = replay {
+    let answer = |replayed: bool| {
         let mut answer = serde_json::json!({
             "action": action,
             field.to_string(): value,
             "before": usage_json(rule_name, &before),
             "after": usage_json(rule_name, &after),
-            "replayed": true,
+            "replayed": replayed,
         });
         if !grant {
             answer["ban_lifted"] = ban_lifted.into();
         }
-        let mut resp = json(StatusCode::OK, &answer);
+        answer
+    };
+    if let Replay::Repeated = replay {
+        let mut resp = json(StatusCode::OK, &answer(true));
         resp.headers_mut().insert(
             "idempotency-replayed",
             http::HeaderValue::from_static("true"),
@@ -512,17 +492,62 @@ pub async fn change(
         ban_lifted,
         "usage changed through the admin API"
     );
-    let mut answer = serde_json::json!({
-        "action": action,
-        field.to_string(): value,
-        "before": usage_json(rule_name, &before),
-        "after": usage_json(rule_name, &after),
-        "replayed": false,
-    });
-    if !grant {
-        answer["ban_lifted"] = ban_lifted.into();
-    }
-    json(StatusCode::OK, &answer)
+    json(StatusCode::OK, &answer(false))
+}
+
+/// What a grant or reset asks for: the rule, the one identity field (`api_key`, `user` or
+/// `plan`) and its value, and the change.
+struct AskedChange {
+    rule: String,
+    field: &'static str,
+    value: String,
+    change: UsageChange,
+}
+
+/// Reads a grant's (`grant`) or a reset's body, or the 400 that says what is wrong with it.
+fn asked_change(body: &[u8], grant: bool) -> Result<AskedChange, Box<Response<Vec<u8>>>> {
+    let v: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        _ => {
+            return Err(bad(format!(
+                "the body must be a JSON object, e.g. {}",
+                example(grant)
+            )))
+        }
+    };
+    let Some(rule) = v.get("rule").and_then(|r| r.as_str()) else {
+        return Err(bad(format!("\"rule\" is missing, e.g. {}", example(grant))));
+    };
+    let named: Vec<&'static str> = ["api_key", "user", "plan"]
+        .into_iter()
+        .filter(|f| v.get(*f).is_some())
+        .collect();
+    let [field] = named.as_slice() else {
+        return Err(bad(
+            "name exactly one identity: \"api_key\", \"user\" or \"plan\"".into(),
+        ));
+    };
+    let Some(value) = v.get(*field).and_then(|s| s.as_str()) else {
+        return Err(bad(format!("\"{field}\" must be a string")));
+    };
+    let change = if grant {
+        match v.get("amount").and_then(|a| a.as_u64()) {
+            Some(n) if (1..=MAX_COUNT).contains(&n) => UsageChange::Grant(n),
+            _ => {
+                return Err(bad(format!(
+                    "\"amount\" must be a whole number from 1 to {MAX_COUNT}"
+                )))
+            }
+        }
+    } else {
+        UsageChange::Reset
+    };
+    Ok(AskedChange {
+        rule: rule.to_owned(),
+        field,
+        value: value.to_owned(),
+        change,
+    })
 }
 
 fn example(grant: bool) -> &'static str {

@@ -182,6 +182,77 @@ fn store_metrics(r: &Registry) -> StoreMetrics {
     )
 }
 
+/// The client connections' metrics: open, admitted, refused by reason, timed out by kind.
+type ConnectionMetrics = (IntGauge, IntCounter, IntCounterVec, IntCounterVec);
+
+fn connection_metrics(r: &Registry) -> ConnectionMetrics {
+    let connections_open = int_gauge(
+        r,
+        "floodgate_connections_open",
+        "Client connections open now.",
+    );
+    let connections_total = int_counter(
+            r,
+            "floodgate_connections_total",
+            "Client connections admitted since start (refused ones are in floodgate_connections_refused_total).",
+        );
+    let connections_refused = counter_vec_at_zero(
+            r,
+            "floodgate_connections_refused_total",
+            "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip; rls_max_connections, rls_max_connections_per_ip: the rate-limit service's listener).",
+            "reason",
+            &[
+                "max_connections",
+                "max_connections_per_ip",
+                "rls_max_connections",
+                "rls_max_connections_per_ip",
+            ],
+        );
+    let connection_timeouts = counter_vec_at_zero(
+            r,
+            "floodgate_connection_timeouts_total",
+            "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout; rls_header: the rate-limit service's TLS handshake or HTTP/2 preface, rls_request: a call's request message (the call, not the connection, is ended), rls_idle: a connection with no call for idle_timeout).",
+            "kind",
+            &["tls", "header", "keepalive", "body", "rls_header", "rls_request", "rls_idle"],
+        );
+    (
+        connections_open,
+        connections_total,
+        connections_refused,
+        connection_timeouts,
+    )
+}
+
+/// The in-process store's metrics: keys, evictions, bans held and dropped.
+type MemoryStoreMetrics = (IntGauge, IntCounterVec, IntGauge, IntCounterVec);
+
+fn memory_store_metrics(r: &Registry) -> MemoryStoreMetrics {
+    let memory_keys = int_gauge(
+        r,
+        "floodgate_memory_store_keys",
+        "Keys held by the in-process store.",
+    );
+    let memory_evictions = counter_vec(
+        r,
+        "floodgate_memory_store_evictions_total",
+        "Live keys evicted from the in-process store because max_keys was reached, by rule.",
+        &["rule"],
+    );
+    let memory_bans = int_gauge(
+        r,
+        "floodgate_memory_store_bans",
+        "block_for bans held by the in-process store (and bans remembered from Redis).",
+    );
+    let bans_dropped = counter_vec_at_zero(
+            r,
+            "floodgate_memory_store_bans_dropped_total",
+            "block_for bans the full ban table (store.max_bans) did not keep (refused) or evicted for another rule's (evicted).",
+            "how",
+            &["refused", "evicted"],
+        );
+    (memory_keys, memory_evictions, memory_bans, bans_dropped)
+}
+
 /// Latency buckets from 50µs to 10s: decisions live at the low end, upstreams higher.
 const BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -204,12 +275,23 @@ impl Metrics {
             store_node_breaker_state,
             store_evicting_policy,
         ) = store_metrics(r);
+        let (connections_open, connections_total, connections_refused, connection_timeouts) =
+            connection_metrics(r);
+        let (memory_keys, memory_evictions, memory_bans, bans_dropped) = memory_store_metrics(r);
         Metrics {
             store_errors,
             store_up,
             circuit_state,
             store_node_breaker_state,
             store_evicting_policy,
+            connections_open,
+            connections_total,
+            connections_refused,
+            connection_timeouts,
+            memory_keys,
+            memory_evictions,
+            memory_bans,
+            bans_dropped,
             requests: registered(
                 r,
                 CounterVec::new(
@@ -232,35 +314,6 @@ impl Metrics {
                 "floodgate_failure_mode_decisions_total",
                 "Decisions made by a rule's on_store_error because the store failed, by rule and mode.",
                 &["rule", "mode"],
-            ),
-            connections_open: int_gauge(
-                r,
-                "floodgate_connections_open",
-                "Client connections open now.",
-            ),
-            connections_total: int_counter(
-                r,
-                "floodgate_connections_total",
-                "Client connections admitted since start (refused ones are in floodgate_connections_refused_total).",
-            ),
-            connections_refused: counter_vec_at_zero(
-                r,
-                "floodgate_connections_refused_total",
-                "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip; rls_max_connections, rls_max_connections_per_ip: the rate-limit service's listener).",
-                "reason",
-                &[
-                    "max_connections",
-                    "max_connections_per_ip",
-                    "rls_max_connections",
-                    "rls_max_connections_per_ip",
-                ],
-            ),
-            connection_timeouts: counter_vec_at_zero(
-                r,
-                "floodgate_connection_timeouts_total",
-                "Client connections closed because a TLS handshake, a request head or a request body did not arrive in time, by kind (tls and header: header_timeout, keepalive: keepalive_timeout, body: body_timeout; rls_header: the rate-limit service's TLS handshake or HTTP/2 preface, rls_request: a call's request message (the call, not the connection, is ended), rls_idle: a connection with no call for idle_timeout).",
-                "kind",
-                &["tls", "header", "keepalive", "body", "rls_header", "rls_request", "rls_idle"],
             ),
             decision_seconds: registered(
                 r,
@@ -292,29 +345,6 @@ impl Metrics {
                     "Unix time of the last config load that succeeded.",
                 )
                 .expect("static metric definition"),
-            ),
-            memory_keys: int_gauge(
-                r,
-                "floodgate_memory_store_keys",
-                "Keys held by the in-process store.",
-            ),
-            memory_evictions: counter_vec(
-                r,
-                "floodgate_memory_store_evictions_total",
-                "Live keys evicted from the in-process store because max_keys was reached, by rule.",
-                &["rule"],
-            ),
-            memory_bans: int_gauge(
-                r,
-                "floodgate_memory_store_bans",
-                "block_for bans held by the in-process store (and bans remembered from Redis).",
-            ),
-            bans_dropped: counter_vec_at_zero(
-                r,
-                "floodgate_memory_store_bans_dropped_total",
-                "block_for bans the full ban table (store.max_bans) did not keep (refused) or evicted for another rule's (evicted).",
-                "how",
-                &["refused", "evicted"],
             ),
             access_log_dropped: int_counter(
                 r,

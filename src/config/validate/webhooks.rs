@@ -112,55 +112,7 @@ fn webhook(
             "webhook url must not hold credentials; sign the events with secret instead",
         ));
     }
-    let mut events = Vec::new();
-    for e in w.events.get_ref() {
-        let kind = src.one_of(e, "event", EventKind::NAMES)?;
-        if !events.contains(&kind) {
-            events.push(kind);
-        }
-    }
-    if events.is_empty() {
-        return Err(src.err(
-            w.events.span(),
-            "events needs at least one of \"threshold\", \"rejected\"",
-        ));
-    }
-    let mut thresholds = Vec::new();
-    match &w.thresholds {
-        Some(list) if events.contains(&EventKind::Threshold) => {
-            for t in list.get_ref() {
-                let v = *t.get_ref();
-                if !(v > 0.0 && v <= 1.0) {
-                    return Err(src.err(
-                        t.span(),
-                        "a threshold is a fraction of the limit, above 0 and at most 1 (0.8 is 80 %)",
-                    ));
-                }
-                thresholds.push(v);
-            }
-            if thresholds.is_empty() {
-                return Err(src.err(
-                    list.span(),
-                    "thresholds needs at least one, e.g. [0.8, 1.0]",
-                ));
-            }
-        }
-        Some(list) => {
-            return Err(src.err(
-                list.span(),
-                "thresholds apply to the \"threshold\" event only",
-            ))
-        }
-        None if events.contains(&EventKind::Threshold) => {
-            return Err(src.err(
-                w.events.span(),
-                "the \"threshold\" event needs thresholds, e.g. thresholds = [0.8, 1.0]",
-            ))
-        }
-        None => {}
-    }
-    thresholds.sort_by(f64::total_cmp);
-    thresholds.dedup();
+    let (events, thresholds) = events_and_thresholds(src, w)?;
     let secret = match &w.secret {
         Some(s) if s.get_ref().is_empty() => {
             return Err(src.err(
@@ -223,4 +175,61 @@ fn webhook(
         thresholds,
         secret,
     })
+}
+
+/// A webhook's events (each once) and, for the `threshold` event, its thresholds in order.
+fn events_and_thresholds(
+    src: &Src,
+    w: &RawWebhook,
+) -> Result<(Vec<EventKind>, Vec<f64>), ConfigError> {
+    let mut events = Vec::new();
+    for e in w.events.get_ref() {
+        let kind = src.one_of(e, "event", EventKind::NAMES)?;
+        if !events.contains(&kind) {
+            events.push(kind);
+        }
+    }
+    if events.is_empty() {
+        return Err(src.err(
+            w.events.span(),
+            "events needs at least one of \"threshold\", \"rejected\"",
+        ));
+    }
+    let mut thresholds = Vec::new();
+    match &w.thresholds {
+        Some(list) if events.contains(&EventKind::Threshold) => {
+            for t in list.get_ref() {
+                let v = *t.get_ref();
+                if !(v > 0.0 && v <= 1.0) {
+                    return Err(src.err(
+                        t.span(),
+                        "a threshold is a fraction of the limit, above 0 and at most 1 (0.8 is 80 %)",
+                    ));
+                }
+                thresholds.push(v);
+            }
+            if thresholds.is_empty() {
+                return Err(src.err(
+                    list.span(),
+                    "thresholds needs at least one, e.g. [0.8, 1.0]",
+                ));
+            }
+        }
+        Some(list) => {
+            return Err(src.err(
+                list.span(),
+                "thresholds apply to the \"threshold\" event only",
+            ))
+        }
+        None if events.contains(&EventKind::Threshold) => {
+            return Err(src.err(
+                w.events.span(),
+                "the \"threshold\" event needs thresholds, e.g. thresholds = [0.8, 1.0]",
+            ))
+        }
+        None => {}
+    }
+    thresholds.sort_by(f64::total_cmp);
+    thresholds.dedup();
+    Ok((events, thresholds))
 }

@@ -605,6 +605,51 @@ impl Inner {
 /// Runs `cmd`, a call of a script that answers `{tag, count}` (release, renew, lease_return,
 /// true_up), with a tag of its own appended as the last argument: a reply with another tag is
 /// not this call's answer, and poisons `conn` (see [`resp`]'s invariant).
+/// The call of decide.lua for the checks of `group` (indices into `keys`, `checks` and
+/// `params`), and the tag of its own that the script's reply starts with: a reply that is not
+/// this call's is never taken for its answer (see `resp`'s invariant).
+fn decide_call(
+    group: &[usize],
+    keys: &[String],
+    checks: &[Check],
+    params: &[Params],
+    lease: &str,
+    lease_ttl_us: u64,
+    now: &str,
+) -> (redis::Cmd, [u8; 8]) {
+    // Keys, lease, TTL, now, tag, checks and perhaps their bans: sized up front, so that
+    // building the call costs two allocations, not a string of regrowths.
+    let args = 4 + group.len() * 3;
+    let bytes: usize = group
+        .iter()
+        .map(|&i| keys[i].len() + script::PACKED_BYTES + 32 + 20)
+        .sum::<usize>()
+        + lease.len()
+        + now.len()
+        + 20
+        + 8;
+    let mut cmd = DECIDE.evalsha_sized(group.len(), args, bytes);
+    for &i in group {
+        cmd.arg(keys[i].as_str());
+    }
+    let tag = fastrand::u64(..).to_le_bytes();
+    cmd.arg(lease).arg(lease_ttl_us).arg(now).arg(&tag[..]);
+    for &i in group {
+        cmd.arg(&params[i].packed()[..]);
+    }
+    // block_for, per check, only when one of the group blocks (see decide.lua).
+    if group
+        .iter()
+        .any(|&i| !checks[i].limit.block_for().is_zero())
+    {
+        for &i in group {
+            let ms = checks[i].limit.block_for().as_millis();
+            cmd.arg(u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_EXACT));
+        }
+    }
+    (cmd, tag)
+}
+
 async fn eval_count(conn: &Conn, script: &Lua, mut cmd: redis::Cmd) -> redis::RedisResult<i64> {
     let tag = fastrand::u64(..).to_le_bytes();
     cmd.arg(&tag[..]);
@@ -857,41 +902,7 @@ impl Inner {
             .map(|n| n.min(MAX_EXACT).to_string())
             .unwrap_or_default();
         let call = |group: &[usize]| {
-            // Keys, lease, TTL, now, tag, checks and perhaps their bans: sized up front, so that
-            // building the call costs two allocations, not a string of regrowths.
-            let args = 4 + group.len() * 3;
-            let bytes: usize = group
-                .iter()
-                .map(|&i| keys[i].len() + script::PACKED_BYTES + 32 + 20)
-                .sum::<usize>()
-                + lease.len()
-                + now.len()
-                + 20
-                + 8;
-            let mut cmd = DECIDE.evalsha_sized(group.len(), args, bytes);
-            for &i in group {
-                cmd.arg(keys[i].as_str());
-            }
-            // A tag of this call's own, which the script's reply starts with: a reply that is
-            // not this call's is never taken for its answer (see `resp`'s invariant).
-            let tag = fastrand::u64(..).to_le_bytes();
-            cmd.arg(lease.as_str())
-                .arg(lease_ttl_us)
-                .arg(now.as_str())
-                .arg(&tag[..]);
-            for &i in group {
-                cmd.arg(&params[i].packed()[..]);
-            }
-            // block_for, per check, only when one of the group blocks (see decide.lua).
-            if group
-                .iter()
-                .any(|&i| !checks[i].limit.block_for().is_zero())
-            {
-                for &i in group {
-                    let ms = checks[i].limit.block_for().as_millis();
-                    cmd.arg(u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_EXACT));
-                }
-            }
+            let (cmd, tag) = decide_call(group, keys, checks, &params, &lease, lease_ttl_us, &now);
             let conn = conn.clone();
             let params = &params;
             let group = group.to_vec();
