@@ -101,6 +101,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=5000, help="requests counted by callgrind (5000)")
     ap.add_argument("--skip-build", action="store_true", help="use the binaries built before")
     ap.add_argument("--skip-load", action="store_true", help="instructions only")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: the table from the last run's files in target/patches/")
     args = ap.parse_args()
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -109,7 +111,7 @@ def main() -> int:
     binaries = []
     for i, (_, _, applied) in enumerate(plan):
         b = OUT / "bin" / f"step-{i:02d}"
-        if args.skip_build:
+        if args.skip_build or args.report_only:
             if not b.is_file():
                 sys.exit(f"patches: {b} not built (run without --skip-build)")
         else:
@@ -119,9 +121,10 @@ def main() -> int:
     results: list[dict] = []
     for i, ((crate, name, _), b) in enumerate(zip(plan, binaries)):
         out = OUT / f"instr-{i:02d}"
-        subprocess.run([sys.executable, str(ROOT / "benches" / "instructions" / "run.py"),
-                        "--bare-proxy", str(b), "--out", str(out), "--only", "pingora-bare",
-                        "--requests", str(args.requests)], check=True, stdout=subprocess.DEVNULL)
+        if not args.report_only:
+            subprocess.run([sys.executable, str(ROOT / "benches" / "instructions" / "run.py"),
+                            "--bare-proxy", str(b), "--out", str(out), "--only", "pingora-bare",
+                            "--requests", str(args.requests)], check=True, stdout=subprocess.DEVNULL)
         r = json.loads((out / "instructions.json").read_text())["results"]["pingora-bare"]
         results.append({"step": i, "crate": crate, "patch": name, "ir": r["ir_per_request"],
                         "allocs": r["allocs_per_request"]})
@@ -138,12 +141,13 @@ def main() -> int:
                "--connections", "32", "--noise-cpus", "1.0"]
         for i, b in enumerate(binaries[1:], start=1):
             cmd += ["--bare-variant", f"s{i:02d}={b}"]
-        subprocess.run(cmd, check=True)
+        if not args.report_only:
+            subprocess.run(cmd, check=True)
         md = (load_out / "results.md").read_text()
         # "- `pingora-bare@s03` / `pingora-bare`, pair by pair: req/s a, b (median m); CPU ... (median c)"
         for line in md.splitlines():
-            m = re.match(r"- `pingora-bare@s(\d+)` / `pingora-bare`, pair by pair: req/s .*\(median ([0-9.]+)\)"
-                         r"(?:; CPU per request .*\(median ([0-9.]+)\))?", line)
+            m = re.match(r"- `pingora-bare@s(\d+)` / `pingora-bare`, pair by pair: req/s [^(]*\(median ([0-9.]+)\)"
+                         r"(?:; CPU per request [^(]*\(median ([0-9.]+)\))?", line)
             if m:
                 r = results[int(m.group(1))]
                 r["rps_ratio"] = float(m.group(2))

@@ -160,8 +160,8 @@ fn carries_pipelined_bytes(settings: &HttpPersistentSettings) -> bool {
 ///
 /// The key is looked for byte by byte across the pieces the formatter writes (a
 /// Knuth-Morris-Pratt match), not with `str::split_once` on each piece: that built a substring
-/// searcher per piece, about 20 per request, and was a fifth of floodgate's instructions per
-/// proxied request (callgrind, docs/benchmarks.md).
+/// searcher per piece, about 20 per request, which made it a large share of floodgate's own
+/// work on a proxied request.
 #[derive(Default)]
 struct Scan {
     /// How many bytes of [`KEY`] the output ends with so far.

@@ -1,8 +1,7 @@
 //! The access log (`server.access_log`), written off the request path.
 //!
 //! Writing the line from the worker that served the request (a formatted `tracing` event and a
-//! `write(2)` to stderr per request) halved throughput in `make bench` (12.0k against 24.7k
-//! req/s with two threads). Instead, the request path moves the line's fields into a bounded
+//! `write(2)` to stderr per request) halved throughput in `make bench`. Instead, the request path moves the line's fields into a bounded
 //! queue ([`record`]), and one thread, `floodgate-access-log`, emits them as the same `tracing`
 //! event as before (target `access`, same fields), so the text and JSON formats and `RUST_LOG`
 //! apply unchanged. [`LogWriter`], the subscriber's writer, sends that thread's access lines

@@ -397,7 +397,7 @@ fn push_joined(out: &mut String, names: &[std::sync::Arc<str>]) {
 
 /// Whether `s` holds a byte JSON escapes: a quote, a backslash or a control character. Eight
 /// bytes at a time (SWAR): a 429's document passes ~150 bytes of detail, request id and rule
-/// names through here, and a byte-by-byte scan cost about 6 instructions a byte.
+/// names through here, and a byte-by-byte scan costs several instructions a byte.
 fn needs_json_escape(s: &[u8]) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
