@@ -33,17 +33,6 @@ enum Kind {
     RedisCluster,
 }
 
-/// The stores that several instances can share.
-const SHARED: [Kind; 3] = [Kind::SharedMemory, Kind::Redis, Kind::RedisCluster];
-
-/// Every store.
-const ALL: [Kind; 4] = [
-    Kind::Memory,
-    Kind::SharedMemory,
-    Kind::Redis,
-    Kind::RedisCluster,
-];
-
 /// One store for one scenario, with whatever servers it runs on (stopped when dropped).
 struct Backend {
     kind: Kind,
@@ -183,135 +172,167 @@ fn scoped(name: &str, algorithm: &str, limit: u64, scope: &str, extra: &str) -> 
     )
 }
 
+/// One test per store for each scenario (as Limitador's `test_with_all_storage_impls` names
+/// one per store): a failing store names itself, and hides none of the others.
+macro_rules! per_store {
+    ($scenario:ident: $($store:ident => $kind:expr),+ $(,)?) => {
+        mod $scenario {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $store() {
+                    super::$scenario($kind).await
+                }
+            )+
+        }
+    };
+}
+
+per_store!(
+    every_algorithm_admits_its_limit_and_then_refuses:
+    memory => Kind::Memory,
+    shared_memory => Kind::SharedMemory,
+    redis => Kind::Redis,
+    redis_cluster => Kind::RedisCluster,
+);
+per_store!(
+    a_rejected_request_charges_no_rule:
+    memory => Kind::Memory,
+    shared_memory => Kind::SharedMemory,
+    redis => Kind::Redis,
+    redis_cluster => Kind::RedisCluster,
+);
+per_store!(
+    concurrency_slots_come_back_when_the_request_ends:
+    memory => Kind::Memory,
+    shared_memory => Kind::SharedMemory,
+    redis => Kind::Redis,
+    redis_cluster => Kind::RedisCluster,
+);
+per_store!(
+    instances_sharing_a_store_admit_the_limit_exactly:
+    shared_memory => Kind::SharedMemory,
+    redis => Kind::Redis,
+    redis_cluster => Kind::RedisCluster,
+);
+
 /// Each rate algorithm admits its limit, then refuses, telling the client when to come back;
 /// `remaining` counts down on the way.
-#[tokio::test]
-async fn every_algorithm_admits_its_limit_and_then_refuses() {
-    for kind in ALL {
-        let backend = Backend::start(kind);
-        let rules = [
-            rule("fixed", "fixed_window", 3, ""),
-            rule("log", "sliding_window_log", 3, ""),
-            rule("counter", "sliding_window_counter", 3, ""),
-            rule("tokens", "token_bucket", 3, "burst = 3"),
-            rule("leaky", "leaky_bucket", 3, "burst = 3"),
-        ]
-        .concat();
-        let config = backend.config(&rules, 1);
-        let limiter = backend.limiter(&config).await;
-        for name in ["fixed", "log", "counter", "tokens", "leaky"] {
-            for left in (0..3).rev() {
-                let outcome = request(&limiter, &config, &[name], 1).await;
-                assert!(admitted(&outcome), "{kind:?} {name}: admitted");
-                assert_eq!(
-                    outcome.applied[0].decision.remaining, left,
-                    "{kind:?} {name}: remaining"
-                );
-            }
+async fn every_algorithm_admits_its_limit_and_then_refuses(kind: Kind) {
+    let backend = Backend::start(kind);
+    let rules = [
+        rule("fixed", "fixed_window", 3, ""),
+        rule("log", "sliding_window_log", 3, ""),
+        rule("counter", "sliding_window_counter", 3, ""),
+        rule("tokens", "token_bucket", 3, "burst = 3"),
+        rule("leaky", "leaky_bucket", 3, "burst = 3"),
+    ]
+    .concat();
+    let config = backend.config(&rules, 1);
+    let limiter = backend.limiter(&config).await;
+    for name in ["fixed", "log", "counter", "tokens", "leaky"] {
+        for left in (0..3).rev() {
             let outcome = request(&limiter, &config, &[name], 1).await;
-            match &outcome.verdict {
-                Verdict::Reject {
-                    retry_after, rules, ..
-                } => {
-                    assert_eq!(rules.len(), 1, "{kind:?} {name}");
-                    assert!(
-                        *retry_after > Duration::ZERO,
-                        "{kind:?} {name}: retry after"
-                    );
-                }
-                other => panic!("{kind:?} {name}: the fourth is refused, got {other:?}"),
-            }
-            // Another client has a counter of its own.
-            assert!(
-                admitted(&request(&limiter, &config, &[name], 2).await),
-                "{kind:?} {name}: another client"
+            assert!(admitted(&outcome), "{kind:?} {name}: admitted");
+            assert_eq!(
+                outcome.applied[0].decision.remaining, left,
+                "{kind:?} {name}: remaining"
             );
         }
+        let outcome = request(&limiter, &config, &[name], 1).await;
+        match &outcome.verdict {
+            Verdict::Reject {
+                retry_after, rules, ..
+            } => {
+                assert_eq!(rules.len(), 1, "{kind:?} {name}");
+                assert!(
+                    *retry_after > Duration::ZERO,
+                    "{kind:?} {name}: retry after"
+                );
+            }
+            other => panic!("{kind:?} {name}: the fourth is refused, got {other:?}"),
+        }
+        // Another client has a counter of its own.
+        assert!(
+            admitted(&request(&limiter, &config, &[name], 2).await),
+            "{kind:?} {name}: another client"
+        );
     }
 }
 
 /// A request that one rule rejects charges no other rule, whether they are decided in the
 /// same store or one in process and one in the store.
-#[tokio::test]
-async fn a_rejected_request_charges_no_rule() {
-    for kind in ALL {
-        let backend = Backend::start(kind);
-        let rules = [
-            rule("wide", "token_bucket", 5, "burst = 5"),
-            rule("narrow", "fixed_window", 2, ""),
-            scoped("near", "sliding_window_log", 5, "local", ""),
-        ]
-        .concat();
-        let config = backend.config(&rules, 1);
-        let limiter = backend.limiter(&config).await;
-        let all = ["wide", "narrow", "near"];
-        assert_eq!(count_admitted(&limiter, &config, &all, 1, 6).await, 2);
-        // The four refused requests charged neither the wide rule nor the local one: each has
-        // 5 - 2 left.
-        for name in ["wide", "near"] {
-            assert_eq!(
-                count_admitted(&limiter, &config, &[name], 1, 5).await,
-                3,
-                "{kind:?} {name}: what is left after the refusals"
-            );
-        }
+async fn a_rejected_request_charges_no_rule(kind: Kind) {
+    let backend = Backend::start(kind);
+    let rules = [
+        rule("wide", "token_bucket", 5, "burst = 5"),
+        rule("narrow", "fixed_window", 2, ""),
+        scoped("near", "sliding_window_log", 5, "local", ""),
+    ]
+    .concat();
+    let config = backend.config(&rules, 1);
+    let limiter = backend.limiter(&config).await;
+    let all = ["wide", "narrow", "near"];
+    assert_eq!(count_admitted(&limiter, &config, &all, 1, 6).await, 2);
+    // The four refused requests charged neither the wide rule nor the local one: each has
+    // 5 - 2 left.
+    for name in ["wide", "near"] {
+        assert_eq!(
+            count_admitted(&limiter, &config, &[name], 1, 5).await,
+            3,
+            "{kind:?} {name}: what is left after the refusals"
+        );
     }
 }
 
 /// Concurrency slots are held while the request runs and come back when it ends.
-#[tokio::test]
-async fn concurrency_slots_come_back_when_the_request_ends() {
-    for kind in ALL {
-        let backend = Backend::start(kind);
-        let config = backend.config(&rule("inflight", "concurrency", 2, ""), 1);
-        let limiter = backend.limiter(&config).await;
-        let first = request(&limiter, &config, &[], 1).await;
-        let second = request(&limiter, &config, &[], 1).await;
-        assert!(admitted(&first) && admitted(&second), "{kind:?}");
-        assert!(!first.slots.is_empty(), "{kind:?}: a slot is held");
-        assert!(
-            !admitted(&request(&limiter, &config, &[], 1).await),
-            "{kind:?}: a third in flight is refused"
-        );
-        drop(first);
-        // A shared store releases in the background: the slot comes back within a round trip.
-        let mut back = false;
-        for _ in 0..100 {
-            let outcome = request(&limiter, &config, &[], 1).await;
-            if admitted(&outcome) {
-                back = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+async fn concurrency_slots_come_back_when_the_request_ends(kind: Kind) {
+    let backend = Backend::start(kind);
+    let config = backend.config(&rule("inflight", "concurrency", 2, ""), 1);
+    let limiter = backend.limiter(&config).await;
+    let first = request(&limiter, &config, &[], 1).await;
+    let second = request(&limiter, &config, &[], 1).await;
+    assert!(admitted(&first) && admitted(&second), "{kind:?}");
+    assert!(!first.slots.is_empty(), "{kind:?}: a slot is held");
+    assert!(
+        !admitted(&request(&limiter, &config, &[], 1).await),
+        "{kind:?}: a third in flight is refused"
+    );
+    drop(first);
+    // A shared store releases in the background: the slot comes back within a round trip.
+    let mut back = false;
+    for _ in 0..100 {
+        let outcome = request(&limiter, &config, &[], 1).await;
+        if admitted(&outcome) {
+            back = true;
+            break;
         }
-        assert!(back, "{kind:?}: the released slot is taken again");
-        drop(second);
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(back, "{kind:?}: the released slot is taken again");
+    drop(second);
 }
 
 /// Two instances on one store never admit more than the limit together, exactly as one
 /// would: with exact checks and with quota leases.
-#[tokio::test]
-async fn instances_sharing_a_store_admit_the_limit_exactly() {
-    for kind in SHARED {
-        let backend = Backend::start(kind);
-        for (name, extra) in [
-            ("exact", ""),
-            ("leased", "lease = 4\nlease_ttl = \"1h\""),
-            ("auto-leased", "lease = \"auto\"\nlease_ttl = \"1h\""),
-        ] {
-            let config = backend.config(&rule(name, "fixed_window", 10, extra), 2);
-            let a = backend.limiter(&config).await;
-            let b = backend.limiter(&config).await;
-            let mut admitted_count = 0;
-            for i in 0..30 {
-                let limiter = if i % 3 == 0 { &a } else { &b };
-                if admitted(&request(limiter, &config, &[], 1).await) {
-                    admitted_count += 1;
-                }
+async fn instances_sharing_a_store_admit_the_limit_exactly(kind: Kind) {
+    let backend = Backend::start(kind);
+    for (name, extra) in [
+        ("exact", ""),
+        ("leased", "lease = 4\nlease_ttl = \"1h\""),
+        ("auto-leased", "lease = \"auto\"\nlease_ttl = \"1h\""),
+    ] {
+        let config = backend.config(&rule(name, "fixed_window", 10, extra), 2);
+        let a = backend.limiter(&config).await;
+        let b = backend.limiter(&config).await;
+        let mut admitted_count = 0;
+        for i in 0..30 {
+            let limiter = if i % 3 == 0 { &a } else { &b };
+            if admitted(&request(limiter, &config, &[], 1).await) {
+                admitted_count += 1;
             }
-            assert_eq!(admitted_count, 10, "{kind:?} {name}");
         }
+        assert_eq!(admitted_count, 10, "{kind:?} {name}");
     }
 }
 
