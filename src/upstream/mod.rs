@@ -353,14 +353,11 @@ impl Pool {
             }
             turn -= w;
         }
-        all.iter()
-            .cycle()
-            .skip(first)
-            .take(all.len())
-            .filter(|b| self.ready(backends, b))
-            .filter_map(info)
-            .find(|i| usable(i, tried))
-            .cloned()
+        let chosen = self
+            .available(backends, &all, first, tried)
+            .next()
+            .map(|(_, i)| i.clone());
+        chosen
     }
 
     /// The available target with the fewest requests in flight per unit of weight; ties
@@ -373,20 +370,33 @@ impl Pool {
     ) -> Option<Arc<TargetInfo>> {
         let backends = lb.backends();
         let all = backends.get_backend();
-        let n = all.len().max(1);
-        let start = self.ties.fetch_add(1, Ordering::Relaxed) % n;
+        let start = self.ties.fetch_add(1, Ordering::Relaxed) % all.len().max(1);
         let mut best: Option<(usize, &Arc<TargetInfo>)> = None;
-        for b in all.iter().cycle().skip(start).take(n) {
-            let Some(i) = info(b) else { continue };
-            if !self.ready(backends, b) || !usable(i, tried) {
-                continue;
-            }
+        for (b, i) in self.available(backends, &all, start, tried) {
             let load = i.state.in_flight.get() as usize * 1000 / b.weight.max(1);
             if best.is_none_or(|(l, _)| load < l) {
                 best = Some((load, i));
             }
         }
         best.map(|(_, i)| i.clone())
+    }
+
+    /// The targets a request may go to (ready, not ejected, not tried yet), in turn from
+    /// `all[start]` around: where round robin and least requests choose.
+    fn available<'a>(
+        &'a self,
+        backends: &'a Backends,
+        all: &'a std::collections::BTreeSet<Backend>,
+        start: usize,
+        tried: &'a [SocketAddr],
+    ) -> impl Iterator<Item = (&'a Backend, &'a Arc<TargetInfo>)> + 'a {
+        all.iter()
+            .cycle()
+            .skip(start)
+            .take(all.len())
+            .filter(move |b| self.ready(backends, b))
+            .filter_map(|b| Some((b, info(b)?)))
+            .filter(move |(_, i)| usable(i, tried))
     }
 
     /// Seconds a client should wait when no target is available: until the first ejection
