@@ -355,19 +355,23 @@ impl RedisStore {
         now_us: Option<u64>,
     ) -> Result<Vec<Decision>, StoreError> {
         let wants = vec![0; checks.len()];
-        let ds = self
-            .decide_inner(checks, &wants, 1, lease, timeout, now_us)
-            .await?;
+        let call = coalesce::CallOf {
+            lease,
+            timeout,
+            instances: 1,
+        };
+        let ds = self.decide_inner(checks, &wants, call, now_us).await?;
         Ok(ds.into_iter().map(|(d, _)| d).collect())
     }
 
+    /// Decides `checks` (each wanting `wants[i]` leased permits) as `call` says, at Redis'
+    /// clock or at `now_us`: a lone exact check of a counter concurrent requests share joins
+    /// their call ([`coalesce`]); the others make their own.
     async fn decide_inner(
         &self,
         checks: &[Check],
         wants: &[u64],
-        instances: u64,
-        lease: u64,
-        timeout: Duration,
+        call: coalesce::CallOf,
         now_us: Option<u64>,
     ) -> Result<Vec<(Decision, Grant)>, StoreError> {
         if checks.is_empty() {
@@ -377,17 +381,10 @@ impl RedisStore {
         let inner = &self.inner;
         if let ([check], [0], None) = (checks, wants, now_us) {
             if coalesce::eligible(check) {
-                let call = coalesce::CallOf {
-                    lease,
-                    timeout,
-                    instances,
-                };
                 return inner.decide_coalesced(check, call).await.map(|a| vec![a]);
             }
         }
-        inner
-            .decide_now(checks, wants, instances, lease, timeout, now_us)
-            .await
+        inner.decide_now(checks, wants, call, now_us).await
     }
 }
 
@@ -431,14 +428,7 @@ impl Inner {
         call: coalesce::CallOf,
     ) -> coalesce::Answer {
         let mut answers = self
-            .decide_now(
-                std::slice::from_ref(check),
-                &[0],
-                call.instances,
-                call.lease,
-                call.timeout,
-                None,
-            )
+            .decide_now(std::slice::from_ref(check), &[0], call, None)
             .await?;
         answers
             .pop()
@@ -450,11 +440,14 @@ impl Inner {
         self: &Arc<Self>,
         checks: &[Check],
         wants: &[u64],
-        instances: u64,
-        lease: u64,
-        timeout: Duration,
+        call: coalesce::CallOf,
         now_us: Option<u64>,
     ) -> Result<Vec<(Decision, Grant)>, StoreError> {
+        let coalesce::CallOf {
+            lease,
+            timeout,
+            instances,
+        } = call;
         if let Target::Broken(why) = &self.target {
             // Never built: down for good, and every decision says so.
             metrics().store_errors.with_label_values(&["error"]).inc();
@@ -739,8 +732,12 @@ impl SharedStore for RedisStore {
         lease: u64,
         timeout: Duration,
     ) -> Result<Vec<(Decision, Grant)>, StoreError> {
-        self.decide_inner(checks, wants, instances, lease, timeout, None)
-            .await
+        let call = coalesce::CallOf {
+            lease,
+            timeout,
+            instances,
+        };
+        self.decide_inner(checks, wants, call, None).await
     }
 
     /// Gives back unspent lease permits: one `EVALSHA` of `lua/lease_return.lua` (per cluster
