@@ -7,10 +7,7 @@
 //! only for some algorithms, `slow_rate` only with `mode = "slow"`) stays with `floodgate
 //! check`, which names file, line and column.
 
-use std::borrow::Cow;
-
 use schemars::generate::SchemaSettings;
-use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde_json::Value;
 
 use super::schema::RawConfig;
@@ -26,12 +23,6 @@ pub fn gateway_schema() -> String {
     let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
     text.push('\n');
     text
-}
-
-/// The names of a `NAMES` table (`Algorithm::NAMES`, ...) as a schema's `enum`: the same list
-/// the loader's `one_of` accepts, so the two cannot drift apart.
-pub fn names<T>(table: &[(&'static str, T)]) -> Value {
-    Value::Array(table.iter().map(|(name, _)| Value::from(*name)).collect())
 }
 
 /// TOML has no null, so an `Option`'s `null` alternative (which schemars adds for JSON) would
@@ -82,30 +73,4 @@ fn drop_null(value: &mut Value) {
         Value::Array(list) => list.iter_mut().for_each(drop_null),
         _ => {}
     }
-}
-
-/// A duration as gateway.toml writes it (`"250ms"`, `"1s"`, `"1m"`, `"1h"`, `"1d"`), for the
-/// schema only: the loader reads a `String` and parses it with
-/// [`super::duration::parse_duration`].
-pub struct DurationText;
-
-impl JsonSchema for DurationText {
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        // The loader trims surrounding spaces, so the pattern allows them.
-        json_schema!({
-            "type": "string",
-            "pattern": "^\\s*[0-9]+(ms|s|m|h|d)\\s*$",
-            "description": "A whole number and a unit: ms, s, m, h or d (\"250ms\", \"1s\", \"1m\", \"1h\", \"1d\").",
-        })
-    }
-}
-
-/// A key the loader reads only to refuse it with the reason (`[[rls.limits]] count`): the
-/// schema allows no value, so an editor flags it as `floodgate check` does.
-pub fn refused(_: &mut SchemaGenerator) -> Schema {
-    Schema::from(false)
 }

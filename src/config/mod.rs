@@ -14,6 +14,7 @@ pub mod duration;
 pub mod error;
 pub mod json_schema;
 pub mod schema;
+pub mod schema_parts;
 pub mod telemetry;
 mod validate;
 pub mod watch;

@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::json_schema::{names, refused, DurationText};
+use super::schema_parts::{names, refused, DurationText};
 use super::{AuthMode, LogFormat};
 use crate::limiter::calendar::Period;
 use crate::limiter::policy::{FailureMode, Scope};

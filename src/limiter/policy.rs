@@ -9,7 +9,15 @@ use super::Limit;
 use crate::metrics::RuleCounters;
 
 mod recent;
+mod respond;
 pub use recent::Recent;
+pub use respond::{CostFrom, Respond, StatusMatch, StatusSet};
+
+/// How many requests one shaping rule (`leaky_bucket`, `mode = "shape"`) may hold waiting at
+/// once, per instance, unless its `max_waiting` says otherwise. Each one holds a connection
+/// and its request for up to `max_delay`; past this the rule rejects (its status, counted as
+/// its rejection), so a flood of keys cannot turn shaping into connection exhaustion.
+pub const MAX_WAITING_PER_RULE: usize = 1000;
 
 /// How one rule counts and answers.
 #[derive(Debug)]
@@ -40,7 +48,7 @@ pub struct Policy {
     pub max_waiting: usize,
     /// What the rule learns from the response (`count`, `block_for`; see
     /// [`super::reservation`]); the default charges every admitted request.
-    pub respond: super::reservation::Respond,
+    pub respond: Respond,
 }
 
 impl Policy {
@@ -73,8 +81,8 @@ impl Policy {
             status: 429,
             counters: RuleCounters::for_rule(name),
             lease: None,
-            max_waiting: super::engine::MAX_WAITING_PER_RULE,
-            respond: super::reservation::Respond::default(),
+            max_waiting: MAX_WAITING_PER_RULE,
+            respond: Respond::default(),
         }
     }
 }

@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use tonic::codegen::Service as _;
 use tonic::Status;
 
-use super::conn::Activity;
+use super::activity::Activity;
 use super::Rls;
 use crate::metrics::metrics;
 use crate::rls::bounds;

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -26,10 +26,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 
+use super::activity::Activity;
 use super::call::Calls;
 use super::pings::PingCounter;
 use crate::connection::table::{rls_budget, ConnectionTable};
@@ -290,74 +291,6 @@ async fn serve_h2<IO>(
             }
             () = async { closing.as_mut().expect("armed").await }, if closing.is_some() => return,
         }
-    }
-}
-
-/// A connection's open calls and when the last one ended (or the client last PINGed), for
-/// its idle timeout.
-pub struct Activity {
-    open: AtomicUsize,
-    /// When the last call ended or the last PING arrived, in ms since `base`.
-    last_ms: AtomicU64,
-    base: Instant,
-    ended: Notify,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Activity {
-            open: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-            base: Instant::now(),
-            ended: Notify::new(),
-        }
-    }
-
-    /// A call begins; it ends when the guard drops.
-    pub fn enter(self: &Arc<Self>) -> OpenGuard {
-        self.open.fetch_add(1, Ordering::AcqRel);
-        OpenGuard(self.clone())
-    }
-
-    /// Records now as the last use: a call ended, or the client sent a PING (keeping the
-    /// connection warm).
-    fn touch(&self) {
-        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.fetch_max(ms, Ordering::AcqRel);
-    }
-
-    /// Resolves once no call has been open, and no PING arrived, for `timeout`.
-    async fn idle(&self, timeout: Duration) {
-        loop {
-            if self.open.load(Ordering::Acquire) > 0 {
-                self.ended.notified().await;
-                continue;
-            }
-            let last = self.last_ms.load(Ordering::Acquire);
-            let due = self.base + Duration::from_millis(last) + timeout;
-            tokio::select! {
-                () = tokio::time::sleep_until(due) => {
-                    if self.open.load(Ordering::Acquire) == 0
-                        && self.last_ms.load(Ordering::Acquire) == last
-                    {
-                        return;
-                    }
-                }
-                () = self.ended.notified() => {}
-            }
-        }
-    }
-}
-
-/// One open call of a connection (see [`Activity::enter`]).
-pub struct OpenGuard(Arc<Activity>);
-
-impl Drop for OpenGuard {
-    fn drop(&mut self) {
-        let a = &self.0;
-        a.touch();
-        a.open.fetch_sub(1, Ordering::AcqRel);
-        a.ended.notify_one();
     }
 }
 

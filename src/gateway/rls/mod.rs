@@ -21,6 +21,7 @@ use crate::metrics::metrics;
 use crate::rls::metrics::rls_metrics;
 use crate::rls::{answer, bounds, plan};
 
+mod activity;
 mod call;
 mod conn;
 mod listener;

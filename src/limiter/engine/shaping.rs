@@ -13,11 +13,7 @@ use super::plan::Step;
 use crate::limiter::memory::Clock;
 use crate::limiter::LeakyMode;
 
-/// How many requests one shaping rule (`leaky_bucket`, `mode = "shape"`) may hold waiting at
-/// once, per instance, unless its `max_waiting` says otherwise. Each one holds a connection
-/// and its request for up to `max_delay`; past this the rule rejects (its status, counted as
-/// its rejection), so a flood of keys cannot turn shaping into connection exhaustion.
-pub const MAX_WAITING_PER_RULE: usize = 1000;
+pub use crate::limiter::policy::MAX_WAITING_PER_RULE;
 
 /// The shortest `Retry-After` of a request refused because its rule holds too many.
 const FULL_RETRY_AFTER: Duration = Duration::from_secs(1);

@@ -8,68 +8,22 @@
 //! rediscover slots) reconnect by themselves.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
-use redis::io::tcp::{socket2, TcpSettings};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult,
     ServerErrorKind, Value,
 };
 
-use super::probe::check_policy;
 use super::resp::{RespConn, RespError};
 use super::script::Lua;
-use super::Inner;
+use super::socket::{tcp_settings, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT};
 use crate::limiter::settings::Backend;
-
-/// Budget of one connection attempt (TCP, TLS, AUTH), separate from the decision timeout.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Budget of the round trips that prove a new connection answers (`AUTH`, `SELECT`, `PING`):
-/// a black-holed path accepts TCP connections and answers nothing, and an attempt stuck there
-/// delays the recovery after the fault ends by as much, so it is short.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// TCP keepalive on store connections: the first probe after this much silence...
-pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
-/// ...then one probe every...
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
-/// ...and the connection is dead after this many unanswered probes.
-pub const KEEPALIVE_PROBES: u32 = 3;
-/// `TCP_USER_TIMEOUT`: data unacknowledged this long kills the connection (the kernel fails
-/// its reads and writes). So a connection whose peer vanished without a word (a dropped route,
-/// a failed-over address) is found within about 8 s, with or without traffic, before a request
-/// needs it.
-pub const USER_TIMEOUT: Duration = Duration::from_secs(8);
-
-/// The TCP settings of every store connection redis-rs makes (`rediss://`, Unix sockets have
-/// none, cluster nodes): no Nagle delay, keepalive and the user timeout above.
-pub(super) fn tcp_settings() -> TcpSettings {
-    TcpSettings::default()
-        .set_nodelay(true)
-        .set_keepalive(keepalive())
-        .set_user_timeout(USER_TIMEOUT)
-}
-
-fn keepalive() -> socket2::TcpKeepalive {
-    socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES)
-}
-
-/// The same settings on floodgate's own connections ([`RespConn`]).
-pub(super) fn configure_socket(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    socket.set_tcp_nodelay(true)?;
-    socket.set_tcp_keepalive(&keepalive())?;
-    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))
-}
 
 /// Retries of one cluster call inside redis-rs (see [`RedisClient::build`]).
 const CLUSTER_RETRIES: u32 = 1;
@@ -386,54 +340,6 @@ fn server_error(message: String) -> redis::RedisError {
     (kind, "Redis answered an error", message).into()
 }
 
-/// Connects (with backoff, for as long as it takes and the store exists), publishes the
-/// connection, then reads `maxmemory-policy`.
-pub(super) async fn connect_loop(store: Weak<Inner>) {
-    let mut delay = RECONNECT_MIN;
-    let mut attempts: u64 = 0;
-    loop {
-        let started = tokio::time::Instant::now();
-        // Hold the store only while using it, so that dropping it ends this task.
-        let Some(inner) = store.upgrade() else {
-            return;
-        };
-        let target = inner.target.clone();
-        let endpoint = inner.endpoint.clone();
-        drop(inner);
-        let attempt = tokio::time::timeout(4 * CONNECT_TIMEOUT, connect(&target)).await;
-        let error = match attempt {
-            Ok(Ok(conn)) => {
-                let Some(inner) = store.upgrade() else {
-                    return;
-                };
-                if matches!(conn, Conn::Cluster(..)) {
-                    // Know the masters before the first call, so that each is guarded by its
-                    // own breaker from the start.
-                    inner.refresh_topology_with(&conn).await;
-                    inner.keep_topology_fresh();
-                }
-                inner.conn.send_replace(Some(conn.clone()));
-                inner.connecting.store(false, Ordering::Release);
-                tracing::info!(redis = %endpoint, "connected to Redis");
-                check_policy(store, conn).await;
-                return;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "connection attempt timed out".to_string(),
-        };
-        // One line at first, then one every ~30 attempts: a long outage must not flood logs.
-        if attempts.is_multiple_of(30) {
-            tracing::warn!(redis = %endpoint, error = %error, attempts = attempts + 1, "cannot connect to Redis; retrying in the background (global rules apply on_store_error)");
-        }
-        attempts += 1;
-        // The delay counts from the attempt's start: an attempt that waited out its
-        // handshake (a black-holed path) is followed at once, so the first attempt after the
-        // fault ends is at most one handshake away.
-        tokio::time::sleep_until(started + delay).await;
-        delay = (delay * 2).min(RECONNECT_MAX);
-    }
-}
-
 /// One attempt at floodgate's own connection to `target` (within [`CONNECT_TIMEOUT`] for the
 /// TCP connection and [`HANDSHAKE_TIMEOUT`] for the handshake), or `None` when `target` is not
 /// a `redis://` server.
@@ -471,7 +377,7 @@ async fn handshake(conn: &Conn) -> RedisResult<()> {
 }
 
 /// One connection attempt to `target`, unbounded (the caller bounds it).
-async fn connect(target: &Target) -> RedisResult<Conn> {
+pub(super) async fn connect(target: &Target) -> RedisResult<Conn> {
     match target {
         Target::Single(client) => {
             if let Some(made) = connect_lean(target).await {
@@ -508,32 +414,5 @@ async fn connect(target: &Target) -> RedisResult<Conn> {
             why.to_string(),
         )
             .into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn store_sockets_get_keepalive_and_a_user_timeout() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        configure_socket(&stream).unwrap();
-        let socket = socket2::SockRef::from(&stream);
-        assert!(socket.keepalive().unwrap());
-        assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
-        assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
-        assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
-        assert_eq!(socket.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
-        assert!(socket.tcp_nodelay().unwrap());
-        // What redis-rs applies to its own connections (rediss://, cluster nodes).
-        let settings = tcp_settings();
-        assert!(settings.nodelay() && settings.keepalive().is_some());
-        assert_eq!(settings.user_timeout(), Some(USER_TIMEOUT));
-        // Within the time a dead peer is found, keepalive gives up before the user timeout.
-        assert!(KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES <= USER_TIMEOUT);
     }
 }

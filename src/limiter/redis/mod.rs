@@ -68,9 +68,11 @@ mod conn;
 mod lanes;
 mod nodes;
 mod probe;
+mod reconnect;
 mod resets;
 pub mod resp;
 pub mod script;
+mod socket;
 mod topology;
 mod true_up;
 mod usage;
@@ -95,13 +97,15 @@ use crate::limiter::settings::Store;
 use crate::metrics::metrics;
 use crate::text::push_hex16;
 use breaker::{BreakerState, COOL_DOWN, FAILURE_THRESHOLD};
-use conn::{connect_loop, Conn, Target};
-pub use conn::{RedisClient, UrlError, CONNECT_TIMEOUT};
+use conn::{Conn, Target};
+pub use conn::{RedisClient, UrlError};
 use nodes::{Census, Node};
+use reconnect::connect_loop;
 use script::{
     grant, hex16, holds_slot, sat, unpack_reply, Lua, Params, DECIDE, LEASE_RETURN, MAX_EXACT,
     RELEASE, RENEW, REPLY_BYTES,
 };
+pub use socket::CONNECT_TIMEOUT;
 use topology::Topology;
 
 /// How long a global concurrency slot (not a quota lease: the word is historical) counts when

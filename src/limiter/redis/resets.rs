@@ -16,7 +16,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use prometheus::{IntCounter, IntGauge, Opts};
 
-use super::conn::{Target, CONNECT_TIMEOUT, RECONNECT_MAX, RECONNECT_MIN};
+use super::conn::{Target, RECONNECT_MAX, RECONNECT_MIN};
+use super::socket::CONNECT_TIMEOUT;
 use super::Inner;
 use crate::limiter::store::HeardReset;
 

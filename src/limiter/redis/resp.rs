@@ -125,7 +125,7 @@ impl RespConn {
     /// selects `db` when given and checks with `PING` that replies come, all within
     /// `handshake`: a connection is handed out only once a round trip on it has worked (a
     /// black-holed peer accepts TCP connections and answers nothing). The socket gets
-    /// [`super::conn::tcp_settings`] (keepalive, user timeout). Errors never contain the
+    /// [`super::socket::tcp_settings`] (keepalive, user timeout). Errors never contain the
     /// password.
     pub async fn connect(
         host: &str,
@@ -140,7 +140,7 @@ impl RespConn {
             .await
             .map_err(|_| RespError::Broken("connect timed out".into()))?
             .map_err(|e| RespError::Broken(e.to_string()))?;
-        super::conn::configure_socket(&stream).map_err(|e| RespError::Broken(e.to_string()))?;
+        super::socket::configure_socket(&stream).map_err(|e| RespError::Broken(e.to_string()))?;
         let conn = RespConn::spawn(stream);
         let setup = async {
             if let Some(password) = password {
