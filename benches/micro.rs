@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use floodgate::limiter::{Algorithm, Decision, Limit};
-use floodgate::request::auth::{HeaderText, Identity};
-use floodgate::request::matching::RequestMatch;
-use floodgate::request::response::RateLimitHeaders;
 use floodgate::rules::{KeyPart, Policy, RequestView, Rule, RuleMatch, Scope};
+use floodgate::wire::auth::{HeaderText, Identity};
+use floodgate::wire::matching::RequestMatch;
+use floodgate::wire::response::RateLimitHeaders;
 use http::{HeaderMap, HeaderName, Method};
 
 fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm) -> Rule {

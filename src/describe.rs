@@ -75,7 +75,7 @@ pub fn rule_limit(r: &Rule) -> String {
         let _ = write!(
             out,
             " slow slow_rate {}",
-            crate::request::throttle::show_rate(rate)
+            crate::text::rate::show_rate(rate)
         );
     }
     out

@@ -72,8 +72,8 @@ pub fn build(config: Config, flags: &ProcessFlags) -> Result<Server, String> {
         });
     }
     // Envoy's rate-limit service: a background service that serves on a runtime of its own
-    // with `[rls] threads` threads (crate::gateway::rls).
-    if let Some(rls) = crate::gateway::rls::RlsServer::bind(gateway.clone(), flags.upgrade)? {
+    // with `[rls] threads` threads (crate::rls_server).
+    if let Some(rls) = crate::rls_server::RlsServer::bind(gateway.clone(), flags.upgrade)? {
         server.add_service(rls);
     }
     add_background_services(&mut server, &gateway);

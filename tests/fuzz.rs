@@ -16,9 +16,9 @@ use floodgate::config::Config;
 use floodgate::limiter::redis::resp::{self, Reply};
 use floodgate::limiter::{Algorithm, Decision, Limit};
 use floodgate::metrics::RuleCounters;
-use floodgate::request::normalize::{self, EscapedSlashes};
-use floodgate::request::response::{ceil_secs, RateLimitHeaders, SF_INTEGER_MAX};
 use floodgate::rules::{Policy, Scope};
+use floodgate::wire::normalize::{self, EscapedSlashes};
+use floodgate::wire::response::{ceil_secs, RateLimitHeaders, SF_INTEGER_MAX};
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -491,7 +491,7 @@ proptest! {
                 headers.append("x-forwarded-for", v);
             }
         }
-        let got = floodgate::request::client::client_ip(peer, &headers, &trusted);
+        let got = floodgate::wire::client::client_ip(peer, &headers, &trusted);
         prop_assert!(
             got == peer || got == peer.to_canonical() || addresses_in(&headers).contains(&got),
             "client {} is neither the peer {} nor in {:?}", got, peer, headers
@@ -527,7 +527,7 @@ proptest! {
         let mut headers = HeaderMap::new();
         headers.insert("x-forwarded-for", value);
         prop_assert_eq!(
-            floodgate::request::client::client_ip(peer, &headers, &trusted),
+            floodgate::wire::client::client_ip(peer, &headers, &trusted),
             client.to_canonical()
         );
     }

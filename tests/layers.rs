@@ -5,7 +5,7 @@
 //! Read from the source text: every `crate::NAME` outside comments and test-only modules is an
 //! edge from the module of the file it is in to module `NAME`. The folders in [`PATH_FOLDERS`]
 //! group the steps of one path (`request/`: normalize, identity, admission, forwarding, ...):
-//! each of their children is a module of its own here (`request::normalize`), named by
+//! each of their children is a module of its own here (`wire::normalize`), named by
 //! `crate::request::NAME` or, from a sibling, `super::NAME`, so that grouping them in a folder
 //! hides no circle.
 
@@ -15,7 +15,27 @@ use std::path::{Path, PathBuf};
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 
 /// Folders whose children count as top-level modules of their own.
-const PATH_FOLDERS: &[&str] = &["request", "connection"];
+const PATH_FOLDERS: &[&str] = &["request", "connection", "wire"];
+
+/// The top-level modules from the ground up: each imports only modules of the layers below
+/// its own. A request travels down them: `server` accepts, `connection` caps the connection,
+/// `request` runs the pipeline on the `wire` level's pieces, through `gateway`'s config in
+/// force, `rules` and the `limiter` decide, `upstream` forwards; the rate-limit service
+/// (`rls_server` on `rls`) and the admin port stand beside `request` and `connection`.
+const LAYERS: &[&[&str]] = &[
+    &["text", "threads"],
+    &["metrics"],
+    &["limiter", "shutdown"],
+    &["wire"],
+    &["rules"],
+    &["rls", "upstream", "webhooks"],
+    &["config"],
+    &["describe", "telemetry", "top"],
+    &["gateway"],
+    &["admin", "connection"],
+    &["request", "rls_server"],
+    &["logging", "server"],
+];
 
 /// Module name -> the modules it names, with a file that names each.
 type Graph = BTreeMap<String, BTreeMap<String, PathBuf>>;
@@ -49,6 +69,39 @@ fn config_names_no_gateway_and_upstream_names_no_config() {
         let uses = graph.get(from).and_then(|m| m.get(to));
         assert!(uses.is_none(), "{from} uses {to} in {uses:?}");
     }
+}
+
+/// Every top-level module imports only modules of lower layers ([`LAYERS`]): the folders
+/// read in order, not only without circles. A new module has to be placed in a layer.
+#[test]
+fn top_level_modules_import_only_lower_layers() {
+    let graph = graph(Path::new(SRC));
+    let folder = |m: &str| m.split("::").next().unwrap_or(m).to_string();
+    let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&folder(m).as_str()));
+    let mut wrong = Vec::new();
+    for (from, tos) in &graph {
+        let Some(a) = layer(from) else {
+            wrong.push(format!("  {from} is in no layer of LAYERS"));
+            continue;
+        };
+        for (to, file) in tos {
+            if folder(to) == folder(from) {
+                continue;
+            }
+            match layer(to) {
+                Some(b) if b < a => {}
+                _ => wrong.push(format!(
+                    "  {from} -> {to} ({}): not a lower layer",
+                    file.display()
+                )),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports against the layers:\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// The detector itself: a circle through three modules is found, a chain is not.

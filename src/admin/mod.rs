@@ -22,8 +22,8 @@ use crate::config::Config;
 use crate::describe;
 use crate::gateway::{Gateway, ReloadStatus};
 use crate::metrics::metrics;
-use crate::request::response::{Problem, PROBLEM_JSON};
 use crate::top::{top, By, TopList, Window};
+use crate::wire::response::{Problem, PROBLEM_JSON};
 
 /// The admin HTTP application.
 pub struct Admin {
@@ -526,7 +526,7 @@ pub fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<V
 /// A problem+json response with its status and a fresh request id (in the body and in
 /// `x-request-id`), as every answer floodgate makes carries one.
 fn problem(mut p: Problem) -> Response<Vec<u8>> {
-    let id = crate::request::client::RequestId::of(&http::HeaderMap::new());
+    let id = crate::wire::client::RequestId::of(&http::HeaderMap::new());
     p.request_id = Some(id.as_str().to_owned());
     let status = StatusCode::from_u16(p.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = text(status, PROBLEM_JSON, p.to_body().to_vec());

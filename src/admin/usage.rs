@@ -42,9 +42,9 @@ use crate::limiter::store::{
     Changed, Replay, StoreError, Usage, UsageCall, UsageChange, MAX_IDEMPOTENCY_KEY,
 };
 use crate::limiter::Check;
-use crate::request::auth::{HeaderText, Identity};
-use crate::request::response::{ceil_secs, Problem};
 use crate::rules::{KeyPart, RequestView, Rule};
+use crate::wire::auth::{HeaderText, Identity};
+use crate::wire::response::{ceil_secs, Problem};
 
 /// The largest body `POST /usage/*` reads: a rule name, an identity and a number.
 pub const MAX_BODY: usize = 4096;

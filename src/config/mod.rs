@@ -28,11 +28,11 @@ use http::{HeaderName, Method};
 use ipnet::IpNet;
 
 pub use crate::limiter::settings::{Backend, Store};
-pub use crate::request::matching::RequestMatch;
+pub use crate::wire::matching::RequestMatch;
 pub use error::ConfigError;
 
-use crate::request::auth::KeyStore;
 use crate::rules::Rule;
+use crate::wire::auth::KeyStore;
 
 /// A validated configuration. Immutable: a reload builds a new one and swaps it in whole.
 #[derive(Debug)]
@@ -99,9 +99,9 @@ pub struct Server {
     /// Connection limits and deadlines (slow and idle clients).
     pub connections: Connections,
     /// What `%2F` / `%5C` in a request path do.
-    pub escaped_slashes: crate::request::normalize::EscapedSlashes,
+    pub escaped_slashes: crate::wire::normalize::EscapedSlashes,
     /// What request headers with `_` in their names do.
-    pub headers_with_underscores: crate::request::header_policy::Underscores,
+    pub headers_with_underscores: crate::wire::header_policy::Underscores,
 }
 
 /// `[server]` settings that bound what one client can hold: deadlines for slow and idle
@@ -226,7 +226,7 @@ pub struct Route {
     /// Its own `escaped_slashes`, when it overrides `[server] escaped_slashes`: a path the
     /// server's mode refuses is accepted if, spelled under this mode, it is this route's, and a
     /// path the server's mode accepts is refused if this route's refuses it.
-    pub escaped_slashes: Option<crate::request::normalize::EscapedSlashes>,
+    pub escaped_slashes: Option<crate::wire::normalize::EscapedSlashes>,
     /// `case_sensitive = false`: paths match (the route's and its rules' `path` and
     /// `path_prefix`) ignoring ASCII case, for backends that read `/ORDERS` as `/orders`.
     pub case_sensitive: bool,

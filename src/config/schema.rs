@@ -21,10 +21,10 @@ use crate::limiter::calendar::Period;
 use crate::limiter::policy::{FailureMode, Scope};
 use crate::limiter::settings::Backend;
 use crate::limiter::{Algorithm, LeakyMode};
-use crate::request::header_policy::Underscores;
-use crate::request::normalize::EscapedSlashes;
 use crate::upstream::settings::{Balance, CheckKind};
 use crate::webhooks::EventKind;
+use crate::wire::header_policy::Underscores;
+use crate::wire::normalize::EscapedSlashes;
 
 /// The whole gateway.toml.
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -438,7 +438,7 @@ impl GuardedStream {
                 let kind = if this.received {
                     // Best effort: the socket's send buffer is empty while a head is awaited,
                     // so this small write completes at once or not at all.
-                    let answer = crate::request::response::request_timeout_bytes();
+                    let answer = crate::wire::response::request_timeout_bytes();
                     let _ = Pin::new(&mut this.inner).poll_write(cx, &answer);
                     let _ = Pin::new(&mut this.inner).poll_flush(cx);
                     "header"
@@ -479,10 +479,9 @@ impl GuardedStream {
             if !first.starts_with(b"HTTP/1.1 400 ") {
                 return None;
             }
-            let problem = crate::request::response::Problem::bad_request(
-                "the request head could not be parsed",
-            );
-            self.replaced = Some((crate::request::response::raw_answer(problem), 0));
+            let problem =
+                crate::wire::response::Problem::bad_request("the request head could not be parsed");
+            self.replaced = Some((crate::wire::response::raw_answer(problem), 0));
         }
         let (answer, written) = self.replaced.as_mut()?;
         while *written < answer.len() {
@@ -654,7 +653,7 @@ impl Peek for GuardedStream {
                 Err(_) => {
                     if !self.peeked.is_empty() {
                         use tokio::io::AsyncWriteExt;
-                        let answer = crate::request::response::request_timeout_bytes();
+                        let answer = crate::wire::response::request_timeout_bytes();
                         let write = self.inner.write_all(&answer);
                         let _ = tokio::time::timeout(Duration::from_millis(100), write).await;
                     }

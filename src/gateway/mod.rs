@@ -2,15 +2,12 @@
 //! upstream pools serving it, the limiter's counters, and what the last reload said.
 //!
 //! - [`reload`]: the reload triggers (watched files, SIGHUP) and the one reload they run.
-//! - [`rls`]: Envoy's rate-limit service (its gRPC handler and listener) on the config in
-//!   force, the limits' logic being `crate::rls`'s.
 //! - `pools`: the upstream pools each config generation runs on (the config itself is plain
 //!   data, also built by `check`).
 //! - `startup`: the store made ready before the front doors serve, and readiness.
 
 mod pools;
 pub mod reload;
-pub mod rls;
 pub mod snapshot;
 mod startup;
 

@@ -31,8 +31,8 @@ use tracing::Metadata;
 use tracing_subscriber::fmt::MakeWriter;
 
 use crate::metrics::metrics;
-use crate::request::auth::Identity;
-use crate::request::client::RequestId;
+use crate::wire::auth::Identity;
+use crate::wire::client::RequestId;
 
 /// Lines the queue holds. At 25k req/s that is 300 ms of lines, far more than the writer
 /// needs between two looks at the queue; a line is about 150 bytes, so 1.2 MB at most.

@@ -5,7 +5,7 @@
 //! In order: spellings that an upstream could read as another request are refused (a method
 //! that is not upper case, a target that is not UTF-8, a repeated `Content-Length`,
 //! underscored header names in `reject` mode: 400), the host and path are normalized
-//! (`crate::request::normalize`; malformed ones are 400), the first matching route is picked (none:
+//! (`crate::wire::normalize`; malformed ones are 400), the first matching route is picked (none:
 //! 404), a repeated header or query parameter its consistent hashing reads is 400, the API key
 //! is checked as the route asks (401), every matching rule is charged in one limiter call (a
 //! repeated value an applying rule reads: 400, unless the rule is a shadow rule, which then
@@ -22,10 +22,10 @@ use crate::config::{AuthMode, Config, Route};
 use crate::limiter::engine::{Limiter, Slots, Verdict};
 use crate::limiter::Check;
 use crate::metrics::metrics;
-use crate::request::auth::{presented_key, Identity};
-use crate::request::client::client_ip;
-use crate::request::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
 use crate::rules::{single_valued, Policy, RequestView};
+use crate::wire::auth::{presented_key, Identity};
+use crate::wire::client::client_ip;
+use crate::wire::response::{whole_seconds_at_least_one, Answer, Problem, RateLimitHeaders};
 
 /// What admission reads of a request.
 #[derive(Debug, Clone, Copy)]
@@ -210,7 +210,7 @@ fn refuse_connect(ip: IpAddr, id: &str) -> Admission {
     let mut admission = Admission::answer(
         ip,
         None,
-        crate::request::response::method_not_allowed("CONNECT"),
+        crate::wire::response::method_not_allowed("CONNECT"),
         id,
     );
     if let Next::Answer(answer) = &mut admission.next {
@@ -355,19 +355,19 @@ fn next_for(verdict: Verdict, ratelimit: RateLimitHeaders, id: &str) -> Next {
 /// Refuses what an upstream could read as another request than the one routed and counted:
 /// a method that is not an upper-case token (`post` is upper-cased by some servers), a target
 /// that is not UTF-8 (routes see it with replacement characters, the upstream gets the bytes)
-/// and the header spellings of `crate::request::header_policy`.
+/// and the header spellings of `crate::wire::header_policy`.
 fn refuse_spellings(cfg: &Config, req: &Request<'_>) -> Result<(), String> {
-    if !crate::request::normalize::method_is_canonical(req.method) {
+    if !crate::wire::normalize::method_is_canonical(req.method) {
         return Err("the method is not an upper-case token (methods are case-sensitive)".into());
     }
     if std::str::from_utf8(req.raw_target).is_err() {
         return Err("the request target is not valid UTF-8".into());
     }
-    crate::request::header_policy::check(req.headers, cfg.server.headers_with_underscores)
+    crate::wire::header_policy::check(req.headers, cfg.server.headers_with_underscores)
         .map_err(|e| e.to_string())
 }
 
-/// The request's host, normalized (`crate::request::normalize::host`): the target's authority when it
+/// The request's host, normalized (`crate::wire::normalize::host`): the target's authority when it
 /// has one (absolute-form, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else the Host header.
 /// `Ok(None)`: no host at all (HTTP/1.0). `Err`: a host no route could name (400).
 /// `absolute` is the target's authority when it is in absolute form ([`absolute_form_authority`]).
@@ -395,7 +395,7 @@ fn request_host<'r>(
         },
     };
     // Borrowed when the host is already in normal form (the usual case): no allocation.
-    crate::request::normalize::host(raw)
+    crate::wire::normalize::host(raw)
         .map(Some)
         .map_err(|e| e.to_string())
 }
@@ -447,8 +447,8 @@ fn route_path<'p>(
     host: Option<&str>,
     method: &http::Method,
     raw: &'p str,
-) -> Result<(std::borrow::Cow<'p, str>, Option<usize>), crate::request::normalize::PathError> {
-    use crate::request::normalize::{path, EscapedSlashes, PathError};
+) -> Result<(std::borrow::Cow<'p, str>, Option<usize>), crate::wire::normalize::PathError> {
+    use crate::wire::normalize::{path, EscapedSlashes, PathError};
     let server = cfg.server.escaped_slashes;
     match path(raw, server) {
         Ok(p) => {

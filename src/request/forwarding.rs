@@ -8,9 +8,9 @@ use http::{HeaderName, HeaderValue, Uri};
 use pingora::http::RequestHeader;
 use pingora::{ErrorSource, ErrorType};
 
-use crate::request::auth::Identity;
-use crate::request::client::{forwarded_for, RequestId};
-use crate::request::header_names as names;
+use crate::wire::auth::Identity;
+use crate::wire::client::{forwarded_for, RequestId};
+use crate::wire::header_names as names;
 
 /// The status floodgate answers for a proxying error; 0: answer nothing, only close (the
 /// client is gone, or the connection is a tunnel whose stream must not be written into).
@@ -170,7 +170,7 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
     // an empty x-api-key beside a Bearer token must not get the token forwarded.
     if let Some(key) = f.strip_key {
         req.remove_header(key);
-        if crate::request::auth::is_bearer(&req.headers) {
+        if crate::wire::auth::is_bearer(&req.headers) {
             req.remove_header(&http::header::AUTHORIZATION);
         }
     }
@@ -180,7 +180,7 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::auth::HeaderText;
+    use crate::wire::auth::HeaderText;
 
     #[test]
     fn the_claim_check_sees_every_identity_header() {
@@ -375,7 +375,7 @@ pub enum Turn {
     /// A slot, held until dropped.
     Go(crate::upstream::protect::Permit),
     /// No turn: answer this 503 (`upstream-overloaded`) instead of forwarding.
-    Shed(Box<crate::request::response::Problem>),
+    Shed(Box<crate::wire::response::Problem>),
     /// The client went away while the request waited: it left the queue, and nothing is to
     /// be answered or forwarded.
     Left,
@@ -422,7 +422,7 @@ pub async fn queue(
         Some(Err(why)) => {
             let retry_after = settings.queue_timeout.as_secs_f64().ceil().max(1.0) as u64;
             Turn::Shed(Box::new(
-                crate::request::response::Problem::upstream_overloaded(
+                crate::wire::response::Problem::upstream_overloaded(
                     &upstream.name,
                     why.as_str(),
                     retry_after,

@@ -24,14 +24,14 @@ use crate::gateway::snapshot::Snapshot;
 use crate::gateway::Gateway;
 use crate::limiter::engine::Slots;
 use crate::request::admission::{self, Next};
-use crate::request::auth::Identity;
 use crate::request::body::ReadAhead;
-use crate::request::client::RequestId;
 use crate::request::forwarding::{retry_after_proxy_error, Forwarded, ProxyError, ProxyRetry};
-use crate::request::header_names as names;
-use crate::request::response::{Answer, Problem, RateLimitHeaders};
 use crate::rules::KeyPart;
 use crate::upstream::{Pool, TargetInfo};
+use crate::wire::auth::Identity;
+use crate::wire::client::RequestId;
+use crate::wire::header_names as names;
+use crate::wire::response::{Answer, Problem, RateLimitHeaders};
 
 /// The proxy service.
 pub struct Proxy {
@@ -430,7 +430,7 @@ impl ProxyHttp for Proxy {
             return Ok(());
         };
         // First: it joins repeated X-Forwarded-For lines that `forwarding::apply` appends to.
-        crate::request::header_policy::for_upstream(
+        crate::wire::header_policy::for_upstream(
             upstream_request,
             cfg.server.headers_with_underscores,
         );

@@ -18,7 +18,7 @@ use crate::limiter::calendar::Period;
 use crate::limiter::engine::{Outcome, Verdict};
 use crate::limiter::policy::Policy;
 use crate::limiter::{Decision, Limit};
-use crate::request::response::{whole_seconds_at_least_one, RateLimitHeaders};
+use crate::wire::response::{whole_seconds_at_least_one, RateLimitHeaders};
 
 /// The response for `planned` decided as `outcome`, or the gRPC error of a closed limit whose
 /// store is failing (`UNAVAILABLE`: Envoy's `failure_mode_deny` then decides, as it does when

@@ -1,7 +1,7 @@
 //! floodgate as Envoy's rate-limit service: `envoy.service.ratelimit.v3.RateLimitService`
 //! over gRPC, answered by the same engine as `[[rules]]`. This module is the service's logic
 //! and knows no config or gateway (the config holds its `limits`); the gRPC handler and its
-//! listener, on the config in force, are `crate::gateway::rls`.
+//! listener, on the config in force, are `crate::rls_server`.
 //!
 //! - `limits`: the validated `[rls]` section and which limit a descriptor falls under.
 //! - `bounds`: what a request may hold before anything is matched or charged.

@@ -7,7 +7,7 @@
 //! - `path` is the normalized path without its trailing slash: `/orders/1/` and `/orders/1` are
 //!   one resource (one counter, one upstream target, one label);
 //! - `query:NAME` is the first `NAME` parameter, name and value percent-decoded, `+` a space
-//!   ([`crate::request::query`]);
+//!   ([`crate::wire::query`]);
 //! - a value is capped at [`MAX_KEY_VALUE`] bytes: the rest is ignored everywhere;
 //! - a part the request lacks (no API key, no plan, no such header or parameter) is absent:
 //!   a rule keyed on it does not apply (counted as skipped), consistent hashing takes it as
@@ -32,7 +32,7 @@ pub enum Value<'r> {
     /// Bytes of the request or of its identity.
     Bytes(&'r [u8]),
     /// A decoded query value.
-    Decoded(crate::request::query::QueryValue<'r>),
+    Decoded(crate::wire::query::QueryValue<'r>),
 }
 
 impl Value<'_> {
@@ -74,7 +74,7 @@ pub fn read<'r>(part: &KeyPart, req: &RequestView<'r>) -> Option<Value<'r>> {
         KeyPart::Route => Value::Bytes(req.route.as_bytes()),
         KeyPart::Method => Value::Bytes(req.method.as_str().as_bytes()),
         KeyPart::Path => {
-            Value::Bytes(crate::request::normalize::trim_trailing_slash(req.path).as_bytes())
+            Value::Bytes(crate::wire::normalize::trim_trailing_slash(req.path).as_bytes())
         }
         KeyPart::Header(name) => Value::Bytes(req.headers.get(name)?.as_bytes()),
         KeyPart::Query(name) => Value::Decoded(query_param(req.query?, name)?),

@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 
 pub use crate::limiter::policy::{FailureMode, Policy, Scope};
 use crate::limiter::Check;
-use crate::request::auth::Identity;
-use crate::request::matching::RequestMatch;
+use crate::wire::auth::Identity;
+use crate::wire::matching::RequestMatch;
 
 pub mod key;
 
@@ -179,7 +179,7 @@ pub fn single_valued(
                 return Err(Ambiguous::Header(name.clone()));
             }
             KeyPart::Query(name)
-                if query.is_some_and(|q| crate::request::query::is_repeated(q, name)) =>
+                if query.is_some_and(|q| crate::wire::query::is_repeated(q, name)) =>
             {
                 return Err(Ambiguous::Query(name.clone()));
             }
@@ -307,12 +307,9 @@ fn part_tag(part: &KeyPart) -> u8 {
 }
 
 /// The value of the first `name` parameter of a query string, as the `query:NAME` key part
-/// reads it: name and value percent-decoded, `+` a space ([`crate::request::query`]).
-pub fn query_param<'q>(
-    query: &'q str,
-    name: &str,
-) -> Option<crate::request::query::QueryValue<'q>> {
-    crate::request::query::first(query, name)
+/// reads it: name and value percent-decoded, `+` a space ([`crate::wire::query`]).
+pub fn query_param<'q>(query: &'q str, name: &str) -> Option<crate::wire::query::QueryValue<'q>> {
+    crate::wire::query::first(query, name)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Numbers and durations as text, with no dependency on the rest of the crate (config, upstreams
-//! and descriptions all format through here), and its two neighbours: [`names`] (each config
-//! enum's names, listed once) and [`log_safe`] (what a log line may carry).
+//! and descriptions all format through here), and its neighbours: [`names`] (each config
+//! enum's names, listed once), [`rate`] (a `slow_rate`) and [`log_safe`] (what a log line may
+//! carry).
 //!
 //! The digit writers are for the request path: `format!` and `write!` go through `core::fmt`'s
 //! dynamic dispatch, which took about 2 % of a gateway's CPU under `perf` (Redis keys, lease
@@ -8,6 +9,7 @@
 
 pub mod log_safe;
 pub mod names;
+pub mod rate;
 
 /// A duration the way gateway.toml writes it (the inverse of
 /// `crate::config::duration::parse_duration` for whole units): `1m`, `1500ms`, `1d`.

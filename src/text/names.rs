@@ -14,8 +14,8 @@ pub fn name_of<T: Copy + PartialEq>(names: &'static [(&'static str, T)], value: 
 mod tests {
     use crate::config::{AuthMode, Backend, LogFormat};
     use crate::limiter::{Algorithm, LeakyMode};
-    use crate::request::normalize::EscapedSlashes;
     use crate::rules::{FailureMode, Scope};
+    use crate::wire::normalize::EscapedSlashes;
 
     /// Every value has exactly one name and every name one value.
     fn bijective<T: Copy + PartialEq + std::fmt::Debug>(

@@ -11,7 +11,7 @@ use toml::Spanned;
 use super::source::Src;
 use crate::config::schema::*;
 use crate::config::*;
-use crate::request::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
+use crate::wire::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
 
 /// `[auth]` and the text of its keys file (`None` when there is none).
 pub(super) fn auth(

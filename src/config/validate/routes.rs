@@ -44,7 +44,7 @@ pub(super) fn routes(
                 src.one_of(
                     e,
                     "escaped_slashes",
-                    crate::request::normalize::EscapedSlashes::NAMES,
+                    crate::wire::normalize::EscapedSlashes::NAMES,
                 )
             })
             .transpose()?;

@@ -359,7 +359,7 @@ fn slow_rate(
     mode: LeakyMode,
 ) -> Result<Option<u64>, ConfigError> {
     match (&r.slow_rate, mode) {
-        (Some(rate), LeakyMode::Slow) => crate::request::throttle::parse_rate(rate.get_ref())
+        (Some(rate), LeakyMode::Slow) => crate::text::rate::parse_rate(rate.get_ref())
             .map(Some)
             .map_err(|e| src.err(rate.span(), format!("rule \"{name}\": {e}"))),
         (Some(rate), _) => Err(src.err(

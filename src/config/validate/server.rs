@@ -79,17 +79,17 @@ pub(super) fn server(
         Some(v) => src.one_of(
             v,
             "server.escaped_slashes",
-            crate::request::normalize::EscapedSlashes::NAMES,
+            crate::wire::normalize::EscapedSlashes::NAMES,
         )?,
-        None => crate::request::normalize::EscapedSlashes::Reject,
+        None => crate::wire::normalize::EscapedSlashes::Reject,
     };
     let headers_with_underscores = match &raw.headers_with_underscores {
         Some(v) => src.one_of(
             v,
             "server.headers_with_underscores",
-            crate::request::header_policy::Underscores::NAMES,
+            crate::wire::header_policy::Underscores::NAMES,
         )?,
-        None => crate::request::header_policy::Underscores::Drop,
+        None => crate::wire::header_policy::Underscores::Drop,
     };
     let server = Server {
         escaped_slashes,

@@ -97,9 +97,9 @@ impl Src<'_> {
                 format!("path \"{}\" must start with \"/\"", p.get_ref()),
             )),
             // Compared with normalized request paths, so normalized the same way.
-            Some(p) => crate::request::normalize::path(
+            Some(p) => crate::wire::normalize::path(
                 p.get_ref(),
-                crate::request::normalize::EscapedSlashes::Keep,
+                crate::wire::normalize::EscapedSlashes::Keep,
             )
             .map(|n| Some(n.into_owned()))
             .map_err(|e| self.err(p.span(), format!("path \"{}\": {e}", p.get_ref()))),
@@ -110,7 +110,7 @@ impl Src<'_> {
     /// A `match.host`, normalized as request hosts are (lower case, no port, no trailing dot).
     pub(super) fn host(&self, v: &Option<Spanned<String>>) -> Result<Option<String>, ConfigError> {
         match v {
-            Some(h) => crate::request::normalize::host(h.get_ref())
+            Some(h) => crate::wire::normalize::host(h.get_ref())
                 .map(|n| Some(n.into_owned()))
                 .map_err(|e| self.err(h.span(), format!("host \"{}\": {e}", h.get_ref()))),
             None => Ok(None),

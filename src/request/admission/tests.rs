@@ -187,12 +187,12 @@ async fn auth_modes() {
     assert_eq!(answer(&a).status(), 401);
     assert_eq!(
         answer(&a).challenge(),
-        Some(crate::request::response::CHALLENGE_MISSING)
+        Some(crate::wire::response::CHALLENGE_MISSING)
     );
     let a = f.admit(&req("/orders", &[("x-api-key", "nope")])).await;
     assert_eq!(
         answer(&a).challenge(),
-        Some(crate::request::response::CHALLENGE_INVALID)
+        Some(crate::wire::response::CHALLENGE_INVALID)
     );
     let a = f
         .admit(&req("/orders", &[("authorization", "Bearer test")]))
@@ -440,7 +440,7 @@ async fn repeated_content_length_and_underscores_are_400() {
     // headers_with_underscores = "reject" in this config.
     let detail = bad_request_detail(&f.admit(&req("/x", &[("x_floodgate_user", "a")])).await);
     assert!(detail.contains("underscore"), "{detail}");
-    // The default drops them when forwarding instead (crate::request::header_policy).
+    // The default drops them when forwarding instead (crate::wire::header_policy).
     let lax = fixture(CONFIG);
     assert!(forwarded(
         &lax.admit(&req("/open/x", &[("x_floodgate_user", "a")]))

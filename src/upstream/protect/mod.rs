@@ -619,7 +619,7 @@ pub fn retain(names: &BTreeSet<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::auth::{HeaderText, Identity};
+    use crate::wire::auth::{HeaderText, Identity};
     use http::{HeaderMap, Method};
 
     fn protect(fair_by: Vec<crate::rules::KeyPart>) -> Protect {

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 
-use crate::request::header_names as names;
+use crate::wire::header_names as names;
 
 /// The client IP. The peer address is the truth unless the peer is a trusted proxy; then
 /// `X-Forwarded-For` is read from the right, one element at a time (its lines are one list),
@@ -142,7 +142,7 @@ fn new_request_id() -> HeaderValue {
 /// The `X-Forwarded-For` to send upstream: the chain the client sent, byte for byte (an
 /// element floodgate could not read is still the upstream's to judge), with the peer
 /// appended. Built in one buffer: this runs for every proxied request. Several lines are one
-/// chain: `crate::request::header_policy::for_upstream` joins them before this reads the first.
+/// chain: `crate::wire::header_policy::for_upstream` joins them before this reads the first.
 pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
     let previous = sent
         .map(HeaderValue::as_bytes)

@@ -15,7 +15,7 @@ use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 
-use crate::request::header_names::X_FORWARDED_FOR;
+use crate::wire::header_names::X_FORWARDED_FOR;
 
 /// What to do with a request header whose name has an underscore:
 /// `[server] headers_with_underscores`.

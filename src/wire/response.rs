@@ -5,7 +5,7 @@
 //! Bodies are written by hand rather than through `serde_json` (a 429 under attack is the
 //! gateway's hottest answer): static text is appended as it is, and only the values that come
 //! from the request (a path, a detail) go through [`push_json_str`]. Rule names and request ids
-//! need no escaping: validation and [`crate::request::client::RequestId`] keep them to plain ASCII.
+//! need no escaping: validation and [`crate::wire::client::RequestId`] keep them to plain ASCII.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +17,8 @@ use pingora::prelude::*;
 
 use crate::limiter::policy::{Policy, Recent};
 use crate::limiter::Decision;
-use crate::request::header_names as names;
 use crate::text::push_u64;
+use crate::wire::header_names as names;
 
 /// The content type of every error floodgate answers.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -346,7 +346,7 @@ impl Answer {
 /// parse (its bare `400`/`405` replaced). It carries a fresh request id (body and
 /// `x-request-id`) and closes the connection.
 pub fn raw_answer(mut problem: Problem) -> Vec<u8> {
-    let id = crate::request::client::RequestId::of(&http::HeaderMap::new());
+    let id = crate::wire::client::RequestId::of(&http::HeaderMap::new());
     problem.request_id = Some(id.as_str().to_owned());
     let body = problem.to_body();
     let mut out = String::with_capacity(240 + body.len());

@@ -1,7 +1,7 @@
 //! What routes and rules both match a request on: host, path, path prefix and methods. One
 //! type, one function, so a route and a rule written alike match alike.
 //!
-//! Both sides are normalized before they meet (`crate::request::normalize`): config values when the file
+//! Both sides are normalized before they meet (`crate::wire::normalize`): config values when the file
 //! is loaded, the request's once per request. Comparisons here are therefore plain equality.
 
 use http::Method;
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn every_set_field_must_fit() {
-        let n = |h: &str| crate::request::normalize::host(h).unwrap().into_owned();
+        let n = |h: &str| crate::wire::normalize::host(h).unwrap().into_owned();
         let m = RequestMatch {
             path: None,
             path_prefix: Some("/orders".into()),

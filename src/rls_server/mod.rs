@@ -1,5 +1,6 @@
-//! The gRPC service Envoy calls (`envoy.service.ratelimit.v3.RateLimitService`) and the
-//! listener it is served on (`listener`: a Pingora service with a runtime of its own, stopped
+//! The rate-limit service's serving layer, above the gateway it reads and beside the limits'
+//! logic (`crate::rls`): the gRPC service Envoy calls
+//! (`envoy.service.ratelimit.v3.RateLimitService`) and the listener it is served on (`listener`: a Pingora service with a runtime of its own, stopped
 //! with the rest of the process and handed over on `--upgrade`; `conn`: its connections'
 //! caps and deadlines; `call`: each call's, before tonic decodes it).
 //!
@@ -16,7 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
-use super::Gateway;
+use crate::gateway::Gateway;
 use crate::metrics::metrics;
 use crate::rls::metrics::rls_metrics;
 use crate::rls::{answer, bounds, plan};

@@ -1,0 +1,21 @@
+//! The HTTP wire level, below the request pipeline (`crate::request`) and shared with what
+//! else reads requests or writes answers (the config's validation, the rules, the connection
+//! guard, the rate-limit service, the admin port):
+//!
+//! - [`normalize`]: the one spelling of a request's path, host and method;
+//!   [`header_policy`]: header spellings refused at admission or tidied before forwarding;
+//!   [`query`]: query parameters as frameworks read them.
+//! - [`client`]: who a request comes from (client IP, request id); [`auth`]: API keys and the
+//!   identity they carry.
+//! - [`matching`]: the host/path/method match routes and rules share.
+//! - [`response`]: every answer floodgate makes itself (problem+json, the RateLimit fields);
+//!   [`header_names`]: the names floodgate writes, parsed once.
+
+pub mod auth;
+pub mod client;
+pub mod header_names;
+pub mod header_policy;
+pub mod matching;
+pub mod normalize;
+pub mod query;
+pub mod response;
