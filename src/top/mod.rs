@@ -18,10 +18,13 @@
 //! hundred nanoseconds: one hash of the key's values, then per applying rule one uncontended
 //! lock and two counter updates; nothing is allocated for a client that is already held).
 //! State is keyed by rule name, so it survives reloads like the counters do.
+//!
+//! [`sketch`]: the Space-Saving sketch itself; [`label`]: how a client is named (credentials
+//! as a digest); this module: the windows, the per-second series and the blocked keys of each
+//! rule, recorded on the request path and read by the admin port's `/top`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, LazyLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -31,7 +34,12 @@ use crate::config::Config;
 use crate::limiter::engine::{Applied, Outcome, Verdict};
 use crate::limiter::policy::{Policy, Recent};
 use crate::metrics::shards::ShardedU64;
-use crate::rules::{KeyPart, RequestView, Rule, MAX_KEY_VALUE};
+use crate::rules::RequestView;
+
+mod label;
+mod sketch;
+pub use label::{client_label, descriptor_label};
+pub use sketch::SpaceSaving;
 
 /// Counters per sketch (k of Space-Saving). 64 is plenty to name who is being limited, and it
 /// keeps the eviction scan (a linear pass over 64 counts) short.
@@ -43,156 +51,6 @@ pub const SERIES_SECONDS: usize = 300;
 /// Longest value shown for a key part taken from the request (header, query, path), in bytes:
 /// request data is shown, but a client cannot make the admin page carry its whole header.
 pub const MAX_SHOWN_VALUE: usize = 64;
-
-/// The streaming heavy-hitters sketch (Space-Saving) over client hashes, each held client with
-/// a label of type `L`.
-///
-/// Guarantee, for N = [`SpaceSaving::total`] and k = its capacity: every key whose true count
-/// is more than N/k is held; a held key's count is at least its true count, and at most
-/// `error` (≤ N/k) above it. It never holds more than k counters.
-#[derive(Debug, Clone)]
-pub struct SpaceSaving<L> {
-    capacity: usize,
-    hashes: Vec<u64>,
-    counts: Vec<u64>,
-    errors: Vec<u64>,
-    labels: Vec<L>,
-    index: hashbrown::HashMap<u64, u32, Mix>,
-    total: u64,
-}
-
-/// A hasher for keys that are already hashes: one multiply spreads their bits for the table.
-#[derive(Debug, Clone, Copy, Default)]
-struct Mix;
-
-impl BuildHasher for Mix {
-    type Hasher = MixHasher;
-    fn build_hasher(&self) -> MixHasher {
-        MixHasher(0)
-    }
-}
-
-/// See [`Mix`].
-#[derive(Debug, Default)]
-struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) ^ u64::from(*b) ^ (self.0 >> 56);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-impl<L: Clone> SpaceSaving<L> {
-    /// An empty sketch of `capacity` counters (at least one). Allocates nothing until used.
-    pub fn new(capacity: usize) -> Self {
-        SpaceSaving {
-            capacity: capacity.max(1),
-            hashes: Vec::new(),
-            counts: Vec::new(),
-            errors: Vec::new(),
-            labels: Vec::new(),
-            index: hashbrown::HashMap::with_hasher(Mix),
-            total: 0,
-        }
-    }
-
-    /// Counts `weight` for `hash`; `label` is called only when the key is not held yet.
-    pub fn offer(&mut self, hash: u64, weight: u64, label: impl FnOnce() -> L) {
-        self.total += weight;
-        if let Some(&i) = self.index.get(&hash) {
-            self.counts[i as usize] += weight;
-            return;
-        }
-        if self.counts.len() < self.capacity {
-            self.index.insert(hash, self.counts.len() as u32);
-            self.hashes.push(hash);
-            self.counts.push(weight);
-            self.errors.push(0);
-            self.labels.push(label());
-            return;
-        }
-        // Full: the newcomer takes the smallest counter and its count, which bounds how much
-        // of the newcomer's count may be someone else's.
-        let mut min = 0;
-        for (i, &c) in self.counts.iter().enumerate() {
-            if c < self.counts[min] {
-                min = i;
-            }
-        }
-        self.index.remove(&self.hashes[min]);
-        self.index.insert(hash, min as u32);
-        self.hashes[min] = hash;
-        self.errors[min] = self.counts[min];
-        self.counts[min] += weight;
-        self.labels[min] = label();
-    }
-
-    /// `(count, error)` of `hash` if held: its true count is in `count - error ..= count`.
-    pub fn get(&self, hash: u64) -> Option<(u64, u64)> {
-        let i = *self.index.get(&hash)? as usize;
-        Some((self.counts[i], self.errors[i]))
-    }
-
-    /// An upper bound of the true count of any key that is not held: the smallest count when
-    /// full, else 0 (a sketch that never evicted has seen every key it did not hold 0 times).
-    pub fn floor(&self) -> u64 {
-        if self.counts.len() < self.capacity {
-            0
-        } else {
-            self.counts.iter().copied().min().unwrap_or(0)
-        }
-    }
-
-    /// Total weight offered (N).
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// Counters held now (never more than the capacity).
-    pub fn len(&self) -> usize {
-        self.counts.len()
-    }
-
-    /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
-    }
-
-    /// k.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Every held key: `(hash, count, error, label)`.
-    pub fn entries(&self) -> impl Iterator<Item = (u64, u64, u64, &L)> + '_ {
-        (0..self.counts.len()).map(|i| {
-            (
-                self.hashes[i],
-                self.counts[i],
-                self.errors[i],
-                &self.labels[i],
-            )
-        })
-    }
-
-    /// Forgets everything, keeping the allocations for the next bucket.
-    pub fn clear(&mut self) {
-        self.hashes.clear();
-        self.counts.clear();
-        self.errors.clear();
-        self.labels.clear();
-        self.index.clear();
-        self.total = 0;
-    }
-}
 
 /// The readable key parts of one client under one rule, as `(part, value)`: `("ip",
 /// "10.0.0.7")`, `("api_key", "acme-prod")` (the key id, never the secret). Values of
@@ -594,62 +452,6 @@ impl Top {
     }
 }
 
-/// The readable key parts of `rule` for this request. Credentials never appear: the API key
-/// part is the key id; a `header:` part naming the auth header, `authorization`,
-/// `proxy-authorization` or `cookie`, and a `query:` part whose name says key, token, secret,
-/// password, auth or sig, show `sha256:` and 12 hex digits of the value instead.
-pub fn client_label(cfg: &Config, rule: &Rule, view: &RequestView<'_>) -> Client {
-    let mut parts = Vec::with_capacity(rule.key_parts.len());
-    for part in &rule.key_parts {
-        // The value the counter was charged with (crate::rules::key), shown.
-        let value = crate::rules::key::read(part, view);
-        let raw = value.as_ref().map_or(&b""[..], |v| v.as_bytes());
-        let shown_value = match (part, &value) {
-            (KeyPart::Ip, Some(crate::rules::key::Value::Ip { addr, .. })) => addr.to_string(),
-            (KeyPart::Header(name), _) if secret_header(cfg, name) => digest(raw),
-            (KeyPart::Query(name), _) if secret_query(name) => digest(raw),
-            _ => shown(raw),
-        };
-        parts.push((part.to_config_string(), shown_value));
-    }
-    Client { parts }
-}
-
-/// Headers that carry credentials: shown as a digest, never as their value.
-fn secret_header(cfg: &Config, name: &http::HeaderName) -> bool {
-    *name == cfg.auth.header
-        || *name == http::header::AUTHORIZATION
-        || *name == http::header::PROXY_AUTHORIZATION
-        || *name == http::header::COOKIE
-}
-
-/// Query parameters whose names say they carry credentials.
-fn secret_query(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    ["key", "token", "secret", "pass", "auth", "sig"]
-        .iter()
-        .any(|w| lower.contains(w))
-}
-
-/// Request bytes as text for the admin page: at most [`MAX_SHOWN_VALUE`] bytes, invalid UTF-8
-/// replaced, control characters escaped.
-fn shown(raw: &[u8]) -> String {
-    let cut = &raw[..raw.len().min(MAX_SHOWN_VALUE)];
-    let mut s: String = String::from_utf8_lossy(cut).escape_debug().collect();
-    if raw.len() > MAX_SHOWN_VALUE {
-        s.push('…');
-    }
-    s
-}
-
-/// A short digest standing in for a credential: distinct clients stay distinct, the value is
-/// not shown.
-fn digest(raw: &[u8]) -> String {
-    use sha2::Digest as _;
-    let d = sha2::Sha256::digest(&raw[..raw.len().min(MAX_KEY_VALUE)]);
-    format!("sha256:{}", &hex::encode(d)[..12])
-}
-
 /// Records what each enforcing rule decided for this request: the rules that rejected it
 /// count a rejection, and when the request was admitted every applying rule counts an
 /// admission. Called by admission once the limiter has decided, at `decided` (the instant the
@@ -704,23 +506,6 @@ pub fn record_labelled(
                 state.block(now_ms, a.counter, until, &mut make);
             }
         });
-    }
-}
-
-/// The client of an RLS descriptor: its entries as `(key, value)`, a value whose key says it
-/// carries credentials (as `query:` parts are judged) shown as a digest.
-pub fn descriptor_label<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> Client {
-    Client {
-        parts: entries
-            .map(|(k, v)| {
-                let shown_value = if secret_query(k) {
-                    digest(v.as_bytes())
-                } else {
-                    shown(v.as_bytes())
-                };
-                (k.to_string(), shown_value)
-            })
-            .collect(),
     }
 }
 

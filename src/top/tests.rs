@@ -134,7 +134,7 @@ fn memory_stays_at_the_bound_and_clear_reuses_it() {
     for key in 0..10_000 {
         sketch.offer(key, 1, || ());
         assert!(sketch.len() <= 8);
-        assert!(sketch.index.len() <= 8);
+        assert!(sketch.indexed() <= 8);
     }
     assert_eq!(sketch.len(), 8);
     sketch.clear();
