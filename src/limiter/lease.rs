@@ -552,15 +552,16 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Limit;
 
     fn check(counter: u64) -> Check {
-        Check {
-            rule: "r".into(),
+        crate::limiter::fixtures::check(
+            "r",
             counter,
-            limit: Limit::police(Algorithm::TokenBucket, 1000, Duration::from_secs(1), 1000),
-            cost: 1,
-        }
+            Algorithm::TokenBucket,
+            1000,
+            Duration::from_secs(1),
+            1000,
+        )
     }
 
     const AUTO: Lease = Lease {

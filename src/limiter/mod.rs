@@ -11,6 +11,8 @@ pub mod algorithm;
 pub mod backend;
 pub mod calendar;
 pub mod engine;
+#[cfg(test)]
+mod fixtures;
 pub mod lease;
 pub mod memory;
 pub mod policy;

@@ -16,12 +16,7 @@ fn store(max_keys: usize) -> (MemoryStore, Arc<ManualClock>) {
 }
 
 fn check(rule: &str, key: u64, algorithm: Algorithm, limit: u64) -> Check {
-    Check {
-        rule: Arc::from(rule),
-        counter: key,
-        limit: Limit::police(algorithm, limit, Duration::from_secs(60), limit),
-        cost: 1,
-    }
+    crate::limiter::fixtures::check(rule, key, algorithm, limit, Duration::from_secs(60), limit)
 }
 
 fn allowed(store: &MemoryStore, checks: &[Check]) -> Vec<bool> {

@@ -93,13 +93,8 @@ impl<T> Default for Recent<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{policy::Scope, Algorithm, Limit};
-    use std::time::Duration;
 
-    fn policy(name: &str, limit: u64) -> Arc<Policy> {
-        let limit = Limit::police(Algorithm::FixedWindow, limit, Duration::from_secs(1), 1);
-        Arc::new(Policy::with_defaults(name, limit, Scope::Local))
-    }
+    use crate::limiter::fixtures::policy;
 
     /// A policy's value is made once; another policy of the same name (a reload's) gets its
     /// own; past the capacity the oldest gives way and is made again when met again.

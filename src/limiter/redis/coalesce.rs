@@ -426,12 +426,14 @@ mod tests {
     }
 
     fn check(counter: u64) -> Check {
-        Check {
-            rule: "hot".into(),
+        crate::limiter::fixtures::check(
+            "hot",
             counter,
-            limit: Limit::police(Algorithm::FixedWindow, 1000, Duration::from_secs(60), 1000),
-            cost: 1,
-        }
+            Algorithm::FixedWindow,
+            1000,
+            Duration::from_secs(60),
+            1000,
+        )
     }
 
     const CALL: CallOf = CallOf {
