@@ -206,7 +206,7 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
     }
     let rule = as_rule(l);
     let shape = shape(src, &rule, name).map_err(|e| as_limit(e, name))?;
-    if shape.algorithm == Algorithm::Concurrency {
+    if shape.algorithm() == Algorithm::Concurrency {
         return Err(src.err(
             l.algorithm.span(),
             format!("rls limit \"{name}\": concurrency counts requests in flight, and a rate-limit service never hears when Envoy's request ends; use a rule of the gateway for it"),
@@ -217,9 +217,7 @@ fn one(src: &Src, l: &RawRlsLimit) -> Result<RlsLimit, ConfigError> {
     // block_for, by the rules' code and bounds (refused with a lease or a shaping bucket).
     let respond = respond(src, &rule, name, &shape, &charge).map_err(|e| as_limit(e, name))?;
     // slow_rate is None: mode = "slow" was refused above.
-    let limit = shape
-        .limit(respond.block_for.unwrap_or_default())
-        .map_err(|e| src.err(l.name.span(), format!("rls limit \"{name}\": {e}")))?;
+    let limit = shape.blocking(respond.block_for.unwrap_or_default());
     Ok(RlsLimit {
         domain: domain.clone(),
         entries,

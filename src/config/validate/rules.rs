@@ -38,8 +38,8 @@ pub(super) fn rules(
         }
         let shape = shape(src, r, name)?;
         let key = key(src, r, name)?;
-        if let Some(cap) = shape.algorithm.capabilities().limit_cap {
-            if shape.limit > cap.max {
+        if let Some(cap) = shape.algorithm().capabilities().limit_cap {
+            if shape.limit() > cap.max {
                 return Err(src.err(
                     r.limit.span(),
                     format!(
@@ -52,9 +52,7 @@ pub(super) fn rules(
         let charge = charge(src, r, name, &shape)?;
         let matcher = rule_match(src, r, name, routes)?;
         let respond = respond(src, r, name, &shape, &charge)?;
-        let limit = shape
-            .limit(respond.block_for.unwrap_or_default())
-            .map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))?;
+        let limit = shape.blocking(respond.block_for.unwrap_or_default());
         let headers = r.headers.unwrap_or(true);
         out.push(Arc::new(Rule {
             matcher,
@@ -86,48 +84,11 @@ pub(super) fn check_name(
     Ok(())
 }
 
-/// What a rule counts and how fast: its algorithm and the shape of its limit.
-pub(super) struct Shape {
-    pub(super) algorithm: Algorithm,
-    pub(super) limit: u64,
-    pub(super) window: Duration,
-    pub(super) burst: u64,
-    pub(super) mode: LeakyMode,
-    pub(super) max_delay: Duration,
-    /// `calendar` and `timezone`: the rule counts per calendar period.
-    pub(super) calendar: Option<Calendar>,
-    /// `mode = "slow"`: its `slow_rate` in bytes per second.
-    pub(super) slow_rate: Option<u64>,
-}
-
-impl Shape {
-    /// The limiter's [`Limit`] of this shape, blocking for `block_for`. The checks of
-    /// [`shape`] name the offending key; this is the type's own guard, whose message the
-    /// caller places.
-    pub(super) fn limit(&self, block_for: Duration) -> Result<Limit, String> {
-        let limit = Limit::new(
-            self.algorithm,
-            self.limit,
-            self.window,
-            self.burst,
-            self.mode,
-            self.max_delay,
-        )?;
-        let limit = match self.calendar.clone() {
-            Some(c) => limit.with_calendar(c)?,
-            None => limit,
-        };
-        let limit = match self.slow_rate {
-            Some(rate) => limit.slowed_to(rate)?,
-            None => limit,
-        };
-        Ok(limit.blocking(block_for))
-    }
-}
-
-/// `algorithm`, `limit`, `window`, `burst`, `mode`, `max_delay` and `slow_rate`, each checked
-/// against the algorithm it applies to.
-pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigError> {
+/// `algorithm`, `limit`, `window`, `burst`, `mode`, `max_delay`, `calendar` and `slow_rate`,
+/// each checked against the algorithm it applies to, as the limiter's [`Limit`] (not blocking
+/// yet: `block_for` is read with the response keys, [`respond`]). The checks here name the
+/// offending key; the [`Limit`]'s own guard is a backstop, placed at the rule's name.
+pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Limit, ConfigError> {
     let algorithm = src.one_of(&r.algorithm, "algorithm", Algorithm::NAMES)?;
     let limit = src.positive(&r.limit, "limit")?;
     if limit > MAX_COUNT {
@@ -143,16 +104,17 @@ pub(super) fn shape(src: &Src, r: &RawRule, name: &str) -> Result<Shape, ConfigE
     let max_delay = max_delay(src, r, name, mode, window)?;
     refill_bound(src, r, name, algorithm, (limit, window, burst))?;
     let slow_rate = slow_rate(src, r, name, mode)?;
-    Ok(Shape {
-        algorithm,
-        limit,
-        window,
-        burst,
-        mode,
-        max_delay,
-        calendar,
-        slow_rate,
-    })
+    let built = Limit::new(algorithm, limit, window, burst, mode, max_delay).and_then(|l| {
+        let l = match calendar {
+            Some(c) => l.with_calendar(c)?,
+            None => l,
+        };
+        match slow_rate {
+            Some(rate) => l.slowed_to(rate),
+            None => Ok(l),
+        }
+    });
+    built.map_err(|e| src.err(r.name.span(), format!("rule \"{name}\": {e}")))
 }
 
 /// `window`: required, refused or replaced by `calendar` as the algorithm's capabilities say,
@@ -439,7 +401,7 @@ pub(super) fn charge(
     src: &Src,
     r: &RawRule,
     name: &str,
-    shape: &Shape,
+    shape: &Limit,
 ) -> Result<Charge, ConfigError> {
     let scope = match &r.scope {
         Some(s) => src.one_of(s, "scope", Scope::NAMES)?,
@@ -454,9 +416,9 @@ pub(super) fn charge(
         None => 1,
     };
     let capacity = shape
-        .algorithm
+        .algorithm()
         .capabilities()
-        .capacity(shape.limit, shape.burst);
+        .capacity(shape.limit(), shape.burst());
     if cost > capacity {
         let span = r.cost.as_ref().map_or(r.limit.span(), |c| c.span());
         return Err(src.err(
@@ -474,10 +436,10 @@ pub(super) fn charge(
         }
         None => 429,
     };
-    let lease = rule_lease(src, r, name, shape.algorithm, shape.mode, scope, cost)?;
+    let lease = rule_lease(src, r, name, shape.algorithm(), shape.mode(), scope, cost)?;
     // `shape` accepted mode = "shape" only for an algorithm that can shape.
     let max_waiting = match &r.max_waiting {
-        Some(m) if shape.mode == LeakyMode::Shape => src.positive(m, "max_waiting")? as usize,
+        Some(m) if shape.mode() == LeakyMode::Shape => src.positive(m, "max_waiting")? as usize,
         Some(m) => {
             let names = shaping_names();
             let why = format!("max_waiting applies to {names} with mode = \"shape\" only");
@@ -618,7 +580,7 @@ pub(super) fn respond(
     src: &Src,
     r: &RawRule,
     name: &str,
-    shape: &Shape,
+    shape: &Limit,
     charge: &Charge,
 ) -> Result<Respond, ConfigError> {
     let mut out = Respond::default();
@@ -628,11 +590,11 @@ pub(super) fn respond(
         r.block_for.as_ref().map(|b| ("block_for", b.span())),
     ];
     for (key, span) in spans.into_iter().flatten() {
-        let refused = if let Some(why) = shape.algorithm.capabilities().settle_refused {
+        let refused = if let Some(why) = shape.algorithm().capabilities().settle_refused {
             Some(why.to_string())
-        } else if shape.mode == LeakyMode::Shape {
+        } else if shape.mode() == LeakyMode::Shape {
             Some("a shaping leaky bucket holds requests in a queue whose departure slots a response cannot give back; use mode = \"police\"".into())
-        } else if shape.mode == LeakyMode::Slow {
+        } else if shape.mode() == LeakyMode::Slow {
             Some("mode = \"slow\" admits, slowed, what it would reject, and response-aware limits are not combined with it; use mode = \"police\"".into())
         } else if charge.lease.is_some() && key == "block_for" {
             Some("lease spends permits in process, where a block kept in the shared store is not seen (a permit leased before the block would still be spent); remove lease".into())
