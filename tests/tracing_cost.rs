@@ -63,10 +63,21 @@ limit = 1000000
 window = "1s"
 "#;
 
-/// Allocations per request of what the proxy does for tracing around admission
-/// (`RequestTrace::start`, the decision's record, the spans' end), and of admission itself,
-/// averaged over `n` requests after a warm-up.
-fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> (f64, f64) {
+/// What `n` requests (after a warm-up) allocated.
+struct Counted {
+    /// For tracing (`RequestTrace::start`, the decision's record, the spans' end), per request.
+    tracing: f64,
+    /// In admission itself, per request.
+    admission: f64,
+    /// For tracing, the most any unsampled request allocated (0 when none was unsampled).
+    unsampled_most: u64,
+    /// Requests that were sampled.
+    sampled: u64,
+}
+
+/// Allocations of what the proxy does for tracing around admission and of admission itself,
+/// over `n` requests after a warm-up.
+fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> Counted {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -80,6 +91,7 @@ fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> (f64, f64) {
     );
     let peer = "192.0.2.7".parse().unwrap();
     let (mut tracing, mut admission) = (0u64, 0u64);
+    let (mut unsampled_most, mut sampled) = (0u64, 0u64);
     for i in 0..n + 100 {
         let before = allocations();
         // As `proxy::request_filter` does: nothing unless the config has `[tracing]`.
@@ -98,6 +110,7 @@ fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> (f64, f64) {
         };
         let admitted = rt.block_on(admit(cfg, limiter, &request));
         let decided = allocations();
+        let traced = request.traced;
         if let (Some(t), Some(d)) = (&trace, &admitted.decision) {
             t.admission(d);
         }
@@ -107,11 +120,22 @@ fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> (f64, f64) {
         }
         let after = allocations();
         if i >= 100 {
-            tracing += (started - before) + (after - decided);
+            let for_tracing = (started - before) + (after - decided);
+            tracing += for_tracing;
             admission += decided - started;
+            if traced {
+                sampled += 1;
+            } else {
+                unsampled_most = unsampled_most.max(for_tracing);
+            }
         }
     }
-    (tracing as f64 / n as f64, admission as f64 / n as f64)
+    Counted {
+        tracing: tracing as f64 / n as f64,
+        admission: admission as f64 / n as f64,
+        unsampled_most,
+        sampled,
+    }
 }
 
 fn export_thread_running() -> bool {
@@ -129,36 +153,60 @@ fn without_tracing_the_request_path_builds_nothing() {
     let path = Path::new("/nonexistent/gateway.toml");
     let off = Config::from_str(path, BASE).unwrap();
     let limiter = Limiter::new(&off.store);
-    let (tracing, admission) = per_request(&off, &limiter, 1000);
+    let off_counted = per_request(&off, &limiter, 1000);
+    let admission = off_counted.admission;
     eprintln!(
-        "no [tracing]: {tracing} allocations for tracing, {admission} in admission per request"
+        "no [tracing]: {} allocations for tracing, {admission} in admission per request",
+        off_counted.tracing
     );
-    assert_eq!(tracing, 0.0, "no [tracing]: nothing allocated for tracing");
+    assert_eq!(
+        off_counted.tracing, 0.0,
+        "no [tracing]: nothing allocated for tracing"
+    );
     assert!(!export_thread_running(), "no [tracing]: no export thread");
 
-    // The counter sees what tracing allocates when it is on (so the zero above is a
-    // measurement, not a counter that counts nothing). The peer is untrusted: its sampled
-    // traceparent is not continued, so ratio 0 measures an unsampled request. Nothing listens
-    // on port 9: the exporter's failures are only counted.
-    for ratio in ["0.0", "1.0"] {
+    // With it, an unsampled request (the peer is untrusted: its sampled traceparent is not
+    // continued, and the ratio decides) allocates nothing for tracing either, and admission
+    // records nothing for it; a sampled one does (so the zeros are measurements, not a counter
+    // that counts nothing). Nothing listens on port 9: the exporter's failures are only
+    // counted.
+    for ratio in ["0.0", "0.01", "1.0"] {
         let text = format!(
             "{BASE}\n[tracing]\notlp_endpoint = \"http://127.0.0.1:9\"\nsample_ratio = {ratio}\n"
         );
         let on = Config::from_str(path, &text).unwrap();
         // The tracer starts once; a reload's ratio reaches it this way.
         floodgate::telemetry::reconfigure(on.tracing.as_ref());
-        let (traced, admission_traced) = per_request(&on, &limiter, 1000);
+        let c = per_request(&on, &limiter, 1000);
         eprintln!(
-            "[tracing] sample_ratio {ratio}: {traced} allocations for tracing, {admission_traced} in admission per request"
+            "[tracing] sample_ratio {ratio}: {} allocations for tracing, {} in admission per request; {} sampled, an unsampled one allocated at most {}",
+            c.tracing, c.admission, c.sampled, c.unsampled_most
         );
-        assert!(traced > 0.0, "sample_ratio {ratio}");
-        if ratio == "1.0" {
-            assert!(admission_traced > admission, "the decision is recorded");
-        } else {
-            assert_eq!(
-                admission_traced, admission,
-                "nothing recorded for an unsampled request"
-            );
+        assert_eq!(
+            c.unsampled_most, 0,
+            "sample_ratio {ratio}: an unsampled request allocated for tracing"
+        );
+        match ratio {
+            "1.0" => {
+                assert_eq!(c.sampled, 1000);
+                assert!(
+                    c.tracing > 0.0 && c.admission > admission,
+                    "the decision is recorded"
+                );
+            }
+            "0.0" => {
+                assert_eq!((c.sampled, c.tracing), (0, 0.0));
+                assert_eq!(
+                    c.admission, admission,
+                    "nothing recorded for an unsampled request"
+                );
+            }
+            // About 10 of 1000 sampled (the ratio's draw): some, far from all.
+            _ => assert!(
+                (1..100).contains(&c.sampled),
+                "{} sampled at 0.01",
+                c.sampled
+            ),
         }
     }
     assert!(export_thread_running());

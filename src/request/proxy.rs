@@ -91,7 +91,7 @@ pub struct RequestCtx {
     /// answer was read to its end after it (the access log's `error`).
     client_left: Option<&'static str>,
     /// The request's spans, when `[tracing]` is on (`None` otherwise: nothing is built).
-    trace: Option<Box<crate::telemetry::RequestTrace>>,
+    trace: Option<crate::telemetry::RequestTrace>,
     /// Counts the request as in flight for graceful shutdown; last, so it drops last.
     _in_flight: crate::shutdown::InFlightGuard,
 }

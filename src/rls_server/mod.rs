@@ -48,7 +48,7 @@ impl RateLimitService for Rls {
         let _in_flight = crate::shutdown::requests().enter_static();
         let trace = self.trace(&request);
         let req = request.into_inner();
-        let answered = self.answer(&req, trace.as_deref()).await;
+        let answered = self.answer(&req, trace.as_ref()).await;
         let counted = &rls_metrics().answered;
         let result = match &answered {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => &counted.over_limit,
@@ -73,10 +73,7 @@ impl Rls {
     /// The call's server span when `[tracing]` is on, continuing the trace context Envoy sent
     /// in the call's metadata (from a trusted peer). Only `traceparent` and `tracestate` are
     /// copied out of the metadata.
-    fn trace(
-        &self,
-        request: &Request<RateLimitRequest>,
-    ) -> Option<Box<crate::telemetry::RequestTrace>> {
+    fn trace(&self, request: &Request<RateLimitRequest>) -> Option<crate::telemetry::RequestTrace> {
         let cfg = self.gateway.config.load();
         let settings = cfg.tracing.as_ref()?;
         let mut headers = http::HeaderMap::new();

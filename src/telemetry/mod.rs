@@ -68,8 +68,11 @@ impl Telemetry {
             .build();
         let processor = export::start(settings, resource.clone())?;
         let ratio = sampler::Ratio::new(settings.sample_ratio);
+        // The decision is floodgate's, made before a span is built (`RequestTrace::start`):
+        // the SDK is asked only for sampled traces, whose root it records and whose children
+        // follow their parent.
         let provider = SdkTracerProvider::builder()
-            .with_sampler(Sampler::ParentBased(Box::new(ratio.clone())))
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .with_span_processor(processor)
             .with_resource(resource)
             .build();

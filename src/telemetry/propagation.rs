@@ -2,7 +2,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::SpanContext;
+use opentelemetry::trace::{SpanContext, SpanId, TraceId};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use pingora::http::RequestHeader;
@@ -70,6 +70,39 @@ pub fn inject(sc: &SpanContext, req: &mut RequestHeader) {
     }
 }
 
+/// Sets `traceparent` on the upstream request of an unsampled trace `trace_id`, with `span_id`
+/// as the parent and the sampled flag clear; the caller's `tracestate` goes on only when its
+/// context was `continued`. Written into a buffer on the stack: the header value is the one
+/// allocation.
+pub fn inject_unsampled(
+    trace_id: TraceId,
+    span_id: SpanId,
+    continued: bool,
+    req: &mut RequestHeader,
+) {
+    if !continued {
+        req.remove_header(&TRACESTATE);
+    }
+    let mut buf = [0u8; 55];
+    buf[..3].copy_from_slice(b"00-");
+    hex_into(&trace_id.to_bytes(), &mut buf[3..35]);
+    buf[35] = b'-';
+    hex_into(&span_id.to_bytes(), &mut buf[36..52]);
+    buf[52..].copy_from_slice(b"-00");
+    if let Ok(v) = HeaderValue::from_bytes(&buf) {
+        let _ = req.insert_header(TRACEPARENT, v);
+    }
+}
+
+/// `bytes` as lowercase hex into `out` (twice their length).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(b >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +127,23 @@ mod tests {
             HeaderValue::from_static("00-1af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
         );
         assert!(!extract(&h).span().span_context().is_valid());
+    }
+
+    #[test]
+    fn an_unsampled_trace_passes_its_ids_on_with_the_sampled_flag_clear() {
+        let mut out = RequestHeader::build("GET", b"/", None).unwrap();
+        out.insert_header(TRACESTATE, "vendor=1").unwrap();
+        let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
+        let span = SpanId::from_hex("b7ad6b7169203331").unwrap();
+        inject_unsampled(trace, span, true, &mut out);
+        assert_eq!(
+            out.headers.get(TRACEPARENT).unwrap(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+        );
+        assert_eq!(out.headers.get(TRACESTATE).unwrap(), "vendor=1");
+        // A new trace (not a caller's) passes on no tracestate of the client's.
+        inject_unsampled(trace, span, false, &mut out);
+        assert!(out.headers.get(TRACESTATE).is_none());
     }
 
     #[test]

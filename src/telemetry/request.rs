@@ -1,5 +1,7 @@
 //! One request's spans: the server span, the admission decision with its store call, and the
-//! upstream exchange. Built only when `[tracing]` is on ([`RequestTrace::start`]).
+//! upstream exchange. Built only when `[tracing]` is on and the request is sampled
+//! ([`RequestTrace::start`]): an unsampled request keeps two ids for propagation and nothing
+//! else (no span, no SDK object, no allocation).
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
@@ -8,7 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
-use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer as _,
+};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 use pingora::http::RequestHeader;
@@ -104,8 +108,30 @@ pub struct Upstream<'a> {
     pub attempt: usize,
 }
 
-/// A traced request's spans, carried in the proxy's per-request context.
-pub struct RequestTrace {
+/// A traced request, carried in the proxy's per-request context: its spans when it is sampled,
+/// only the ids its upstream's `traceparent` needs when it is not.
+pub struct RequestTrace(Trace);
+
+enum Trace {
+    /// Not sampled: nothing is recorded, and the SDK is never asked for a span.
+    Unsampled(Unsampled),
+    /// Sampled: its spans (boxed: most requests are not).
+    Sampled(Box<Sampled>),
+}
+
+/// What an unsampled request passes on: the trace it belongs to (the trusted caller's, or a
+/// new one), the id standing for floodgate's part in it (the upstream's parent), and whether
+/// the caller's `tracestate` goes on with it.
+/// (Bytes, not `TraceId`'s `u128`: the context it sits in keeps its 8-byte alignment.)
+#[derive(Clone, Copy)]
+struct Unsampled {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    continued: bool,
+}
+
+/// A sampled request's spans.
+struct Sampled {
     tracer: &'static SdkTracer,
     /// Holds the server span: children are started in it.
     cx: Context,
@@ -128,7 +154,7 @@ impl RequestTrace {
         path: &str,
         headers: &HeaderMap,
         tls: bool,
-    ) -> Option<Box<RequestTrace>> {
+    ) -> Option<RequestTrace> {
         let attributes = || {
             let mut attributes = vec![
                 KeyValue::new("http.request.method", method_name(method)),
@@ -147,7 +173,9 @@ impl RequestTrace {
         };
         let name = method_name(method);
         let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name, attributes)?;
-        trace.method = method.clone();
+        if let Trace::Sampled(s) = &mut trace.0 {
+            s.method = method.clone();
+        }
         Some(trace)
     }
 
@@ -159,7 +187,7 @@ impl RequestTrace {
         peer: IpAddr,
         metadata: &HeaderMap,
         domain: &str,
-    ) -> Option<Box<RequestTrace>> {
+    ) -> Option<RequestTrace> {
         let attributes = || {
             vec![
                 KeyValue::new("rpc.system", "grpc"),
@@ -173,6 +201,8 @@ impl RequestTrace {
         Self::begin(settings, trusted_proxies, peer, metadata, name, attributes)
     }
 
+    /// The sampling decision first (parent-based: a trusted caller's sampled flag, else the
+    /// ratio in force), and only for a sampled request the SDK's server span.
     fn begin(
         settings: &Settings,
         trusted_proxies: &[IpNet],
@@ -180,34 +210,70 @@ impl RequestTrace {
         headers: &HeaderMap,
         name: Cow<'static, str>,
         attributes: impl FnOnce() -> Vec<KeyValue>,
-    ) -> Option<Box<RequestTrace>> {
-        let tracer = &super::tracer(settings)?.tracer;
+    ) -> Option<RequestTrace> {
+        let telemetry = super::tracer(settings)?;
         let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
-        let parent = if trusted {
-            propagation::extract(headers)
-        } else {
-            Context::new()
+        // The caller's context is read only when it may be continued and was sent.
+        let parent = match trusted && headers.contains_key(propagation::TRACEPARENT) {
+            true => Some(propagation::extract(headers)),
+            false => None,
         };
+        let remote = parent
+            .as_ref()
+            .map(|cx| cx.span().span_context().clone())
+            .filter(SpanContext::is_valid);
+        let unsampled = |trace_id: TraceId| {
+            RequestTrace(Trace::Unsampled(Unsampled {
+                trace_id: trace_id.to_bytes(),
+                span_id: fastrand::u64(1..).to_be_bytes(),
+                continued: remote.is_some(),
+            }))
+        };
+        match &remote {
+            Some(sc) if !sc.is_sampled() => return Some(unsampled(sc.trace_id())),
+            Some(_) => {}
+            None => {
+                let trace_id = TraceId::from_bytes(fastrand::u128(1..).to_be_bytes());
+                if !telemetry.ratio.samples(trace_id) {
+                    return Some(unsampled(trace_id));
+                }
+            }
+        }
+        let tracer = &telemetry.tracer;
+        let parent = parent.unwrap_or_default();
         let mut span = tracer
             .span_builder(name)
             .with_kind(SpanKind::Server)
+            .with_attributes(attributes())
             .start_with_context(tracer, &parent);
-        // An unsampled span records nothing: its attributes are not even built.
-        if span.is_recording() {
-            span.set_attributes(attributes());
+        if !span.is_recording() {
+            // The SDK's sampler follows the decision made here; should it ever disagree, the
+            // span simply records nothing.
+            span.end();
         }
-        Some(Box::new(RequestTrace {
+        Some(RequestTrace(Trace::Sampled(Box::new(Sampled {
             tracer,
             cx: parent.with_span(span),
             upstream: None,
             method: Method::GET,
-        }))
+        }))))
+    }
+
+    /// The sampled request's spans, `None` for an unsampled one.
+    fn sampled(&self) -> Option<&Sampled> {
+        match &self.0 {
+            Trace::Sampled(s) => Some(s),
+            Trace::Unsampled(_) => None,
+        }
     }
 
     /// The RLS call is answered: `grpc_status` is the gRPC status code (0: OK), `overall` the
     /// answer's overall code (`OK`, `OVER_LIMIT`) when there was one.
-    pub fn finish_rls(self: Box<Self>, grpc_status: i32, overall: Option<&'static str>) {
-        let server = self.cx.span();
+    pub fn finish_rls(self, grpc_status: i32, overall: Option<&'static str>) {
+        let Trace::Sampled(s) = self.0 else {
+            return;
+        };
+        let server = s.cx.span();
         if !server.is_recording() {
             server.end();
             return;
@@ -230,24 +296,30 @@ impl RequestTrace {
     /// Whether the request is sampled: only then are its spans' details built (admission
     /// records its decision only for a recording trace).
     pub fn is_recording(&self) -> bool {
-        self.cx.span().is_recording()
+        self.sampled().is_some_and(|s| s.cx.span().is_recording())
     }
 
     /// The trace id, for the access log.
     pub fn trace_id(&self) -> [u8; 16] {
-        self.cx.span().span_context().trace_id().to_bytes()
+        match &self.0 {
+            Trace::Sampled(s) => s.cx.span().span_context().trace_id().to_bytes(),
+            Trace::Unsampled(u) => u.trace_id,
+        }
     }
 
     /// What admission learned of the request: its route, client and caller.
     pub fn identified(&self, route: Option<&str>, client_ip: IpAddr, key_id: Option<&str>) {
-        let span = self.cx.span();
+        let Some(s) = self.sampled() else {
+            return;
+        };
+        let span = s.cx.span();
         if !span.is_recording() {
             return;
         }
         if let Some(route) = route {
             // The route's name: floodgate routes match prefixes, not templates.
             span.set_attribute(KeyValue::new("http.route", route.to_owned()));
-            span.update_name(Cow::Owned(format!("{} {route}", self.method)));
+            span.update_name(Cow::Owned(format!("{} {route}", s.method)));
         }
         span.set_attribute(KeyValue::new("client.address", client_ip.to_string()));
         if let Some(id) = key_id {
@@ -259,9 +331,9 @@ impl RequestTrace {
     /// and a `floodgate.store` child for the store call); a refusal also goes on the server
     /// span.
     pub fn admission(&self, d: &Decision) {
-        if !self.is_recording() {
+        let Some(s) = self.sampled().filter(|s| s.cx.span().is_recording()) else {
             return;
-        }
+        };
         let mut attributes = vec![
             KeyValue::new("floodgate.decision.result", d.result),
             KeyValue::new("floodgate.rules", rule_names(&d.rules)),
@@ -277,7 +349,7 @@ impl RequestTrace {
                 "floodgate.rejected_by"
             };
             attributes.push(KeyValue::new(key, d.decided_by.clone()));
-            let server = self.cx.span();
+            let server = s.cx.span();
             server.set_attribute(KeyValue::new(key, d.decided_by.clone()));
             server.set_attribute(KeyValue::new("floodgate.decision.result", d.result));
         }
@@ -293,13 +365,13 @@ impl RequestTrace {
                 d.delay.as_secs_f64() * 1000.0,
             ));
         }
-        let mut span = self
+        let mut span = s
             .tracer
             .span_builder("floodgate.admission")
             .with_kind(SpanKind::Internal)
             .with_start_time(d.start)
             .with_attributes(attributes)
-            .start_with_context(self.tracer, &self.cx);
+            .start_with_context(s.tracer, &s.cx);
         for r in &d.rules {
             span.add_event_with_timestamp(
                 "floodgate.rule",
@@ -315,9 +387,9 @@ impl RequestTrace {
                 ],
             );
         }
-        let admission = self.cx.with_span(span);
+        let admission = s.cx.with_span(span);
         if let Some((start, took, failed)) = d.store {
-            let mut store = self
+            let mut store = s
                 .tracer
                 .span_builder("floodgate.store")
                 .with_kind(SpanKind::Client)
@@ -326,7 +398,7 @@ impl RequestTrace {
                     KeyValue::new("db.system.name", "redis"),
                     KeyValue::new("db.operation.name", "EVALSHA"),
                 ])
-                .start_with_context(self.tracer, &admission);
+                .start_with_context(s.tracer, &admission);
             if failed {
                 store.set_status(Status::error("store call failed; on_store_error decided"));
             }
@@ -338,7 +410,18 @@ impl RequestTrace {
     /// The upstream request of one attempt is about to go: starts (first attempt) or updates
     /// (retry) the client span, and sets its context as the request's `traceparent`.
     pub fn upstream_request(&mut self, up: Upstream<'_>, req: &mut RequestHeader) {
-        let span = match &mut self.upstream {
+        let s = match &mut self.0 {
+            Trace::Sampled(s) => s,
+            Trace::Unsampled(u) => {
+                let (trace_id, span_id) = (
+                    TraceId::from_bytes(u.trace_id),
+                    SpanId::from_bytes(u.span_id),
+                );
+                propagation::inject_unsampled(trace_id, span_id, u.continued, req);
+                return;
+            }
+        };
+        let span = match &mut s.upstream {
             Some(span) => {
                 if span.is_recording() {
                     span.set_attribute(KeyValue::new(
@@ -350,18 +433,18 @@ impl RequestTrace {
             }
             None => {
                 // Unsampled, it is still started: its id is the upstream's parent.
-                let mut span = self
+                let mut span = s
                     .tracer
                     .span_builder(method_name(&req.method))
                     .with_kind(SpanKind::Client)
-                    .start_with_context(self.tracer, &self.cx);
+                    .start_with_context(s.tracer, &s.cx);
                 if span.is_recording() {
                     span.set_attributes([
                         KeyValue::new("http.request.method", method_name(&req.method)),
                         KeyValue::new("floodgate.upstream", up.name.to_owned()),
                     ]);
                 }
-                self.upstream.insert(span)
+                s.upstream.insert(span)
             }
         };
         if span.is_recording() {
@@ -373,7 +456,10 @@ impl RequestTrace {
 
     /// The upstream answered with `status`.
     pub fn upstream_status(&mut self, status: u16) {
-        if let Some(span) = self.upstream.as_mut().filter(|s| s.is_recording()) {
+        let Trace::Sampled(s) = &mut self.0 else {
+            return;
+        };
+        if let Some(span) = s.upstream.as_mut().filter(|s| s.is_recording()) {
             span.set_attribute(KeyValue::new(
                 "http.response.status_code",
                 i64::from(status),
@@ -386,22 +472,25 @@ impl RequestTrace {
 
     /// The exchange is over: `status` was sent (0: none), `error` is Pingora's error type if
     /// the exchange failed. Ends every span still open.
-    pub fn finish(mut self: Box<Self>, status: u16, error: Option<&str>) {
-        if !self.is_recording() {
-            if let Some(mut span) = self.upstream.take() {
+    pub fn finish(self, status: u16, error: Option<&str>) {
+        let Trace::Sampled(mut s) = self.0 else {
+            return;
+        };
+        if !s.cx.span().is_recording() {
+            if let Some(mut span) = s.upstream.take() {
                 span.end();
             }
-            self.cx.span().end();
+            s.cx.span().end();
             return;
         }
-        if let Some(mut span) = self.upstream.take() {
+        if let Some(mut span) = s.upstream.take() {
             if let Some(e) = error {
                 span.set_attribute(KeyValue::new("error.type", e.to_owned()));
                 span.set_status(Status::error(e.to_owned()));
             }
             span.end();
         }
-        let server = self.cx.span();
+        let server = s.cx.span();
         if status > 0 {
             server.set_attribute(KeyValue::new(
                 "http.response.status_code",

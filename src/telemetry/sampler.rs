@@ -1,15 +1,14 @@
-//! The sampler: parent-based over a trace-id ratio that a reload can change.
+//! The sampling decision: parent-based over a trace-id ratio that a reload can change. It is
+//! made before anything of a span is built ([`super::RequestTrace`]): an unsampled request
+//! gets no SDK object at all, only the ids propagation needs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use opentelemetry::trace::{Link, SpanKind, TraceId};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{Sampler, SamplingResult, ShouldSample};
+use opentelemetry::trace::TraceId;
 
-/// The root sampler of [`Sampler::ParentBased`]: `TraceIdRatioBased` at the ratio in force
-/// (the SDK's own ratio sampler is fixed when the provider is built; `sample_ratio` is
-/// hot-reloaded).
+/// The ratio in force (`sample_ratio`, hot-reloaded): the SDK's own ratio sampler is fixed when
+/// the provider is built, and the decision is made before the SDK is asked for a span.
 #[derive(Debug, Clone)]
 pub(super) struct Ratio(Arc<AtomicU64>);
 
@@ -27,25 +26,17 @@ impl Ratio {
     fn get(&self) -> f64 {
         f64::from_bits(self.0.load(Ordering::Relaxed))
     }
-}
 
-impl ShouldSample for Ratio {
-    fn should_sample(
-        &self,
-        parent_context: Option<&Context>,
-        trace_id: TraceId,
-        name: &str,
-        span_kind: &SpanKind,
-        attributes: &[KeyValue],
-        links: &[Link],
-    ) -> SamplingResult {
-        Sampler::TraceIdRatioBased(self.get()).should_sample(
-            parent_context,
-            trace_id,
-            name,
-            span_kind,
-            attributes,
-            links,
-        )
+    /// Whether a new trace is sampled at the ratio in force, drawn from the random `trace_id`
+    /// the trace would have unsampled (its low 63 bits against the ratio, as the SDK's
+    /// `TraceIdRatioBased` reads an id). A sampled trace gets its ids from the SDK.
+    pub(super) fn samples(&self, trace_id: TraceId) -> bool {
+        let ratio = self.get();
+        if ratio >= 1.0 {
+            return true;
+        }
+        let bound = (ratio.max(0.0) * (1u64 << 63) as f64) as u64;
+        let low = u64::from_be_bytes(trace_id.to_bytes()[8..].try_into().unwrap_or_default());
+        (low >> 1) < bound
     }
 }
