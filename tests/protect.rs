@@ -772,3 +772,55 @@ async fn an_http2_waiter_whose_stream_is_reset_leaves_the_queue() {
         "a reset request was forwarded"
     );
 }
+
+/// The same over HTTP/2: clients that reset their streams after being forwarded do not give
+/// their slots back before the upstream has finished their requests, so the next requests
+/// wait for them instead of piling on top.
+#[tokio::test]
+async fn an_http2_client_that_resets_mid_exchange_holds_its_slot_until_the_upstream_is_done() {
+    let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "16"]);
+    let gw = Gateway::start(&pinned(api.addr, 2, "20s"));
+    let c = client();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let send = |path: &str| {
+        let (h2, url) = (h2.clone(), gw.url(path));
+        tokio::spawn(async move {
+            h2.get(url)
+                .header("x-api-key", "noisy-secret")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let first: Vec<_> = (0..2).map(|_| send("/orders?delay_ms=1500")).collect();
+    eventually(
+        Duration::from_secs(10),
+        "two requests inside the upstream",
+        || async {
+            let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+            (load["inside"] == 2).then_some(())
+        },
+    )
+    .await;
+    // Aborting a request's task drops its future, which resets its stream.
+    for f in &first {
+        f.abort();
+    }
+    for f in first {
+        assert!(f.await.is_err_and(|e| e.is_cancelled()));
+    }
+    let second: Vec<_> = (0..2).map(|_| send("/orders?delay_ms=100")).collect();
+    for s in second {
+        assert_eq!(s.await.unwrap().unwrap(), 200);
+    }
+    let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+    assert_eq!(load["total"], 4, "{load}");
+    assert!(
+        load["peak"].as_u64().unwrap() <= 2,
+        "the upstream held more than the limit of 2 at once: {load}"
+    );
+    assert_eq!(protect_status(&c, &gw).await["in_flight"], 0);
+}
