@@ -11,7 +11,7 @@ use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
-use crate::config::{Config, Connections};
+use crate::config::Config;
 use crate::connection::GuardedApp;
 use crate::gateway::{Gateway, Reloader};
 use crate::request::proxy::Proxy;
@@ -137,7 +137,6 @@ fn proxy_service(
 ) -> Result<Option<Service<GuardedApp<pingora::proxy::HttpProxy<Proxy>>>>, String> {
     let config = gateway.config.load();
     let (tls, listen) = (&config.server.tls, &config.server.listen);
-    let connections = config_connections(gateway);
     let mut http = pingora::proxy::http_proxy(
         server_conf,
         Proxy {
@@ -150,7 +149,7 @@ fn proxy_service(
     // (Pingora's would be bare); nothing ever tunnels.
     opts.allow_connect_method_proxying = true;
     // h2 connections are idle-timed by Pingora; HTTP/1.1 ones by crate::connection.
-    opts.h2_idle_timeout = Some(connections.keepalive_timeout);
+    opts.h2_idle_timeout = Some(config.server.connections.keepalive_timeout);
     http.server_options = Some(opts);
     let mut app = GuardedApp::new(http, gateway.clone());
     if let Some(tls) = tls {
@@ -245,9 +244,4 @@ impl<S: pingora::services::Service> pingora::services::Service for AfterWarmUp<S
     fn listen_addresses(&self) -> Option<Vec<String>> {
         self.inner.listen_addresses()
     }
-}
-
-/// The connection settings the gateway started with (what the listeners are built from).
-fn config_connections(gateway: &Gateway) -> Connections {
-    gateway.config.load().server.connections.clone()
 }

@@ -56,6 +56,11 @@ fn one_slot(upstream: std::net::SocketAddr, queue_timeout: &str) -> String {
     config(upstream, queue_timeout).replace(&format!("max_limit = {MAX_LIMIT}"), "max_limit = 1")
 }
 
+/// The upstream's `/debug/load`: requests `inside` now, the `peak`, the `total` that came in.
+async fn upstream_load(c: &reqwest::Client, api: &OrdersApi) -> Value {
+    get_json(c, format!("http://{}/debug/load", api.addr)).await
+}
+
 async fn upstream_peak(c: &reqwest::Client, api: &OrdersApi, reset: bool) -> u64 {
     let q = if reset { "?reset=1" } else { "" };
     get_json(c, format!("http://{}/debug/load{q}", api.addr)).await["peak"]
@@ -314,7 +319,7 @@ async fn health_checks_take_a_slot_and_skip_when_none_is_free() {
 
 /// The upstream's count of requests that came in (`/debug/load`'s `total`).
 async fn upstream_total(c: &reqwest::Client, api: &OrdersApi) -> u64 {
-    get_json(c, format!("http://{}/debug/load", api.addr)).await["total"]
+    upstream_load(c, api).await["total"]
         .as_u64()
         .expect("total")
 }
@@ -325,21 +330,13 @@ async fn upstream_total(c: &reqwest::Client, api: &OrdersApi) -> u64 {
 /// forwarded one by one, ahead of the live requests of their tenant.
 #[tokio::test]
 async fn a_waiter_whose_client_left_leaves_the_queue_and_is_never_forwarded() {
-    use tokio::io::AsyncWriteExt;
     let api = OrdersApi::start_at("orders", free_addr(), &["--capacity", "1"]);
     let body = one_slot(api.addr, "20s");
     let gw = Gateway::start(&body);
     let c = client();
     let slow = hold_the_slot(&c, &gw, 3000).await;
     // 12 clients send a request (within max_queue = 16), wait in the queue, and leave.
-    let mut clients = Vec::new();
-    for _ in 0..12 {
-        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-        s.write_all(b"GET /orders HTTP/1.1\r\nhost: a\r\nx-api-key: quiet-secret\r\n\r\n")
-            .await
-            .unwrap();
-        clients.push(s);
-    }
+    let clients = send_from_new_clients(&gw, 12, "/orders", "quiet-secret").await;
     eventually(Duration::from_secs(10), "12 requests queued", || async {
         (protect_status(&c, &gw).await["queued"] == 12).then_some(())
     })
@@ -428,13 +425,18 @@ fn pinned(upstream: std::net::SocketAddr, n: u32, queue_timeout: &str) -> String
         )
 }
 
-/// `n` clients that each send `GET path` with the noisy key on a connection of their own.
-async fn send_from_new_clients(gw: &Gateway, n: usize, path: &str) -> Vec<tokio::net::TcpStream> {
+/// `n` clients that each send `GET path` with API key `key` on a connection of their own.
+async fn send_from_new_clients(
+    gw: &Gateway,
+    n: usize,
+    path: &str,
+    key: &str,
+) -> Vec<tokio::net::TcpStream> {
     use tokio::io::AsyncWriteExt;
     let mut clients = Vec::new();
     for _ in 0..n {
         let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nhost: a\r\nx-api-key: noisy-secret\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nhost: a\r\nx-api-key: {key}\r\n\r\n");
         s.write_all(request.as_bytes()).await.unwrap();
         clients.push(s);
     }
@@ -452,12 +454,12 @@ async fn a_client_that_leaves_mid_exchange_holds_its_slot_until_the_upstream_is_
     let gw = Gateway::start(&pinned(api.addr, 4, "20s"));
     let c = client();
     // Four clients fill the four slots with requests the upstream works on for 1.5 s.
-    let first = send_from_new_clients(&gw, 4, "/orders?delay_ms=1500").await;
+    let first = send_from_new_clients(&gw, 4, "/orders?delay_ms=1500", "noisy-secret").await;
     eventually(
         Duration::from_secs(10),
         "four requests inside the upstream",
         || async {
-            let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+            let load = upstream_load(&c, &api).await;
             (load["inside"] == 4).then_some(())
         },
     )
@@ -470,12 +472,12 @@ async fn a_client_that_leaves_mid_exchange_holds_its_slot_until_the_upstream_is_
         drop(s);
     }
     // Four more arrive. They wait for the slots the upstream is still using, then are served.
-    let mut second = send_from_new_clients(&gw, 4, "/orders?delay_ms=100").await;
+    let mut second = send_from_new_clients(&gw, 4, "/orders?delay_ms=100", "noisy-secret").await;
     for s in &mut second {
         let (head, _) = read_answer(s).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     }
-    let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+    let load = upstream_load(&c, &api).await;
     assert_eq!(load["total"], 8, "{load}");
     assert!(
         load["peak"].as_u64().unwrap() <= 5,
@@ -493,7 +495,12 @@ async fn a_client_that_leaves_mid_exchange_holds_its_slot_until_the_upstream_is_
 #[tokio::test]
 async fn a_tenant_holding_slots_delays_only_itself() {
     a_hog_leaves_room_for_others(|gw| {
-        Box::pin(send_from_new_clients(gw, 12, "/orders?delay_ms=3000"))
+        Box::pin(send_from_new_clients(
+            gw,
+            12,
+            "/orders?delay_ms=3000",
+            "noisy-secret",
+        ))
     })
     .await;
 }
@@ -558,7 +565,7 @@ async fn a_hog_leaves_room_for_others(
     assert_eq!(status["in_flight"], 7, "a slot stays free: {status}");
     let r = get_with_key(&c, gw.url("/orders"), "quiet-secret").await;
     assert_eq!(r.status(), 200);
-    let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+    let load = upstream_load(&c, &api).await;
     assert_eq!(
         load["inside"], 7,
         "it waited for a hog's request to end: {load}"
@@ -800,7 +807,7 @@ async fn an_http2_client_that_resets_mid_exchange_holds_its_slot_until_the_upstr
         Duration::from_secs(10),
         "two requests inside the upstream",
         || async {
-            let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+            let load = upstream_load(&c, &api).await;
             (load["inside"] == 2).then_some(())
         },
     )
@@ -816,7 +823,7 @@ async fn an_http2_client_that_resets_mid_exchange_holds_its_slot_until_the_upstr
     for s in second {
         assert_eq!(s.await.unwrap().unwrap(), 200);
     }
-    let load = get_json(&c, format!("http://{}/debug/load", api.addr)).await;
+    let load = upstream_load(&c, &api).await;
     assert_eq!(load["total"], 4, "{load}");
     assert!(
         load["peak"].as_u64().unwrap() <= 2,

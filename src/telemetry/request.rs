@@ -241,16 +241,12 @@ impl RequestTrace {
         }
         let tracer = &telemetry.tracer;
         let parent = parent.unwrap_or_default();
-        let mut span = tracer
+        // The SDK's sampler follows the decision made here (`ParentBased(AlwaysOn)`).
+        let span = tracer
             .span_builder(name)
             .with_kind(SpanKind::Server)
             .with_attributes(attributes())
             .start_with_context(tracer, &parent);
-        if !span.is_recording() {
-            // The SDK's sampler follows the decision made here; should it ever disagree, the
-            // span simply records nothing.
-            span.end();
-        }
         Some(RequestTrace(Trace::Sampled(Box::new(Sampled {
             tracer,
             cx: parent.with_span(span),
