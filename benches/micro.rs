@@ -58,6 +58,7 @@ impl Request {
                 id: HeaderText::new("acme-prod").unwrap(),
                 user: HeaderText::new("acme").unwrap(),
                 plan: HeaderText::new("pro"),
+                claims: None,
             },
         }
     }

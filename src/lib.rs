@@ -16,6 +16,7 @@ pub mod config;
 pub mod connection;
 pub mod describe;
 pub mod gateway;
+pub mod jwt;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;

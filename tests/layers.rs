@@ -27,6 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["metrics"],
     &["limiter", "shutdown"],
     &["wire"],
+    &["jwt"],
     &["rules"],
     &["rls", "upstream", "webhooks"],
     &["config"],

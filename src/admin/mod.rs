@@ -123,12 +123,15 @@ impl Admin {
                     "store": store_in_force(&self.gateway, cfg),
                     "routes": cfg.routes.len(),
                     "rules": cfg.rules.len(),
+                    "issuers": cfg.auth.tokens.status(),
                     "reload": reload_json(&st),
                 });
                 json(status, &body)
             }
             ("GET", "/metrics") => {
                 usage::register_metrics();
+                // The JWK Sets' ages and key counts, as of now.
+                cfg.auth.tokens.status();
                 crate::webhooks::webhook_metrics();
                 // Each configured webhook's drop counters show from 0, before any drop.
                 for w in cfg.webhooks.iter() {

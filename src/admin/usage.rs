@@ -156,11 +156,13 @@ fn resolve(cfg: &Config, field: &str, value: &str) -> Result<Who, Box<Response<V
             id: text(""),
             user: known.user.clone(),
             plan: None,
+            claims: None,
         },
         _ => Identity {
             id: text(""),
             user: text(""),
             plan: known.plan.clone(),
+            claims: None,
         },
     };
     Ok(Who {

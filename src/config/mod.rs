@@ -163,6 +163,8 @@ pub struct Auth {
     pub keys_file: Option<PathBuf>,
     /// Every key, inline and from the keys file.
     pub keys: KeyStore,
+    /// `[[auth.jwt]]`: the token issuers and the cache of verified tokens.
+    pub tokens: crate::jwt::Tokens,
 }
 
 /// One `[[upstreams]]`: its name and validated settings. Plain data: the run-time pool that
@@ -187,14 +189,18 @@ impl Upstream {
     }
 }
 
-/// What a route asks of the caller's API key.
+/// What a route asks of the caller: an API key, a token (`[[auth.jwt]]`), either, or neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthMode {
-    /// 401 without a valid key.
+    /// 401 without a valid key or token.
     Required,
-    /// Anonymous requests pass; a key that is present must be valid.
+    /// 401 without a valid API key; tokens are not read.
+    Key,
+    /// 401 without a valid token; API keys are not read.
+    Token,
+    /// Anonymous requests pass; a key or token that is present must be valid.
     Optional,
-    /// Keys are neither read nor checked.
+    /// Keys and tokens are neither read nor checked.
     None,
 }
 
@@ -202,9 +208,21 @@ impl AuthMode {
     /// Every mode with its gateway.toml name.
     pub const NAMES: &'static [(&'static str, AuthMode)] = &[
         ("required", AuthMode::Required),
+        ("key", AuthMode::Key),
+        ("token", AuthMode::Token),
         ("optional", AuthMode::Optional),
         ("none", AuthMode::None),
     ];
+
+    /// Whether API keys are read.
+    pub fn reads_keys(self) -> bool {
+        !matches!(self, AuthMode::Token | AuthMode::None)
+    }
+
+    /// Whether tokens are read.
+    pub fn reads_tokens(self) -> bool {
+        !matches!(self, AuthMode::Key | AuthMode::None)
+    }
 
     /// The name used in gateway.toml.
     pub fn as_str(self) -> &'static str {

@@ -289,6 +289,81 @@ pub struct RawAuth {
     #[serde(default)]
     #[schemars(with = "Vec<RawKey>")]
     pub keys: Vec<Spanned<RawKey>>,
+    /// `[[auth.jwt]]`: the token issuers.
+    #[serde(default)]
+    #[schemars(with = "Vec<RawJwt>")]
+    pub jwt: Vec<Spanned<RawJwt>>,
+    /// Verified tokens kept until their `exp`, at most (0: every request verifies).
+    #[schemars(with = "Option<i64>", range(min = 0, max = 10000000), extend("default" = 100000))]
+    pub token_cache_size: Option<Spanned<i64>>,
+}
+
+/// One `[[auth.jwt]]`: an issuer of JSON Web Tokens. Its keys come from exactly one of
+/// `jwks_url`, `discovery_url`, `jwks`, `secret` or `secret_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    /// Its label in metrics, logs and `/readyz`; unique. Default: the issuer.
+    #[schemars(with = "Option<String>")]
+    pub name: Option<Spanned<String>>,
+    /// The `iss` its tokens carry, compared whole.
+    #[schemars(with = "String")]
+    pub issuer: Spanned<String>,
+    /// `aud` must name one of these. Default: none (not checked; a warning is logged).
+    #[schemars(with = "Option<Vec<String>>")]
+    pub audiences: Option<Spanned<Vec<String>>>,
+    /// Where the JWK Set is fetched (http or https).
+    #[schemars(with = "Option<String>")]
+    pub jwks_url: Option<Spanned<String>>,
+    /// An OpenID Provider's metadata URL (`.../.well-known/openid-configuration`): its
+    /// `jwks_uri` is fetched, and its `issuer` must equal `issuer`.
+    #[schemars(with = "Option<String>")]
+    pub discovery_url: Option<Spanned<String>>,
+    /// A JWK Set given inline, as JSON text.
+    #[schemars(with = "Option<String>")]
+    pub jwks: Option<Spanned<String>>,
+    /// The shared secret of an HMAC issuer (HS256/384/512 only).
+    #[schemars(with = "Option<String>")]
+    pub secret: Option<Spanned<String>>,
+    /// A file holding the shared secret, relative to the config file.
+    #[schemars(with = "Option<String>")]
+    pub secret_file: Option<Spanned<String>>,
+    /// Accepted algorithms: RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA
+    /// (public keys) or HS256, HS384, HS512 (with a secret), never mixed.
+    #[schemars(with = "Option<Vec<String>>", extend("default" = ["RS256", "ES256"]))]
+    pub algorithms: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Clock skew allowed on `exp` and `nbf`; at most 5m.
+    #[schemars(with = "Option<DurationText>", extend("default" = "30s"))]
+    pub leeway: Option<Spanned<String>>,
+    /// The header carrying the token: `authorization` (as `Bearer <token>`), or another
+    /// header holding the token alone. Not with `cookie`.
+    #[schemars(with = "Option<String>", extend("default" = "authorization"))]
+    pub header: Option<Spanned<String>>,
+    /// A cookie carrying the token instead of a header.
+    #[schemars(with = "Option<String>")]
+    pub cookie: Option<Spanned<String>>,
+    /// The claim naming the user (a name or a path, `realm_access.user`).
+    #[schemars(with = "Option<String>", extend("default" = "sub"))]
+    pub user_claim: Option<Spanned<String>>,
+    /// The claim naming the plan. Default: none.
+    #[schemars(with = "Option<String>")]
+    pub plan_claim: Option<Spanned<String>>,
+    /// The claim naming the key id (`api_key` in limit keys, `X-Floodgate-Key-Id`). Default:
+    /// the user.
+    #[schemars(with = "Option<String>")]
+    pub key_id_claim: Option<Spanned<String>>,
+    /// Forward the token upstream (default), or strip it.
+    pub forward_token: Option<bool>,
+    /// Refetch the JWK Set at least this often (sooner when its `Cache-Control: max-age` says).
+    #[schemars(with = "Option<DurationText>", extend("default" = "10m"))]
+    pub refresh_interval: Option<Spanned<String>>,
+    /// Never fetch the JWK Set more often than this (a token with an unknown `kid` asks for
+    /// a fetch); at most `refresh_interval`.
+    #[schemars(with = "Option<DurationText>", extend("default" = "30s"))]
+    pub min_refetch: Option<Spanned<String>>,
+    /// One fetch's whole budget (discovery and JWK Set); at most 1m.
+    #[schemars(with = "Option<DurationText>", extend("default" = "5s"))]
+    pub fetch_timeout: Option<Spanned<String>>,
 }
 
 /// The keys file: only `[[keys]]` tables.
@@ -516,8 +591,9 @@ pub struct RawRoute {
     /// An `[[upstreams]]` name.
     #[schemars(with = "String")]
     pub upstream: Spanned<String>,
-    /// `"required"` (401 without a valid key), `"optional"` (anonymous passes, a wrong key gets
-    /// 401) or `"none"` (keys are not read).
+    /// `"required"` (401 without a valid API key or token), `"key"` (an API key only),
+    /// `"token"` (a `[[auth.jwt]]` token only), `"optional"` (anonymous passes, a wrong key or
+    /// token gets 401) or `"none"` (neither is read).
     #[schemars(
         with = "Option<String>",
         extend("enum" = names(AuthMode::NAMES), "default" = "required")
@@ -661,6 +737,14 @@ pub struct RawRule {
     /// `concurrency`, `mode = "shape"` or `"slow"`, or `lease`. Default: none.
     #[schemars(with = "Option<DurationText>")]
     pub block_for: Option<Spanned<String>>,
+    /// The limit of each request from a verified token's claim, `"claim:NAME"` (a whole
+    /// number, or a string of one); absent or not a number: `limit`. Needs `limit_max`; not
+    /// with `lease`.
+    #[schemars(with = "Option<String>")]
+    pub limit_from: Option<Spanned<String>>,
+    /// The most `limit_from` may grant, 1 to 1000000000.
+    #[schemars(with = "Option<i64>", range(min = 1, max = 1000000000))]
+    pub limit_max: Option<Spanned<i64>>,
 }
 
 /// A rule's `count = { status = [401, "4xx"] }`: the responses it charges.
@@ -716,6 +800,24 @@ pub struct RawRuleMatch {
     /// `{ name = "x-tier", value = "free" }`; without `value`, presence is enough.
     #[schemars(with = "Option<RawHeaderMatch>")]
     pub header: Option<Spanned<RawHeaderMatch>>,
+    /// A verified token's claim: `{ name = "scope", contains = "orders:write" }`, `{ name =
+    /// "tenant", equals = "acme" }`; with neither, presence is enough. Requests without a token
+    /// never match.
+    #[schemars(with = "Option<RawClaimMatch>")]
+    pub claim: Option<Spanned<RawClaimMatch>>,
+}
+
+/// `match.claim`: a claim by name or path (`realm_access.roles`), and at most one test.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawClaimMatch {
+    /// The claim's name, or a path into nested claims (`realm_access.roles`).
+    #[schemars(with = "String")]
+    pub name: Spanned<String>,
+    /// The value it must have (a string; a number or boolean as written in JSON).
+    pub equals: Option<String>,
+    /// A value an array claim must hold, or a word of a space-separated one (`scope`).
+    pub contains: Option<String>,
 }
 
 /// `match.header = { name = "x-tier", value = "free" }`; without `value`, presence is enough.

@@ -67,6 +67,10 @@ impl Gateway {
         if !restart.is_empty() {
             tracing::warn!(settings = ?restart, "changed settings take effect only after a restart; the rest of the file is in force");
         }
+        // A new issuer's keys before the config serves (each within its fetch_timeout; one
+        // whose provider does not answer is in force without keys, and its tokens get 401
+        // until the refresh fetches them).
+        new.auth.tokens.prepare().await;
         register_rule_series(&new);
         crate::telemetry::reconfigure(new.tracing.as_ref());
         // Top clients are kept by rule name: a removed rule's go with it.

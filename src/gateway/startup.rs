@@ -30,17 +30,23 @@ impl Gateway {
             .warmed
             .get_or_init(|| async {
                 let deadline = self.started_with.store.connect_timeout;
-                self.limiter.store().warm_up(deadline).await
+                // The token issuers' keys are fetched beside the store, each within its own
+                // fetch_timeout.
+                let tokens = self.started_with.auth.tokens.prepare();
+                let (store, ()) = tokio::join!(self.limiter.store().warm_up(deadline), tokens);
+                store
             })
             .await
     }
 
-    /// Whether the gateway is ready for traffic (what `/readyz` answers): always on the
-    /// memory backend (nothing to wait for); with Redis, once the start-up warm-up is over and
-    /// the store has been connected at least once (a later outage does not make it unready:
-    /// the rules' `on_store_error` covers that).
+    /// Whether the gateway is ready for traffic (what `/readyz` answers): on the memory
+    /// backend at once; with Redis, once the start-up warm-up is over and the store has been
+    /// connected at least once (a later outage does not make it unready: the rules'
+    /// `on_store_error` covers that); and in both cases once every `[[auth.jwt]]` issuer has
+    /// its keys (kept while its provider is down later).
     pub fn is_ready(&self) -> bool {
-        self.limiter.in_process()
-            || (self.startup.warmed.initialized() && self.limiter.store().status().connected)
+        let store = self.limiter.in_process()
+            || (self.startup.warmed.initialized() && self.limiter.store().status().connected);
+        store && self.config.load().auth.tokens.ready()
     }
 }

@@ -503,6 +503,23 @@ impl Limit {
         }
     }
 
+    /// This limit granting `limit` instead (at least 1), its burst scaled alike: a burst equal
+    /// to the limit stays equal to it (`limit_from`, a per-caller limit from a token's claim).
+    pub fn with_limit(&self, limit: u64) -> Limit {
+        let limit = limit.max(1);
+        let burst = if self.burst == self.limit {
+            limit
+        } else {
+            let scaled = u128::from(self.burst) * u128::from(limit) / u128::from(self.limit);
+            u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
+        };
+        Limit {
+            limit,
+            burst,
+            ..self.clone()
+        }
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

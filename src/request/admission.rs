@@ -134,7 +134,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         }
     }
 
-    let identity = match identify(cfg, route, req.headers) {
+    let identity = match identify(cfg, route, req.headers).await {
         Ok(identity) => identity,
         Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
     };
@@ -276,21 +276,39 @@ async fn charge(
     }
 }
 
-/// The caller's identity on `route`: `None` when the route reads no key, or an optional key
-/// is absent; the 401 when a key is wrong, or a required one missing.
-fn identify(
+/// The caller's identity on `route`: `None` when the route reads neither keys nor tokens, or
+/// an optional one is absent; the 401 when a key or token is wrong, or a required one missing.
+/// A token is looked for first (a Bearer value shaped like a JWT, or the issuers' own header or
+/// cookie), then an API key; a token that fails is a 401 even where a key would also do.
+async fn identify(
     cfg: &Config,
     route: &Route,
     headers: &http::HeaderMap,
 ) -> Result<Option<Arc<Identity>>, Box<Problem>> {
-    if route.auth == AuthMode::None {
+    let mode = route.auth;
+    if mode == AuthMode::None {
         return Ok(None);
     }
-    match presented_key(headers, &cfg.auth.header).map(|k| cfg.auth.keys.lookup(k)) {
+    let tokens = &cfg.auth.tokens;
+    if mode.reads_tokens() && !tokens.is_empty() {
+        if let Some((token, carrier)) = tokens.presented(headers) {
+            return match tokens.verify(token, carrier).await {
+                Ok(identity) => Ok(Some(identity)),
+                Err(reason) => Err(Box::new(Problem::invalid_token(reason.detail()))),
+            };
+        }
+    }
+    let key = if mode.reads_keys() {
+        presented_key(headers, &cfg.auth.header)
+    } else {
+        None
+    };
+    match key.map(|k| cfg.auth.keys.lookup(k)) {
         Some(Some(found)) => Ok(Some(found)),
         Some(None) => Err(Box::new(Problem::unauthorized(false))),
-        None if route.auth == AuthMode::Required => Err(Box::new(Problem::unauthorized(true))),
-        None => Ok(None),
+        None if mode == AuthMode::Optional => Ok(None),
+        None if mode == AuthMode::Token => Err(Box::new(Problem::token_required())),
+        None => Err(Box::new(Problem::unauthorized(true))),
     }
 }
 

@@ -2,6 +2,7 @@
 //! the status an error becomes, whether a failed attempt is tried again, and the headers the
 //! upstream receives. `proxy` gathers the facts from the session and calls these.
 
+use crate::jwt::Carrier;
 use std::net::IpAddr;
 
 use http::{HeaderName, HeaderValue, Uri};
@@ -120,8 +121,10 @@ pub struct Forwarded<'a> {
     /// The upstream's `host_header` (wins over `host`).
     pub host_header: Option<&'a str>,
     /// The key header to remove, with any `Authorization: Bearer` (routes that read keys,
-    /// unless `forward_key`).
+    /// unless `forward_key`) but a verified token its issuer forwards.
     pub strip_key: Option<&'a HeaderName>,
+    /// Where the verified token to remove is (its issuer has `forward_token = false`).
+    pub strip_token: Option<&'a Carrier>,
 }
 
 /// Applies the forwarding header policy to the upstream request: the forwarding headers, the
@@ -168,10 +171,50 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
     }
     // Every header that can carry a key goes, whichever one authenticated: a client that sends
     // an empty x-api-key beside a Bearer token must not get the token forwarded.
+    // A verified token goes on when its issuer forwards tokens (the backend may read its
+    // claims); else, like a key, it is removed.
+    let token = f.identity.and_then(|i| i.claims.as_deref());
     if let Some(key) = f.strip_key {
         req.remove_header(key);
-        if crate::wire::auth::is_bearer(&req.headers) {
+        if token.is_none_or(|t| !t.forward) && crate::wire::auth::is_bearer(&req.headers) {
             req.remove_header(&http::header::AUTHORIZATION);
+        }
+    }
+    match f.strip_token {
+        None => {}
+        Some(Carrier::Bearer) => {
+            req.remove_header(&http::header::AUTHORIZATION);
+        }
+        Some(Carrier::Header(name)) => {
+            req.remove_header(name);
+        }
+        Some(Carrier::Cookie(name)) => remove_cookie(req, name)?,
+    }
+    Ok(())
+}
+
+/// Removes cookie `name` from the request's `Cookie` headers, keeping the others.
+fn remove_cookie(req: &mut RequestHeader, name: &str) -> pingora::Result<()> {
+    let kept: Vec<Vec<u8>> = req
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .map(|v| {
+            let pairs: Vec<&[u8]> = v
+                .as_bytes()
+                .split(|b| *b == b';')
+                .map(<[u8]>::trim_ascii)
+                .filter(|p| !p.is_empty() && p.split(|b| *b == b'=').next() != Some(name.as_bytes()))
+                .collect();
+            pairs.join(&b"; "[..])
+        })
+        .filter(|v| !v.is_empty())
+        .collect();
+    req.remove_header(&http::header::COOKIE);
+    for v in kept {
+        // Made of bytes of a valid header value: always valid.
+        if let Ok(v) = HeaderValue::from_bytes(&v) {
+            req.append_header(http::header::COOKIE, v)?;
         }
     }
     Ok(())
@@ -306,6 +349,7 @@ mod tests {
             id: HeaderText::new("acme-prod").unwrap(),
             user: HeaderText::new("acme").unwrap(),
             plan: None,
+            claims: None,
         };
         let rid = RequestId::default();
         let key = HeaderName::from_static("x-api-key");
@@ -325,6 +369,7 @@ mod tests {
             host: Some("api.example.com"),
             host_header: None,
             strip_key: Some(&key),
+            strip_token: None,
         };
         apply(&mut r, &f).unwrap();
         assert_eq!(values(&r, "x-floodgate-key-id"), ["acme-prod"]);
@@ -358,6 +403,7 @@ mod tests {
             host: Some("absolute.example"),
             host_header: Some("orders.internal"),
             strip_key: None,
+            strip_token: None,
         };
         apply(&mut r, &f).unwrap();
         assert_eq!(values(&r, "host"), ["orders.internal"]);

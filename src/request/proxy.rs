@@ -19,7 +19,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 use smallvec::SmallVec;
 
-use crate::config::{AuthMode, Route, Upstream};
+use crate::config::{Route, Upstream};
 use crate::gateway::snapshot::Snapshot;
 use crate::gateway::Gateway;
 use crate::limiter::engine::Slots;
@@ -438,7 +438,15 @@ impl ProxyHttp for Proxy {
             upstream_request.remove_header(&http::header::EXPECT);
         }
         ctx.upstream_start = Some(Instant::now());
-        let reads_keys = ctx.route().is_some_and(|r| r.auth != AuthMode::None);
+        let reads_keys = ctx.route().is_some_and(|r| r.auth.reads_keys());
+        // A token whose issuer does not forward it: removed from where it came.
+        let strip_token = ctx
+            .identity
+            .as_deref()
+            .and_then(|i| i.claims.as_deref())
+            .filter(|t| !t.forward)
+            .and_then(|t| cfg.auth.tokens.issuers.iter().find(|i| i.name == t.issuer))
+            .map(|i| &i.carrier);
         let forwarded = Forwarded {
             peer: ctx.peer,
             tls: ctx.tls,
@@ -450,6 +458,7 @@ impl ProxyHttp for Proxy {
                 .upstream()
                 .and_then(|u| u.settings.host_header.as_deref()),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
+            strip_token,
         };
         crate::request::forwarding::apply(upstream_request, &forwarded)?;
         let upstream = ctx.trace.as_ref().and_then(|_| ctx.upstream().cloned());

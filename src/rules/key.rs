@@ -9,7 +9,9 @@
 //! - `query:NAME` is the first `NAME` parameter, name and value percent-decoded, `+` a space
 //!   ([`crate::wire::query`]);
 //! - a value is capped at [`MAX_KEY_VALUE`] bytes: the rest is ignored everywhere;
-//! - a part the request lacks (no API key, no plan, no such header or parameter) is absent:
+//! - `claim:NAME` is a verified token's claim as text (a string as is, a number or boolean as
+//!   written in JSON; an array or object has none);
+//! - a part the request lacks (no API key, no plan, no such header, parameter or claim) is absent:
 //!   a rule keyed on it does not apply (counted as skipped), consistent hashing takes it as
 //!   empty (parts stay separated), a label shows it empty.
 
@@ -33,6 +35,8 @@ pub enum Value<'r> {
     Bytes(&'r [u8]),
     /// A decoded query value.
     Decoded(crate::wire::query::QueryValue<'r>),
+    /// A claim's value as text (a number or boolean as written in JSON).
+    Text(std::borrow::Cow<'r, str>),
 }
 
 impl Value<'_> {
@@ -42,6 +46,7 @@ impl Value<'_> {
             Value::Ip { octets, len, .. } => &octets[..*len],
             Value::Bytes(b) => b,
             Value::Decoded(v) => v.as_bytes(),
+            Value::Text(t) => t.as_bytes(),
         };
         &all[..all.len().min(MAX_KEY_VALUE)]
     }
@@ -78,6 +83,10 @@ pub fn read<'r>(part: &KeyPart, req: &RequestView<'r>) -> Option<Value<'r>> {
         }
         KeyPart::Header(name) => Value::Bytes(req.headers.get(name)?.as_bytes()),
         KeyPart::Query(name) => Value::Decoded(query_param(req.query?, name)?),
+        KeyPart::Claim(name) => {
+            let claims = &req.identity?.claims.as_deref()?.claims;
+            Value::Text(crate::jwt::claims::text(crate::jwt::claims::lookup(claims, name)?)?)
+        }
     })
 }
 

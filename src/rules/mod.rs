@@ -33,6 +33,8 @@ pub struct Rule {
     pub matcher: RuleMatch,
     /// The key parts whose values name the counter a request charges, in order.
     pub key_parts: Vec<KeyPart>,
+    /// `limit_from`: each request's limit from a token's claim, bounded.
+    pub limit_from: Option<LimitFrom>,
     /// Name, limit, scope, failure mode and the rest the limiter reads.
     pub policy: Arc<Policy>,
 }
@@ -57,6 +59,69 @@ pub struct RuleMatch {
     pub plan: Option<String>,
     /// A header, present (and equal to the value, if given).
     pub header: Option<(HeaderName, Option<String>)>,
+    /// A verified token's claim, present (and equal to, or containing, a value).
+    pub claim: Option<ClaimMatch>,
+}
+
+/// `limit_from = "claim:NAME"` with `limit_max`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitFrom {
+    /// The claim holding the limit.
+    pub claim: String,
+    /// The most it may grant.
+    pub max: u64,
+}
+
+impl LimitFrom {
+    /// The limit a caller's claim grants, at most `max`; `None` when there is no such claim or
+    /// it is not a whole number of at least 1 (the rule's own limit then applies).
+    pub fn limit(&self, identity: Option<&Identity>) -> Option<u64> {
+        let claims = &identity?.claims.as_deref()?.claims;
+        let v = crate::jwt::claims::lookup(claims, &self.claim)?;
+        let n = match v {
+            serde_json::Value::Number(n) => n.as_u64()?,
+            serde_json::Value::String(s) => s.trim().parse::<u64>().ok()?,
+            _ => return None,
+        };
+        (n >= 1).then_some(n.min(self.max))
+    }
+}
+
+/// `match.claim = { name = "scope", contains = "orders:write" }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimMatch {
+    /// The claim: a name or a path.
+    pub name: String,
+    /// What its value must be.
+    pub test: ClaimTest,
+}
+
+/// What a claim's value must be for a rule to match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimTest {
+    /// Present, whatever its value.
+    Present,
+    /// Equal to this (a string, or a number or boolean as written).
+    Equals(String),
+    /// An array holding this, or a space-separated string (`scope`) with this word.
+    Contains(String),
+}
+
+impl ClaimMatch {
+    /// Whether a caller's claims fit (no token: no claims, never).
+    pub fn matches(&self, identity: Option<&Identity>) -> bool {
+        let Some(claims) = identity.and_then(|i| i.claims.as_deref()) else {
+            return false;
+        };
+        let Some(v) = crate::jwt::claims::lookup(&claims.claims, &self.name) else {
+            return false;
+        };
+        match &self.test {
+            ClaimTest::Present => true,
+            ClaimTest::Equals(want) => crate::jwt::claims::equals(v, want),
+            ClaimTest::Contains(item) => crate::jwt::claims::contains(v, item),
+        }
+    }
 }
 
 /// One key part: a value of the request that, with the others, names its counter.
@@ -80,6 +145,8 @@ pub enum KeyPart {
     Header(HeaderName),
     /// A query parameter's value.
     Query(String),
+    /// A verified token's claim (a name or a path, [`crate::jwt::claims::lookup`]).
+    Claim(String),
 }
 
 impl KeyPart {
@@ -104,9 +171,14 @@ impl KeyPart {
                         return Err(format!("\"{other}\" names no query parameter"));
                     }
                     KeyPart::Query(name.to_string())
+                } else if let Some(name) = other.strip_prefix("claim:") {
+                    if name.is_empty() {
+                        return Err(format!("\"{other}\" names no claim"));
+                    }
+                    KeyPart::Claim(name.to_string())
                 } else {
                     return Err(format!(
-                        "unknown key part \"{other}\" (expected ip, api_key, user, plan, route, method, path, \"header:NAME\" or \"query:NAME\")"
+                        "unknown key part \"{other}\" (expected ip, api_key, user, plan, route, method, path, \"header:NAME\", \"query:NAME\" or \"claim:NAME\")"
                     ));
                 }
             }
@@ -125,6 +197,7 @@ impl KeyPart {
             KeyPart::Path => "path".into(),
             KeyPart::Header(h) => format!("header:{h}"),
             KeyPart::Query(q) => format!("query:{q}"),
+            KeyPart::Claim(c) => format!("claim:{c}"),
         }
     }
 }
@@ -237,6 +310,11 @@ impl Rule {
                 return false;
             }
         }
+        if let Some(claim) = &m.claim {
+            if !claim.matches(req.identity) {
+                return false;
+            }
+        }
         true
     }
 
@@ -281,7 +359,10 @@ impl Rule {
             Some(key) => Some(Check {
                 rule: self.name.clone(),
                 counter: key,
-                limit: self.limit.clone(),
+                limit: match self.limit_from.as_ref().and_then(|f| f.limit(req.identity)) {
+                    Some(n) => self.limit.with_limit(n),
+                    None => self.limit.clone(),
+                },
                 cost: self.cost,
             }),
             None => {
@@ -303,6 +384,7 @@ fn part_tag(part: &KeyPart) -> u8 {
         KeyPart::Path => 7,
         KeyPart::Header(_) => 8,
         KeyPart::Query(_) => 9,
+        KeyPart::Claim(_) => 10,
     }
 }
 
@@ -322,6 +404,7 @@ mod tests {
         Rule {
             matcher,
             key_parts: key,
+            limit_from: None,
             policy: Arc::new(Policy {
                 counters: crate::metrics::RuleCounters::for_rule("unit-test-rule"),
                 ..Policy::with_defaults(

@@ -351,37 +351,12 @@ async fn post(w: &Webhook, body: &[u8]) -> std::io::Result<u16> {
     head.push_str("\r\n");
     let tcp = tokio::net::TcpStream::connect((w.host.as_str(), w.port)).await?;
     if w.tls {
-        let mut stream = tls_connect(&w.host, tcp).await?;
+        let mut stream = crate::wire::outbound::tls_connect(&w.host, tcp).await?;
         exchange(&mut stream, head.as_bytes(), body).await
     } else {
         let mut stream = tcp;
         exchange(&mut stream, head.as_bytes(), body).await
     }
-}
-
-async fn tls_connect(
-    host: &str,
-    tcp: tokio::net::TcpStream,
-) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    use tokio_rustls::rustls;
-    static CONFIG: LazyLock<Option<Arc<rustls::ClientConfig>>> = LazyLock::new(|| {
-        let roots =
-            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .ok()
-        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
-    });
-    let config = CONFIG
-        .clone()
-        .ok_or_else(|| std::io::Error::other("no TLS configuration"))?;
-    let name = rustls::pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
 }
 
 async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(

@@ -13,15 +13,31 @@ use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-/// Who is calling: the public side of an API key. Never holds the secret.
+/// Who is calling: the public side of an API key, or what a verified token's claims say.
+/// Never holds a secret nor the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// The key's public name (logs, metrics, limit keys, `X-Floodgate-Key-Id`).
+    /// The key's public name, or a token's key id claim (logs, metrics, limit keys,
+    /// `X-Floodgate-Key-Id`).
     pub id: HeaderText,
-    /// The customer (several keys may share one).
+    /// The customer (several keys may share one), or a token's user claim.
     pub user: HeaderText,
     /// The customer's plan, if any.
     pub plan: Option<HeaderText>,
+    /// A verified token's issuer and claims (rules match and key on them); `None` for an API
+    /// key.
+    pub claims: Option<Arc<TokenClaims>>,
+}
+
+/// What a verified token brings beside the identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenClaims {
+    /// The issuer's name (`[[auth.jwt]] name`).
+    pub issuer: Arc<str>,
+    /// The issuer forwards the token upstream (`forward_token`).
+    pub forward: bool,
+    /// The claim set.
+    pub claims: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Text that is known to be a valid HTTP header value: checked once when the config is loaded,
@@ -146,7 +162,12 @@ fn prefix(digest: &[u8; 32]) -> u64 {
 
 /// SHA-256 of a secret, as stored.
 pub fn digest_of(secret: &str) -> [u8; 32] {
-    Sha256::digest(secret.as_bytes()).into()
+    digest_of_bytes(secret.as_bytes())
+}
+
+/// SHA-256 of secret bytes.
+pub fn digest_of_bytes(secret: &[u8]) -> [u8; 32] {
+    Sha256::digest(secret).into()
 }
 
 /// The key the client presented: the configured header, else `Authorization: Bearer <key>`.
@@ -199,6 +220,7 @@ mod tests {
                 id: HeaderText::new("acme-prod").unwrap(),
                 user: HeaderText::new("acme").unwrap(),
                 plan: HeaderText::new("pro"),
+                claims: None,
             }),
         }])
     }

@@ -8,6 +8,7 @@
 //! - [`client`]: who a request comes from (client IP, request id); [`auth`]: API keys and the
 //!   identity they carry.
 //! - [`matching`]: the host/path/method match routes and rules share.
+//! - [`outbound`]: the requests floodgate makes itself (TLS to public servers, a bounded GET).
 //! - [`response`]: every answer floodgate makes itself (problem+json, the RateLimit fields);
 //!   [`header_names`]: the names floodgate writes, parsed once.
 
@@ -17,5 +18,6 @@ pub mod header_names;
 pub mod header_policy;
 pub mod matching;
 pub mod normalize;
+pub mod outbound;
 pub mod query;
 pub mod response;

@@ -98,6 +98,30 @@ impl Problem {
         p
     }
 
+    /// 401: a bearer token that is not valid; `detail` says why, never what the token holds.
+    pub fn invalid_token(detail: &str) -> Self {
+        let mut p = Problem::new(
+            "urn:floodgate:problem:invalid-token",
+            "Unauthorized",
+            401,
+            detail,
+        );
+        p.challenge = Some(CHALLENGE_INVALID);
+        p
+    }
+
+    /// 401: a route that takes tokens only, and the request has none.
+    pub fn token_required() -> Self {
+        let mut p = Problem::new(
+            "urn:floodgate:problem:unauthorized",
+            "Unauthorized",
+            401,
+            "this route requires a bearer token (Authorization: Bearer <JWT>)",
+        );
+        p.challenge = Some(CHALLENGE_MISSING);
+        p
+    }
+
     /// 400: a request the gateway will not route (a malformed host or path), or could not read.
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Problem::new(

@@ -55,11 +55,13 @@ pub(super) fn auth(
         }
         None => None,
     };
+    let tokens = super::jwt::tokens(src, raw, dir, warnings)?;
     let auth = Auth {
         header,
         forward_key: raw.forward_key,
         keys_file,
         keys: KeyStore::new(keys),
+        tokens,
     };
     Ok((auth, keys_text))
 }
@@ -126,6 +128,7 @@ fn collect_keys(
                 id: id_text,
                 user,
                 plan,
+                claims: None,
             }),
         });
     }

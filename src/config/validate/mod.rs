@@ -6,6 +6,7 @@
 //! (`fixtures/<section>/*.toml`, each saying the error it must give) and a test that loads them.
 
 mod auth;
+mod jwt;
 mod rls;
 mod routes;
 mod rules;

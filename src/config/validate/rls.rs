@@ -329,6 +329,8 @@ fn as_rule(l: &RawRlsLimit) -> RawRule {
         count: None,
         cost_from: None,
         block_for: l.block_for.clone(),
+        limit_from: None,
+        limit_max: None,
         calendar: l.calendar.clone(),
         timezone: l.timezone.clone(),
     }

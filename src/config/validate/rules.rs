@@ -52,11 +52,13 @@ pub(super) fn rules(
         let charge = charge(src, r, name, &shape)?;
         let matcher = rule_match(src, r, name, routes)?;
         let respond = respond(src, r, name, &shape, &charge)?;
+        let limit_from = limit_from(src, r, name, &shape)?;
         let limit = shape.blocking(respond.block_for.unwrap_or_default());
         let headers = r.headers.unwrap_or(true);
         out.push(Arc::new(Rule {
             matcher,
             key_parts: key,
+            limit_from,
             policy: Arc::new(charge.policy(name, limit, respond, r.shadow, headers)),
         }));
     }
@@ -500,6 +502,73 @@ fn rule_match(
         },
         plan: m.plan.clone(),
         header,
+        claim: m.claim.as_ref().map(|c| claim_match(src, c)).transpose()?,
+    })
+}
+
+/// `limit_from` and `limit_max`: a claim and the most it may grant, together; not with a
+/// lease (a lease hands out permits of one limit for every caller).
+fn limit_from(
+    src: &Src,
+    r: &RawRule,
+    name: &str,
+    shape: &crate::limiter::Limit,
+) -> Result<Option<crate::rules::LimitFrom>, ConfigError> {
+    let (from, max) = match (&r.limit_from, &r.limit_max) {
+        (None, None) => return Ok(None),
+        (Some(f), None) => {
+            return Err(src.err(f.span(), format!("rule \"{name}\": limit_from needs limit_max, the most a claim may grant")))
+        }
+        (None, Some(m)) => {
+            return Err(src.err(m.span(), format!("rule \"{name}\": limit_max applies only with limit_from")))
+        }
+        (Some(f), Some(m)) => (f, m),
+    };
+    let Some(claim) = from.get_ref().strip_prefix("claim:").filter(|c| !c.is_empty()) else {
+        return Err(src.err(from.span(), format!("rule \"{name}\": limit_from must be \"claim:NAME\"")));
+    };
+    if r.lease.is_some() {
+        return Err(src.err(from.span(), format!("rule \"{name}\": limit_from cannot be used with lease")));
+    }
+    let max = src.positive(max, "limit_max")?;
+    if max > 1_000_000_000 {
+        return Err(src.err(r.limit_max.as_ref().map_or(from.span(), |m| m.span()), "limit_max must be at most 1000000000"));
+    }
+    if let Some(cap) = shape.algorithm().capabilities().limit_cap {
+        if max > cap.max {
+            return Err(src.err(
+                r.limit_max.as_ref().map_or(from.span(), |m| m.span()),
+                format!("rule \"{name}\": {}, so limit_max is capped at {}", cap.why, cap.max),
+            ));
+        }
+    }
+    Ok(Some(crate::rules::LimitFrom {
+        claim: claim.to_string(),
+        max,
+    }))
+}
+
+/// `match.claim`: a name and at most one of `equals` and `contains`.
+fn claim_match(
+    src: &Src,
+    c: &toml::Spanned<RawClaimMatch>,
+) -> Result<crate::rules::ClaimMatch, ConfigError> {
+    use crate::rules::{ClaimMatch, ClaimTest};
+    let raw = c.get_ref();
+    if raw.name.get_ref().is_empty() {
+        return Err(src.err(raw.name.span(), "match.claim needs a claim name"));
+    }
+    let test = match (&raw.equals, &raw.contains) {
+        (Some(_), Some(_)) => {
+            return Err(src.err(c.span(), "match.claim takes equals or contains, not both"))
+        }
+        (Some(v), None) => ClaimTest::Equals(v.clone()),
+        (None, Some(v)) => ClaimTest::Contains(v.clone()),
+        (None, None) => ClaimTest::Present,
+    };
+    Ok(ClaimMatch {
+        name: raw.name.get_ref().clone(),
+        test,
     })
 }
 

@@ -638,6 +638,7 @@ mod tests {
             id: HeaderText::new(id).unwrap(),
             user: HeaderText::new(user).unwrap(),
             plan: None,
+            claims: None,
         }
     }
 
