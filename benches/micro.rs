@@ -21,6 +21,7 @@ fn rule(name: &str, key: Vec<KeyPart>, matcher: RuleMatch, algorithm: Algorithm)
     Rule {
         matcher,
         key_parts: key,
+        limit_from: None,
         policy: Arc::new(Policy::with_defaults(
             name,
             Limit::police(

@@ -150,6 +150,15 @@ const TABLES: &[Table] = &[
         always: true,
     },
     Table {
+        header: "[[auth.jwt]]",
+        parent: Some(("[auth]", "jwt")),
+        base: &[
+            ("issuer", "\"https://idp.example\""),
+            ("jwks_url", "\"https://idp.example/jwks\""),
+        ],
+        always: false,
+    },
+    Table {
         header: "[[upstreams]]",
         parent: None,
         base: &[("name", "\"u\""), ("targets", "[\"127.0.0.1:9\"]")],
@@ -549,10 +558,16 @@ async fn every_documented_admin_endpoint_answers() {
 // ---- 3. Metrics -----------------------------------------------------------------------------
 
 /// README metrics this walk cannot see exported, each with the reason. Keep it minimal.
-const NOT_EXPORTED_HERE: &[(&str, &str)] = &[(
-    "floodgate_store_node_circuit_breaker_state",
-    "one series per Redis Cluster master: needs a cluster",
-)];
+const NOT_EXPORTED_HERE: &[(&str, &str)] = &[
+    (
+        "floodgate_store_node_circuit_breaker_state",
+        "one series per Redis Cluster master: needs a cluster",
+    ),
+    (
+        "floodgate_jwks_age_seconds",
+        "set once a JWK Set is fetched: needs an identity provider (tests/jwt.rs)",
+    ),
+];
 
 /// One row of the README's metrics table.
 #[derive(Debug)]
@@ -650,7 +665,9 @@ async fn documented_metrics_are_exactly_the_exported_ones() {
          algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nscope = \"local\"\n\n\
          [[rules]]\nname = \"priced\"\nmatch = {{ path = \"/priced\" }}\nkey = [\"ip\"]\n\
          algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nscope = \"local\"\ncost_from = \"header:x-cost\"\n\n\
-         [[webhooks]]\nname = \"walk\"\nurl = \"http://127.0.0.1:9/hooks\"\nevents = [\"rejected\"]\n",
+         [[webhooks]]\nname = \"walk\"\nurl = \"http://127.0.0.1:9/hooks\"\nevents = [\"rejected\"]\n\n\
+         [[auth.jwt]]\nname = \"walk\"\nissuer = \"https://idp.example\"\naudiences = [\"walk\"]\n\
+         jwks_url = \"http://127.0.0.1:9/jwks\"\nfetch_timeout = \"200ms\"\n",
         // The upstream has `[upstreams.protect]`, so that its gauges and shed counters are
         // exported too.
         orders_upstream(&[api.addr])

@@ -98,11 +98,12 @@ impl crate::upstream::service::InForce for Gateway {
     }
 }
 
-/// Registers the metric series of `config`'s rules as it is put in force. Validation leaves the
+/// Registers the metric series of `config`'s rules (and token issuers) as it is put in force. Validation leaves the
 /// registry alone (see [`crate::metrics::RuleCounters`]), so a file that is only checked, or a
 /// reload that fails, exports nothing.
 fn register_rule_series(config: &Config) {
     crate::rls::metrics::register(config.rls.as_ref());
+    config.auth.tokens.register_series();
     let rls_limits = config.rls.iter().flat_map(|r| &r.limits).map(|l| &l.policy);
     for rule in config.rules.iter().map(|r| &r.policy).chain(rls_limits) {
         rule.counters.register();

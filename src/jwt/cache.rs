@@ -15,6 +15,9 @@ use crate::wire::auth::Identity;
 
 const SHARDS: usize = 16;
 
+/// One shard: verified tokens by their SHA-256.
+type Shard = Mutex<HashMap<[u8; 32], Entry>>;
+
 /// One verified token.
 #[derive(Clone)]
 pub struct Entry {
@@ -30,7 +33,7 @@ pub struct Entry {
 
 /// The cache of one config generation's issuers.
 pub struct TokenCache {
-    shards: Box<[Mutex<HashMap<[u8; 32], Entry>>]>,
+    shards: Box<[Shard]>,
     per_shard: usize,
 }
 
@@ -50,7 +53,7 @@ impl TokenCache {
         }
     }
 
-    fn shard(&self, digest: &[u8; 32]) -> &Mutex<HashMap<[u8; 32], Entry>> {
+    fn shard(&self, digest: &[u8; 32]) -> &Shard {
         &self.shards[usize::from(digest[0]) % SHARDS]
     }
 

@@ -32,7 +32,11 @@ pub fn text(value: &Value) -> Option<std::borrow::Cow<'_, str>> {
     match value {
         Value::String(s) => Some(std::borrow::Cow::Borrowed(s)),
         Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string())),
-        Value::Bool(b) => Some(std::borrow::Cow::Borrowed(if *b { "true" } else { "false" })),
+        Value::Bool(b) => Some(std::borrow::Cow::Borrowed(if *b {
+            "true"
+        } else {
+            "false"
+        })),
         _ => None,
     }
 }
@@ -128,8 +132,14 @@ mod tests {
             "n": 5, "t": true
         }));
         assert_eq!(lookup(&c, "sub"), Some(&json!("u1")));
-        assert_eq!(lookup(&c, "realm_access.roles"), Some(&json!(["admin", "reader"])));
-        assert_eq!(lookup(&c, "https://example.com/tenant"), Some(&json!("acme")));
+        assert_eq!(
+            lookup(&c, "realm_access.roles"),
+            Some(&json!(["admin", "reader"]))
+        );
+        assert_eq!(
+            lookup(&c, "https://example.com/tenant"),
+            Some(&json!("acme"))
+        );
         assert_eq!(lookup(&c, "a.b.c.d"), Some(&json!(7)));
         assert_eq!(lookup(&c, "realm_access.nope"), None);
         assert!(contains(lookup(&c, "realm_access.roles").unwrap(), "admin"));
@@ -152,17 +162,41 @@ mod tests {
         let ok = json!({"iss": "https://idp", "aud": ["x", "api"], "exp": 1000});
         assert_eq!(check(&claims(ok), &expect, 900), Ok(1000));
         let cases = [
-            (json!({"iss": "https://idp", "aud": "api"}), 900, Reason::MissingExp),
-            (json!({"iss": "https://idp", "aud": "api", "exp": 1000}), 1030, Reason::Expired),
-            (json!({"iss": "https://idp", "aud": "api", "exp": "x"}), 0, Reason::Malformed),
+            (
+                json!({"iss": "https://idp", "aud": "api"}),
+                900,
+                Reason::MissingExp,
+            ),
+            (
+                json!({"iss": "https://idp", "aud": "api", "exp": 1000}),
+                1030,
+                Reason::Expired,
+            ),
+            (
+                json!({"iss": "https://idp", "aud": "api", "exp": "x"}),
+                0,
+                Reason::Malformed,
+            ),
             (
                 json!({"iss": "https://idp", "aud": "api", "exp": 9999, "nbf": 1031}),
                 1000,
                 Reason::NotYetValid,
             ),
-            (json!({"iss": "https://evil", "aud": "api", "exp": 9999}), 0, Reason::WrongIssuer),
-            (json!({"iss": "https://idp", "aud": "other", "exp": 9999}), 0, Reason::WrongAudience),
-            (json!({"iss": "https://idp", "exp": 9999}), 0, Reason::WrongAudience),
+            (
+                json!({"iss": "https://evil", "aud": "api", "exp": 9999}),
+                0,
+                Reason::WrongIssuer,
+            ),
+            (
+                json!({"iss": "https://idp", "aud": "other", "exp": 9999}),
+                0,
+                Reason::WrongAudience,
+            ),
+            (
+                json!({"iss": "https://idp", "exp": 9999}),
+                0,
+                Reason::WrongAudience,
+            ),
         ];
         for (c, now, want) in cases {
             assert_eq!(check(&claims(c.clone()), &expect, now), Err(want), "{c}");

@@ -111,7 +111,11 @@ fn key_of(entry: &Value) -> Option<Key> {
     if entry.get("kty").and_then(Value::as_str) == Some("oct") {
         return None;
     }
-    if entry.get("use").and_then(Value::as_str).is_some_and(|u| u != "sig") {
+    if entry
+        .get("use")
+        .and_then(Value::as_str)
+        .is_some_and(|u| u != "sig")
+    {
         return None;
     }
     let alg = match entry.get("alg").and_then(Value::as_str) {

@@ -34,12 +34,14 @@ pub struct JwtMetrics {
 pub fn jwt_metrics() -> &'static JwtMetrics {
     static M: LazyLock<JwtMetrics> = LazyLock::new(|| {
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = CounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+            let c =
+                CounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
             crate::metrics::metrics().register(Box::new(c.clone()));
             c
         };
         let gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["issuer"]).expect("static metric definition");
+            let g = IntGaugeVec::new(Opts::new(name, help), &["issuer"])
+                .expect("static metric definition");
             crate::metrics::metrics().register(Box::new(g.clone()));
             g
         };

@@ -335,6 +335,22 @@ impl Tokens {
         }
     }
 
+    /// Creates every issuer's metric series at 0, as the config is put in force: `ok`
+    /// verifications, and for fetched keys the fetches and skipped refetches.
+    pub fn register_series(&self) {
+        let m = metrics::jwt_metrics();
+        for i in &self.issuers {
+            i.counter(&i.ok, "ok");
+            if i.keys.is_fetched() {
+                for result in ["ok", "error"] {
+                    m.fetches.with_label_values(&[&i.name, result]);
+                }
+                m.refetch_skipped.with_label_values(&[&i.name]);
+            }
+            m.keys.with_label_values(&[&i.name]);
+        }
+    }
+
     /// Whether every issuer has keys (what `/readyz` waits for, as for the store).
     pub fn ready(&self) -> bool {
         self.issuers.iter().all(|i| i.keys.keys().is_some())

@@ -47,7 +47,8 @@ pub fn parse(token: &[u8]) -> Result<Parsed<'_>, Reason> {
     }
     let text = std::str::from_utf8(token).map_err(|_| Reason::Malformed)?;
     let mut parts = text.split('.');
-    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(p), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(Reason::Malformed);
     };
@@ -165,7 +166,10 @@ mod tests {
 
     #[test]
     fn a_well_formed_token_is_split_and_decoded() {
-        let t = token(r#"{"alg":"ES256","kid":"k1"}"#, r#"{"sub":"u","n":{"a":1}}"#);
+        let t = token(
+            r#"{"alg":"ES256","kid":"k1"}"#,
+            r#"{"sub":"u","n":{"a":1}}"#,
+        );
         let p = parse(t.as_bytes()).unwrap();
         assert_eq!(p.alg, Algorithm::ES256);
         assert_eq!(p.kid.as_deref(), Some("k1"));

@@ -65,6 +65,25 @@ impl Policy {
             && self.limit.mode() == super::LeakyMode::Police
     }
 
+    /// This policy counting by `limit` instead (a per-caller limit: `limit_from`, an RLS
+    /// descriptor's override): the same rule, its counters and answers, other numbers.
+    pub fn with_limit(&self, limit: Limit) -> Policy {
+        Policy {
+            name: self.name.clone(),
+            limit,
+            scope: self.scope,
+            on_store_error: self.on_store_error,
+            cost: self.cost,
+            shadow: self.shadow,
+            headers: self.headers,
+            status: self.status,
+            counters: self.counters.clone(),
+            lease: None,
+            max_waiting: self.max_waiting,
+            respond: self.respond.clone(),
+        }
+    }
+
     /// A policy named `name` that counts by `limit` in `scope`, every other option at its
     /// gateway.toml default: fail open, cost 1, counted for real, in the headers, status 429,
     /// no lease, the default queue, charged whatever the response. For the rules tests and

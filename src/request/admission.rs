@@ -322,8 +322,9 @@ fn applying_rules(
     for rule in &cfg.rules {
         match rule.matching(view) {
             Ok(true) => {
-                if let Some(check) = rule.check_for(view) {
-                    applying.push((rule.policy.clone(), check));
+                let policy = rule.policy_for(view);
+                if let Some(check) = rule.check_by(&policy, view) {
+                    applying.push((policy, check));
                 }
             }
             // A shadow rule never refuses: it just cannot count this request.

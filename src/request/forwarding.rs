@@ -204,7 +204,9 @@ fn remove_cookie(req: &mut RequestHeader, name: &str) -> pingora::Result<()> {
                 .as_bytes()
                 .split(|b| *b == b';')
                 .map(<[u8]>::trim_ascii)
-                .filter(|p| !p.is_empty() && p.split(|b| *b == b'=').next() != Some(name.as_bytes()))
+                .filter(|p| {
+                    !p.is_empty() && p.split(|b| *b == b'=').next() != Some(name.as_bytes())
+                })
                 .collect();
             pairs.join(&b"; "[..])
         })

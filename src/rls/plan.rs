@@ -198,20 +198,7 @@ fn overridden(limit: &RlsLimit, o: &RateLimitOverride, i: usize) -> Result<Arc<P
     .map_err(|e| Status::invalid_argument(format!("descriptor {i}: the limit override: {e}")))?
     // A value the limit's own numbers would block is blocked under an override's too.
     .blocking(p.limit.block_for());
-    Ok(Arc::new(Policy {
-        name: p.name.clone(),
-        limit: numbers,
-        scope: p.scope,
-        on_store_error: p.on_store_error,
-        cost: p.cost,
-        shadow: p.shadow,
-        headers: p.headers,
-        status: p.status,
-        counters: p.counters.clone(),
-        lease: None,
-        max_waiting: p.max_waiting,
-        respond: p.respond.clone(),
-    }))
+    Ok(Arc::new(p.with_limit(numbers)))
 }
 
 #[cfg(test)]

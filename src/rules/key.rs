@@ -85,7 +85,9 @@ pub fn read<'r>(part: &KeyPart, req: &RequestView<'r>) -> Option<Value<'r>> {
         KeyPart::Query(name) => Value::Decoded(query_param(req.query?, name)?),
         KeyPart::Claim(name) => {
             let claims = &req.identity?.claims.as_deref()?.claims;
-            Value::Text(crate::jwt::claims::text(crate::jwt::claims::lookup(claims, name)?)?)
+            Value::Text(crate::jwt::claims::text(crate::jwt::claims::lookup(
+                claims, name,
+            )?)?)
         }
     })
 }

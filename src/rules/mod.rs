@@ -352,17 +352,31 @@ impl Rule {
         Some(u64::from_le_bytes(first))
     }
 
+    /// The policy this request is counted by: the rule's, or with `limit_from` a copy holding
+    /// the caller's own limit (so that its check, its answer and its RateLimit fields all say
+    /// that limit).
+    pub fn policy_for(&self, req: &RequestView<'_>) -> Arc<Policy> {
+        match self.limit_from.as_ref().and_then(|f| f.limit(req.identity)) {
+            Some(n) if n != self.limit.limit() => {
+                Arc::new(self.policy.with_limit(self.limit.with_limit(n)))
+            }
+            _ => self.policy.clone(),
+        }
+    }
+
     /// The store check for this request, or `None` when the rule cannot be keyed. Counts the
     /// skip.
     pub fn check_for(&self, req: &RequestView<'_>) -> Option<Check> {
+        self.check_by(&self.policy, req)
+    }
+
+    /// [`Rule::check_for`] counted by `policy` (see [`Rule::policy_for`]).
+    pub fn check_by(&self, policy: &Policy, req: &RequestView<'_>) -> Option<Check> {
         match self.counter_id(req) {
             Some(key) => Some(Check {
                 rule: self.name.clone(),
                 counter: key,
-                limit: match self.limit_from.as_ref().and_then(|f| f.limit(req.identity)) {
-                    Some(n) => self.limit.with_limit(n),
-                    None => self.limit.clone(),
-                },
+                limit: policy.limit.clone(),
                 cost: self.cost,
             }),
             None => {

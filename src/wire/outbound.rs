@@ -49,7 +49,10 @@ pub struct Fetched {
 pub async fn get(url: &http::Uri, timeout: Duration, cap: usize) -> Result<Fetched, String> {
     match tokio::time::timeout(timeout, get_inner(url, cap)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {}", crate::text::humantime(timeout))),
+        Err(_) => Err(format!(
+            "no answer within {}",
+            crate::text::humantime(timeout)
+        )),
     }
 }
 
@@ -132,7 +135,12 @@ pub fn max_age(value: &str) -> Option<Duration> {
         }
         if let Some((name, secs)) = d.split_once('=') {
             if name.trim().eq_ignore_ascii_case("max-age") {
-                return secs.trim().trim_matches('"').parse().ok().map(Duration::from_secs);
+                return secs
+                    .trim()
+                    .trim_matches('"')
+                    .parse()
+                    .ok()
+                    .map(Duration::from_secs);
             }
         }
     }
@@ -145,7 +153,10 @@ mod tests {
 
     #[test]
     fn cache_control_gives_its_max_age() {
-        assert_eq!(max_age("public, max-age=300"), Some(Duration::from_secs(300)));
+        assert_eq!(
+            max_age("public, max-age=300"),
+            Some(Duration::from_secs(300))
+        );
         assert_eq!(max_age("max-age=\"60\""), Some(Duration::from_secs(60)));
         assert_eq!(max_age("no-store"), Some(Duration::ZERO));
         assert_eq!(max_age("public"), None);

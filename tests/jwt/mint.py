@@ -4,7 +4,9 @@
 Usage: python3 tests/jwt/mint.py <dir> <issuer> <audience>
 
 Writes into <dir> (fresh keys on every run):
-  jwks.json       public JWK Set: ec-1 (ES256), rsa-1 (RS256), ed-1 (EdDSA)
+  jwks.json       public JWK Set: ec-1 (ES256), rsa-1 (RS256), rsa-ps (the same
+                  RSA key for PS256: a key that names its alg verifies only that),
+                  ed-1 (EdDSA)
   rsa_public.pem  the rsa-1 public key (SubjectPublicKeyInfo PEM)
   hs_secret.txt   the shared HS256 secret, no trailing newline
   tokens.json     {case name: compact JWS}
@@ -14,7 +16,7 @@ scope, tenant, plan, rate_limit, realm_access.roles, a URL-named tenant claim)
 unless the case says otherwise. Cases:
 
   valid_es256, valid_rs256,   accepted: one per algorithm; PS256 uses the
-  valid_eddsa, valid_ps256    RSA key under kid rsa-1
+  valid_eddsa, valid_ps256    RSA key under kid rsa-ps
   valid_es256_sub2   accepted: a second identity (user-2, globex, free)
   alg_none           rejected: unsigned token, header alg "none", empty signature
   hs256_confusion    rejected: HS256 keyed with the bytes of rsa_public.pem,
@@ -81,6 +83,7 @@ def mint(out: Path, issuer: str, audience: str) -> None:
     for kid, alg, to_jwk, key in [
         ("ec-1", "ES256", ECAlgorithm.to_jwk, ec_key),
         ("rsa-1", "RS256", RSAAlgorithm.to_jwk, rsa_key),
+        ("rsa-ps", "PS256", RSAAlgorithm.to_jwk, rsa_key),
         ("ed-1", "EdDSA", OKPAlgorithm.to_jwk, ed_key),
     ]:
         jwk = to_jwk(key.public_key(), as_dict=True)
@@ -116,8 +119,11 @@ def mint(out: Path, issuer: str, audience: str) -> None:
     t["valid_es256"] = es256(claims())
     t["valid_rs256"] = jwt.encode(claims(), rsa_key, algorithm="RS256", headers={"kid": "rsa-1"})
     t["valid_eddsa"] = jwt.encode(claims(), ed_key, algorithm="EdDSA", headers={"kid": "ed-1"})
-    t["valid_ps256"] = jwt.encode(claims(), rsa_key, algorithm="PS256", headers={"kid": "rsa-1"})
-    t["valid_es256_sub2"] = es256(claims(sub="user-2", tenant="globex", plan="free"))
+    t["valid_ps256"] = jwt.encode(claims(), rsa_key, algorithm="PS256", headers={"kid": "rsa-ps"})
+    t["valid_es256_sub2"] = es256(
+        claims(**{"sub": "user-2", "tenant": "globex", "plan": "free",
+                  "https://example.com/tenant": "globex-url"})
+    )
 
     t["alg_none"] = f"{b64(compact({'alg': 'none', 'typ': 'JWT'}))}.{b64(compact(claims()))}."
 

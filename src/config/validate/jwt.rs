@@ -37,7 +37,10 @@ pub(super) fn tokens(
             let at = j.get_ref().name.as_ref().map_or(j.span(), |n| n.span());
             return Err(src.err(
                 at,
-                format!("issuer name \"{}\" is used twice (set `name` to tell them apart)", issuer.name),
+                format!(
+                    "issuer name \"{}\" is used twice (set `name` to tell them apart)",
+                    issuer.name
+                ),
             ));
         }
         if issuers
@@ -60,7 +63,10 @@ pub(super) fn tokens(
             .ok()
             .filter(|n| *n <= 10_000_000)
             .ok_or_else(|| {
-                src.err(n.span(), "token_cache_size must be a whole number from 0 to 10000000")
+                src.err(
+                    n.span(),
+                    "token_cache_size must be a whole number from 0 to 10000000",
+                )
             })?,
     };
     Ok(Tokens::new(issuers, cache))
@@ -86,13 +92,24 @@ fn issuer(
     };
     let algorithms = algorithms(src, r)?;
     let (from, identity) = keys_from(src, j, &algorithms, dir, warnings)?;
-    let audiences = r.audiences.as_ref().map(|a| a.get_ref().clone()).unwrap_or_default();
+    let audiences = r
+        .audiences
+        .as_ref()
+        .map(|a| a.get_ref().clone())
+        .unwrap_or_default();
     if audiences.is_empty() {
         warnings.push(format!(
             "issuer \"{name}\" checks no audience: any token it signs for any service is accepted; set audiences"
         ));
     }
-    let leeway = bounded(src, &r.leeway, Duration::from_secs(30), MAX_LEEWAY, "leeway", true)?;
+    let leeway = bounded(
+        src,
+        &r.leeway,
+        Duration::from_secs(30),
+        MAX_LEEWAY,
+        "leeway",
+        true,
+    )?;
     let refresh_interval = bounded(
         src,
         &r.refresh_interval,
@@ -125,7 +142,9 @@ fn issuer(
     };
     let claim = |c: &Option<Spanned<String>>, what: &str| -> Result<Option<String>, ConfigError> {
         match c {
-            Some(v) if v.get_ref().is_empty() => Err(src.err(v.span(), format!("{what} must not be empty"))),
+            Some(v) if v.get_ref().is_empty() => {
+                Err(src.err(v.span(), format!("{what} must not be empty")))
+            }
             Some(v) => Ok(Some(v.get_ref().clone())),
             None => Ok(None),
         }
@@ -170,7 +189,10 @@ fn algorithms(src: &Src, r: &RawJwt) -> Result<Vec<Algorithm>, ConfigError> {
         };
         out.push(alg);
     }
-    let hmac = out.iter().filter(|a| a.family() == AlgorithmFamily::Hmac).count();
+    let hmac = out
+        .iter()
+        .filter(|a| a.family() == AlgorithmFamily::Hmac)
+        .count();
     if hmac != 0 && hmac != out.len() {
         return Err(src.err(
             list.span(),
@@ -217,7 +239,10 @@ fn keys_from(
         (None, Some(f)) => {
             let path = dir.join(f.get_ref());
             let bytes = std::fs::read(&path).map_err(|e| {
-                src.err(f.span(), format!("cannot read secret_file \"{}\": {e}", path.display()))
+                src.err(
+                    f.span(),
+                    format!("cannot read secret_file \"{}\": {e}", path.display()),
+                )
             })?;
             // A trailing newline is an editor's, not the secret's.
             let trimmed = bytes.trim_ascii_end().to_vec();
@@ -227,13 +252,19 @@ fn keys_from(
     };
     if let Some((bytes, span)) = secret {
         if !hmac {
-            return Err(src.err(span, "a secret verifies HMAC tokens only: set algorithms to HS256, HS384 or HS512"));
+            return Err(src.err(
+                span,
+                "a secret verifies HMAC tokens only: set algorithms to HS256, HS384 or HS512",
+            ));
         }
         let need = algorithms.iter().map(hmac_min_len).max().unwrap_or(32);
         if bytes.len() < need {
             return Err(src.err(
                 span,
-                format!("the secret is {} bytes; the algorithms need at least {need} (RFC 7518 §3.2)", bytes.len()),
+                format!(
+                    "the secret is {} bytes; the algorithms need at least {need} (RFC 7518 §3.2)",
+                    bytes.len()
+                ),
             ));
         }
         let digest = hex::encode(crate::wire::auth::digest_of_bytes(&bytes));
@@ -242,11 +273,14 @@ fn keys_from(
     }
     if hmac {
         let at = r.algorithms.as_ref().map_or(j.span(), |a| a.span());
-        return Err(src.err(at, "HMAC algorithms need a secret or secret_file; a JWK Set gives public keys"));
+        return Err(src.err(
+            at,
+            "HMAC algorithms need a secret or secret_file; a JWK Set gives public keys",
+        ));
     }
     if let Some(text) = &r.jwks {
-        let set = KeySet::from_jwks(text.get_ref().as_bytes())
-            .map_err(|e| src.err(text.span(), e))?;
+        let set =
+            KeySet::from_jwks(text.get_ref().as_bytes()).map_err(|e| src.err(text.span(), e))?;
         let digest = hex::encode(crate::wire::auth::digest_of(text.get_ref()));
         return Ok((KeysFrom::Fixed(Arc::new(set)), format!("jwks {digest}")));
     }
@@ -255,13 +289,22 @@ fn keys_from(
         (None, Some(d)) => (d, true),
         _ => unreachable!("one source is given"),
     };
-    let what = if discovery { "discovery_url" } else { "jwks_url" };
-    let uri: http::Uri = url
-        .get_ref()
-        .parse()
-        .map_err(|_| src.err(url.span(), format!("{what} \"{}\" is not a URL", url.get_ref())))?;
+    let what = if discovery {
+        "discovery_url"
+    } else {
+        "jwks_url"
+    };
+    let uri: http::Uri = url.get_ref().parse().map_err(|_| {
+        src.err(
+            url.span(),
+            format!("{what} \"{}\" is not a URL", url.get_ref()),
+        )
+    })?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-        return Err(src.err(url.span(), format!("{what} must be an http:// or https:// URL with a host")));
+        return Err(src.err(
+            url.span(),
+            format!("{what} must be an http:// or https:// URL with a host"),
+        ));
     }
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(src.err(url.span(), format!("{what} must not hold credentials")));
@@ -306,14 +349,22 @@ fn carrier(src: &Src, r: &RawJwt) -> Result<Carrier, ConfigError> {
         (Some(h), Some(_)) => Err(src.err(h.span(), "set header or cookie, not both")),
         (None, Some(c)) => {
             let name = c.get_ref();
-            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b)) {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
+            {
                 return Err(src.err(c.span(), format!("\"{name}\" is not a valid cookie name")));
             }
             Ok(Carrier::Cookie(name.clone()))
         }
         (Some(h), None) => {
-            let name = HeaderName::from_bytes(h.get_ref().as_bytes())
-                .map_err(|_| src.err(h.span(), format!("\"{}\" is not a valid header name", h.get_ref())))?;
+            let name = HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                src.err(
+                    h.span(),
+                    format!("\"{}\" is not a valid header name", h.get_ref()),
+                )
+            })?;
             Ok(if name == http::header::AUTHORIZATION {
                 Carrier::Bearer
             } else {

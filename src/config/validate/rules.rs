@@ -517,28 +517,50 @@ fn limit_from(
     let (from, max) = match (&r.limit_from, &r.limit_max) {
         (None, None) => return Ok(None),
         (Some(f), None) => {
-            return Err(src.err(f.span(), format!("rule \"{name}\": limit_from needs limit_max, the most a claim may grant")))
+            return Err(src.err(
+                f.span(),
+                format!("rule \"{name}\": limit_from needs limit_max, the most a claim may grant"),
+            ))
         }
         (None, Some(m)) => {
-            return Err(src.err(m.span(), format!("rule \"{name}\": limit_max applies only with limit_from")))
+            return Err(src.err(
+                m.span(),
+                format!("rule \"{name}\": limit_max applies only with limit_from"),
+            ))
         }
         (Some(f), Some(m)) => (f, m),
     };
-    let Some(claim) = from.get_ref().strip_prefix("claim:").filter(|c| !c.is_empty()) else {
-        return Err(src.err(from.span(), format!("rule \"{name}\": limit_from must be \"claim:NAME\"")));
+    let Some(claim) = from
+        .get_ref()
+        .strip_prefix("claim:")
+        .filter(|c| !c.is_empty())
+    else {
+        return Err(src.err(
+            from.span(),
+            format!("rule \"{name}\": limit_from must be \"claim:NAME\""),
+        ));
     };
     if r.lease.is_some() {
-        return Err(src.err(from.span(), format!("rule \"{name}\": limit_from cannot be used with lease")));
+        return Err(src.err(
+            from.span(),
+            format!("rule \"{name}\": limit_from cannot be used with lease"),
+        ));
     }
     let max = src.positive(max, "limit_max")?;
     if max > 1_000_000_000 {
-        return Err(src.err(r.limit_max.as_ref().map_or(from.span(), |m| m.span()), "limit_max must be at most 1000000000"));
+        return Err(src.err(
+            r.limit_max.as_ref().map_or(from.span(), |m| m.span()),
+            "limit_max must be at most 1000000000",
+        ));
     }
     if let Some(cap) = shape.algorithm().capabilities().limit_cap {
         if max > cap.max {
             return Err(src.err(
                 r.limit_max.as_ref().map_or(from.span(), |m| m.span()),
-                format!("rule \"{name}\": {}, so limit_max is capped at {}", cap.why, cap.max),
+                format!(
+                    "rule \"{name}\": {}, so limit_max is capped at {}",
+                    cap.why, cap.max
+                ),
             ));
         }
     }
