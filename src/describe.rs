@@ -34,6 +34,13 @@ pub fn rule_match(r: &Rule) -> String {
             None => parts.push(format!("header {name} present")),
         }
     }
+    if let Some(c) = &m.claim {
+        parts.push(match &c.test {
+            crate::rules::ClaimTest::Present => format!("claim {} present", c.name),
+            crate::rules::ClaimTest::Equals(v) => format!("claim {}={v}", c.name),
+            crate::rules::ClaimTest::Contains(v) => format!("claim {} contains {v}", c.name),
+        });
+    }
     if parts.is_empty() {
         "every request".to_string()
     } else {
@@ -78,6 +85,9 @@ pub fn rule_limit(r: &Rule) -> String {
             crate::text::rate::show_rate(rate)
         );
     }
+    if let Some(f) = &r.limit_from {
+        let _ = write!(out, " (limit from claim:{}, at most {})", f.claim, f.max);
+    }
     out
 }
 
@@ -89,6 +99,21 @@ pub fn check_report(cfg: &Config) -> String {
         let _ = writeln!(out, "warning: {w}");
     }
     let _ = writeln!(out, "store: {}", cfg.store.backend.as_str());
+    if !cfg.auth.tokens.is_empty() {
+        let _ = writeln!(out, "token issuers:");
+        for i in &cfg.auth.tokens.issuers {
+            let algs: Vec<String> = i.algorithms.iter().map(|a| format!("{a:?}")).collect();
+            let _ = writeln!(
+                out,
+                "  {}: iss {} | aud [{}] | {} | keys {}",
+                i.name,
+                i.issuer,
+                i.audiences.join(", "),
+                algs.join(", "),
+                i.keys.describe()
+            );
+        }
+    }
     let _ = writeln!(out, "upstreams:");
     for u in &cfg.upstreams {
         let targets: Vec<&str> = u.settings.targets.iter().map(|t| &*t.name).collect();
@@ -195,6 +220,16 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         m.header
             .as_ref()
             .map(|(n, v)| serde_json::json!({"name": n.as_str(), "value": v})),
+    );
+    put(
+        "claim",
+        m.claim.as_ref().map(|c| match &c.test {
+            crate::rules::ClaimTest::Present => serde_json::json!({"name": c.name}),
+            crate::rules::ClaimTest::Equals(v) => serde_json::json!({"name": c.name, "equals": v}),
+            crate::rules::ClaimTest::Contains(v) => {
+                serde_json::json!({"name": c.name, "contains": v})
+            }
+        }),
     );
     let l = &r.limit;
     let mut v = serde_json::json!({

@@ -75,9 +75,19 @@ fn read_parts(shown: &str) -> Vec<(String, String)> {
     parts
 }
 
+/// A token issuer with its key in the config: the page lists it with its key ids.
+const ISSUER: &str = r#"[[auth.jwt]]
+name = "corp"
+issuer = "https://idp.corp.example"
+audiences = ["orders"]
+jwks = '''{"keys": [{"kty": "EC", "crv": "P-256", "kid": "ec-1", "alg": "ES256", "use": "sig",
+  "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",
+  "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}'''
+"#;
+
 fn config(api: SocketAddr) -> String {
     format!(
-        "{DEMO_KEYS}\n{}[upstreams.protect]\nmin_limit = 6\n\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"optional\"\n{RULES}",
+        "{DEMO_KEYS}\n{ISSUER}\n{}[upstreams.protect]\nmin_limit = 6\n\n[[routes]]\nname = \"orders\"\nmatch = {{ path_prefix = \"/orders\" }}\nupstream = \"orders\"\nauth = \"optional\"\n{RULES}",
         orders_upstream(&[api])
     )
 }
@@ -402,6 +412,20 @@ async fn drive(b: &Client, gw: &Gateway, guarded: &Gateway) {
     assert_eq!(names, "tight,by-secret-header,per-ip,per-tenant");
     let limit = text_of(b, Locator::Css(r#".rule[data-rule="tight"] .limit"#)).await;
     assert!(limit.contains("4 per 1h"), "{limit}");
+    // The token issuer, its key in.
+    let issuer = must(
+        b,
+        "the token issuer",
+        r#"const i = document.querySelector('li[data-issuer="corp"]'); return i && i.textContent;"#,
+    )
+    .await;
+    let issuer = issuer.as_str().unwrap_or_default();
+    assert!(
+        issuer.contains("keys in")
+            && issuer.contains("ec-1")
+            && issuer.contains("https://idp.corp.example"),
+        "{issuer}"
+    );
     // The upstream's adaptive concurrency limit: it starts at min_limit, with no request out.
     let protect = must(
         b,

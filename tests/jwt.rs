@@ -399,6 +399,19 @@ auth = "token"
     )
 }
 
+/// Waits until `/readyz` says ready: the issuers' keys are in.
+async fn ready(c: &reqwest::Client, gw: &Gateway) {
+    eventually(
+        Duration::from_secs(20),
+        "ready with the issuers' keys",
+        || {
+            let (c, url) = (c.clone(), gw.admin_url("/readyz"));
+            async move { (c.get(url).send().await.ok()?.status() == 200).then_some(()) }
+        },
+    )
+    .await;
+}
+
 async fn fetches(c: &reqwest::Client, gw: &Gateway) -> f64 {
     let metrics = get_text(c, gw.admin_url("/metrics")).await;
     metric_value(
@@ -427,15 +440,7 @@ async fn tokens_from_a_real_identity_provider() {
     let api = OrdersApi::start("orders-oidc");
     let gw = Gateway::start(&idp_config(api.addr, &idp.issuer(), ""));
     let c = client();
-    eventually(
-        Duration::from_secs(10),
-        "ready with the provider's keys",
-        || {
-            let (c, url) = (c.clone(), gw.admin_url("/readyz"));
-            async move { (c.get(url).send().await.ok()?.status() == 200).then_some(()) }
-        },
-    )
-    .await;
+    ready(&c, &gw).await;
 
     let token = idp.token(&c).await;
     let r = get_with_token(&c, gw.url("/debug/headers"), &token).await;
@@ -513,15 +518,7 @@ async fn readiness_waits_for_the_keys() {
     assert!(v["issuers"][0]["last_error"].as_str().is_some(), "{v}");
 
     let idp = Idp::start(port);
-    eventually(
-        Duration::from_secs(20),
-        "ready once the provider answers",
-        || {
-            let (c, url) = (c.clone(), gw.admin_url("/readyz"));
-            async move { (c.get(url).send().await.ok()?.status() == 200).then_some(()) }
-        },
-    )
-    .await;
+    ready(&c, &gw).await;
     let token = idp.token(&c).await;
     assert_eq!(
         get_with_token(&c, gw.url("/orders"), &token).await.status(),
@@ -536,11 +533,7 @@ async fn a_reload_keeps_the_keys_of_an_unchanged_issuer() {
     let api = OrdersApi::start("orders-oidc");
     let gw = Gateway::start(&idp_config(api.addr, &idp.issuer(), ""));
     let c = client();
-    eventually(Duration::from_secs(10), "ready", || {
-        let (c, url) = (c.clone(), gw.admin_url("/readyz"));
-        async move { (c.get(url).send().await.ok()?.status() == 200).then_some(()) }
-    })
-    .await;
+    ready(&c, &gw).await;
     let before = fetches(&c, &gw).await;
     assert!(before >= 1.0);
     let rule = "\n[[rules]]\nname = \"per-client\"\nkey = [\"claim:client_id\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n";
@@ -632,4 +625,80 @@ async fn the_guides_worked_example_runs_as_written() {
     }
     assert_eq!(codes, [201, 201, 201, 429], "as the guide says");
     assert_eq!(c.get(&url).send().await.unwrap().status(), 401);
+}
+
+/// Key servers that never answer, or answer without end, cost a bounded wait and a bounded
+/// read: the gateway starts, says why it is not ready, and serves its other routes.
+#[tokio::test]
+async fn a_hostile_key_server_cannot_hold_or_flood_the_gateway() {
+    use std::io::Write as _;
+    let silent = raw_upstream(|mut conn| {
+        read_head(&mut conn);
+        std::thread::sleep(Duration::from_secs(20));
+    });
+    let endless = raw_upstream(|mut conn| {
+        read_head(&mut conn);
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000000\r\n\r\n{\"keys\":[");
+        let chunk = vec![b' '; 64 * 1024];
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) && conn.write_all(&chunk).is_ok() {}
+    });
+    let api = OrdersApi::start("orders-hostile-jwks");
+    let config = format!(
+        r#"{upstream}
+[[auth.jwt]]
+name = "silent"
+issuer = "https://silent.test"
+audiences = ["{AUD}"]
+jwks_url = "http://{silent}/jwks"
+fetch_timeout = "300ms"
+min_refetch = "1s"
+
+[[auth.jwt]]
+name = "endless"
+issuer = "https://endless.test"
+audiences = ["{AUD}"]
+jwks_url = "http://{endless}/jwks"
+fetch_timeout = "5s"
+
+[[routes]]
+name = "open"
+upstream = "orders"
+auth = "none"
+"#,
+        upstream = orders_upstream(&[api.addr])
+    );
+    let started = Instant::now();
+    let gw = Gateway::start(&config);
+    let c = client();
+    assert_eq!(c.get(gw.url("/orders")).send().await.unwrap().status(), 200);
+    let v = eventually(Duration::from_secs(15), "both fetches failed", || {
+        let (c, url) = (c.clone(), gw.admin_url("/readyz"));
+        async move {
+            let r = c.get(url).send().await.ok()?;
+            assert_eq!(r.status(), 503, "not ready without keys");
+            let v: Value = r.json().await.ok()?;
+            let issuers = v["issuers"].as_array()?;
+            issuers
+                .iter()
+                .all(|i| i["last_error"].is_string())
+                .then_some(v)
+        }
+    })
+    .await;
+    let errors: Vec<String> = v["issuers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["last_error"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        errors[0].contains("no answer within fetch_timeout (300ms)"),
+        "{errors:?}"
+    );
+    assert!(errors[1].contains("larger than"), "{errors:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "a silent or endless key server held the start"
+    );
 }

@@ -39,6 +39,9 @@ wrk (one thread). The systems compared:
                   context and an unsampled span; nothing exported)
   fg-trace-0.01   floodgate, no rules, [tracing] sample_ratio = 0.01 (the default)
   fg-trace-1      floodgate, no rules, [tracing] sample_ratio = 1 (every request's spans exported)
+  fg-key          floodgate, an API key on every request, 1 local rule by user
+  fg-jwt          floodgate, an ES256 bearer token on every request (cached), 1 local rule by user
+  fg-jwt-nocache  fg-jwt with token_cache_size = 0: the signature verified on every request
   envoy-trace-1   envoy-limit with Envoy's OpenTelemetry tracer sampling 100%
                   The tracing systems export over OTLP/HTTP to one sink (benches/load/otlp_sink.py,
                   on the client's CPU like Redis); wrk sends no traceparent, so every request
@@ -95,6 +98,31 @@ cpu_seconds = common.cpu_seconds
 busy_seconds = common.busy_seconds
 redis_info = common.redis_info
 redis_commandstats = common.redis_commandstats
+
+
+def es256_token() -> tuple[str, str]:
+    """A fresh P-256 key's JWK Set (as JSON text) and an ES256 token it verifies, valid for a
+    day (issuer https://idp.bench, audience bench, sub bench-user). Needs PyPI `cryptography`
+    (make bench-deps installs pyjwt[crypto])."""
+    import base64
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+    def b64(b: bytes) -> str:
+        return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    nums = key.public_key().public_numbers()
+    jwk = {"kty": "EC", "crv": "P-256", "kid": "bench-1", "alg": "ES256", "use": "sig",
+           "x": b64(nums.x.to_bytes(32, "big")), "y": b64(nums.y.to_bytes(32, "big"))}
+    header = b64(json.dumps({"alg": "ES256", "typ": "JWT", "kid": "bench-1"}).encode())
+    claims = {"iss": "https://idp.bench", "aud": "bench", "sub": "bench-user",
+              "scope": "orders:read orders:write", "exp": int(time.time()) + 86400}
+    payload = b64(json.dumps(claims).encode())
+    r, sig_s = decode_dss_signature(key.sign(f"{header}.{payload}".encode(), ec.ECDSA(hashes.SHA256())))
+    token = f"{header}.{payload}.{b64(r.to_bytes(32, 'big') + sig_s.to_bytes(32, 'big'))}"
+    return json.dumps({"keys": [jwk]}), token
 
 
 def find_tool(name: str) -> str:
@@ -276,6 +304,7 @@ class System:
     skipped: str | None = None  # why it was not measured
     admin: int = 0  # floodgate's admin port
     also_pids: list = field(default_factory=list)  # envoy-rls: floodgate's RLS works for Envoy's requests
+    header: tuple | None = None  # (name, value) sent on every request (an API key, a token)
 
 
 class Bench:
@@ -504,7 +533,7 @@ scope = "local"
     # ---- floodgate ------------------------------------------------------------------------
 
     def floodgate_conf(self, name: str, port: int, admin: int, upstream: int, rules: str,
-                       store: str = "", access_log_on: bool = False) -> Path:
+                       store: str = "", access_log_on: bool = False, auth: str = "none") -> Path:
         conf = self.tmp / f"{name}.toml"
         access_log = "access_log = false\n" if self.access_log_key and not access_log_on else ""
         if name.split("@")[0].endswith("-notop"):
@@ -527,7 +556,7 @@ targets = ["127.0.0.1:{upstream}"]
 name = "all"
 match = {{}}
 upstream = "upstream"
-auth = "none"
+auth = "{auth}"
 {rules}
 """)
         return conf
@@ -544,10 +573,11 @@ auth = "none"
                 raise RuntimeError(f"floodgate check failed: {r.stderr}")
 
     def start_floodgate(self, name: str, upstream: int, rules: str, store: str = "",
-                        access_log_on: bool = False, binary: str | None = None) -> tuple[subprocess.Popen, int, int]:
+                        access_log_on: bool = False, binary: str | None = None,
+                        auth: str = "none") -> tuple[subprocess.Popen, int, int]:
         exe = binary or self.floodgate
         port, admin = free_port(), free_port()
-        conf = self.floodgate_conf(name, port, admin, upstream, rules, store, access_log_on)
+        conf = self.floodgate_conf(name, port, admin, upstream, rules, store, access_log_on, auth)
         r = subprocess.run([exe, "check", "-c", str(conf)], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"floodgate check -c {conf} failed:\n{r.stderr}")
@@ -637,12 +667,19 @@ auth = "none"
         r["attempts"] = attempt + 1
         return r
 
+    @staticmethod
+    def header_env(s: System) -> dict | None:
+        """The wrk environment that sends the system's header on every request."""
+        if not s.header:
+            return None
+        return {"BENCH_HEADER_NAME": s.header[0], "BENCH_HEADER_VALUE": s.header[1]}
+
     def measure(self, s: System, conns: int, duration: float) -> dict:
         before = redis_commandstats(self.redis_port) if s.redis else None
         busy0, ours0 = busy_seconds(), self.ours()
         cpu0 = self.cpu(s)
         rcpu0 = cpu_seconds(self.redis_pid) if s.redis else 0.0
-        r = self.wrk_run(s.port, conns, duration)
+        r = self.wrk_run(s.port, conns, duration, self.header_env(s))
         # CPU that processes other than ours used meanwhile (other builds and tests on a shared
         # machine), in CPUs: the noise indicator of the run.
         r["other_cpus"] = max(0.0, (busy_seconds() - busy0) - (self.ours() - ours0)) / (r["duration_us"] / 1e6 or 1)
@@ -811,12 +848,31 @@ auth = "none"
                           rule("g1", ["ip"], "global", extra=closed + "count = { status = [200] }\n"), store, 200, "fg-global1"))
             fg.insert(7, ("fg-count-lease", "floodgate, 1 global token-bucket rule, count = { status = [500] }, lease = \"auto\", every response refunded into its lease (Redis)",
                           rule("g1", ["ip"], "global", extra=closed + "count = { status = [500] }\nlease = \"auto\"\n"), store, 200, "fg-lease"))
+        # Who is calling: an API key, and an ES256 token (cached after its first request, and
+        # with the cache off: every request verifies the signature), one local rule by user.
+        auth = {}
+        if not a.only or any(n in a.only for n in ("fg-key", "fg-jwt", "fg-jwt-nocache")):
+            jwks, token = es256_token()
+            by_user = rule("per-user", ["user"], "local")
+            key = ('\n[[auth.keys]]\nid = "bench"\nsecret = "bench-key"\n' + by_user, ("x-api-key", "bench-key"))
+            issuer = ('\n[auth]\ntoken_cache_size = {size}\n\n[[auth.jwt]]\nname = "bench"\nissuer = "https://idp.bench"\n'
+                      'audiences = ["bench"]\nalgorithms = ["ES256"]\njwks = \'\'\'' + jwks + '\'\'\'\n')
+            fg.append(("fg-key", "floodgate, API key (x-api-key), 1 local token-bucket rule by user",
+                       key[0], "", 200, "fg-none"))
+            fg.append(("fg-jwt", "floodgate, ES256 bearer token (cached after its first request), 1 local token-bucket rule by user",
+                       issuer.format(size=100000) + by_user, "", 200, "fg-key"))
+            fg.append(("fg-jwt-nocache", "floodgate, ES256 bearer token verified on every request (token_cache_size = 0), 1 local rule by user",
+                       issuer.format(size=0) + by_user, "", 200, "fg-jwt"))
+            auth = {"fg-key": ("required", key[1]), "fg-jwt": ("token", ("authorization", f"Bearer {token}")),
+                    "fg-jwt-nocache": ("token", ("authorization", f"Bearer {token}"))}
         for name, title, rules, store, expect, base in fg:
             if a.only and name not in a.only:
                 continue
-            p, port, admin = self.start_floodgate(name, up_port, rules, store, access_log_on=(name == "fg-log"))
+            mode, header = auth.get(name, ("none", None))
+            p, port, admin = self.start_floodgate(name, up_port, rules, store, access_log_on=(name == "fg-log"),
+                                                  auth=mode)
             self.add(System(name, title, port, p.pid, "floodgate", redis=bool(store), expect=expect,
-                            baseline=base, admin=admin))
+                            baseline=base, admin=admin, header=header))
             # --variant: the same system run by another floodgate binary, measured right after
             # it in every round (A B A B ...) and reported against it.
             for vname, vpath in self.variants:
@@ -827,7 +883,7 @@ auth = "none"
 
         order = ["upstream", "nginx-limit", "envoy-limit", "pingora-bare", "pingora-contract", "fg-none", "fg-log", "fg-local", "fg-local-notop", "fg-global1", "fg-lease", "fg-global3", "fg-count", "fg-count-kept", "fg-count-lease",
                  "nginx-429", "envoy-429", "pingora-429", "fg-429", "fg-429-notop", "fg-concurrency",
-                 "fg-trace-0", "fg-trace-0.01", "fg-trace-1", "envoy-trace-1"]
+                 "fg-trace-0", "fg-trace-0.01", "fg-trace-1", "envoy-trace-1", "fg-key", "fg-jwt", "fg-jwt-nocache"]
         order.insert(order.index("envoy-limit") + 1, "envoy-rls")
         order = [n for k in order for n in [k] + [f"{k}@{v}" for v, _ in self.variants + self.bare_variants]]
         self.systems = {k: self.systems[k] for k in order if k in self.systems}
@@ -923,7 +979,7 @@ auth = "none"
         a = self.args
         log(f"warm-up: 2 s per system at -c{self.conns[0]}")
         for s in self.live():
-            self.wrk_run(s.port, self.conns[0], 2)
+            self.wrk_run(s.port, self.conns[0], 2, self.header_env(s))
         for rnd in range(a.rounds):
             for s in self.live():
                 for conns in self.conns:
@@ -1306,6 +1362,17 @@ auth = "none"
                 out.append(f"`{n}` throughput ≥ {need}× `fg-none`: {ratio:.2f}×, {self.judged(n, 'fg-none', need)}")
             else:
                 out.append(f"`{n}` throughput ≥ {need}× `fg-none`: not measured")
+        # Tokens: a repeat caller's token costs about what an API key does; the signature
+        # check of an uncached one is stated per request.
+        if S.get("fg-jwt") and S.get("fg-key"):
+            ratio = S["fg-jwt"]["rps"] / S["fg-key"]["rps"]
+            cpu = S["fg-jwt"]["cpu_us_per_req"] - S["fg-key"]["cpu_us_per_req"]
+            out.append(f"`fg-jwt` (a cached ES256 token) throughput ≥ 0.9× `fg-key` (an API key): {ratio:.2f}× "
+                       f"({cpu:+.1f} µs CPU per request), {self.judged('fg-jwt', 'fg-key', 0.9)}")
+        if S.get("fg-jwt-nocache") and S.get("fg-jwt"):
+            cpu = S["fg-jwt-nocache"]["cpu_us_per_req"] - S["fg-jwt"]["cpu_us_per_req"]
+            out.append(f"an uncached ES256 verification costs {cpu:.1f} µs CPU per request "
+                       f"(`fg-jwt-nocache` − `fg-jwt`; {S['fg-jwt-nocache']['rps']:.0f} req/s when every request verifies)")
         # Tracing: an unsampled request should cost nearly nothing, a sampled one little.
         for n, need in (("fg-trace-0.01", 0.98), ("fg-trace-1", 0.9)):
             if none and S.get(n):

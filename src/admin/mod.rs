@@ -459,6 +459,7 @@ fn stats(gateway: &Gateway, cfg: &Config) -> serde_json::Value {
     serde_json::json!({
         "now_unix": now,
         "top_clients": cfg.server.top_clients,
+        "issuers": cfg.auth.tokens.status(),
         "config": {
             "path": cfg.path.display().to_string(),
             "reload": reload_json(&st),

@@ -13,7 +13,6 @@ mod startup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -52,7 +51,7 @@ impl Gateway {
         register_rule_series(&config);
         metrics().reloads.with_label_values(&["success"]).inc_by(0);
         metrics().reloads.with_label_values(&["failure"]).inc_by(0);
-        metrics().last_reload.set(unix_now() as f64);
+        metrics().last_reload.set(crate::text::unix_now() as f64);
         in_force_metrics()
             .backend
             .with_label_values(&[config.store.backend.as_str()])
@@ -65,7 +64,7 @@ impl Gateway {
             started_with: config,
             status: Mutex::new(ReloadStatus {
                 generation: 1,
-                last_success_unix: unix_now(),
+                last_success_unix: crate::text::unix_now(),
                 ..ReloadStatus::default()
             }),
             reload_lock: tokio::sync::Mutex::new(()),
@@ -149,12 +148,6 @@ fn in_force_metrics() -> &'static InForce {
         }
     });
     &M
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

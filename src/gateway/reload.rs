@@ -12,10 +12,11 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{register_rule_series, unix_now, Gateway};
+use super::{register_rule_series, Gateway};
 use crate::config::watch::{files_of, load_settled, ConfigWatch};
 use crate::config::{Config, ConfigError};
 use crate::metrics::metrics;
+use crate::text::unix_now;
 
 /// What the last reload attempt said, for the admin API.
 #[derive(Debug, Clone, Default)]

@@ -20,7 +20,6 @@ pub mod source;
 pub mod token;
 
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
 use jsonwebtoken::Algorithm;
@@ -177,9 +176,21 @@ impl Carrier {
     }
 }
 
-/// One `[[auth.jwt]]`, validated.
+/// One `[[auth.jwt]]`, validated: its settings (read through it, `issuer.name`), its keys and
+/// its metric series.
 #[derive(Debug)]
 pub struct Issuer {
+    /// What the config says of it.
+    pub settings: IssuerSettings,
+    /// Its keys.
+    pub keys: Arc<KeySource>,
+    ok: OnceLock<Counter>,
+    cached: OnceLock<Counter>,
+}
+
+/// What `[[auth.jwt]]` says of an issuer, beside where its keys are.
+#[derive(Debug)]
+pub struct IssuerSettings {
     /// Its label in metrics, logs and `/readyz` (`name`, default the issuer).
     pub name: Arc<str>,
     /// `iss`, compared whole.
@@ -200,51 +211,21 @@ pub struct Issuer {
     pub key_id_claim: Option<String>,
     /// Forward the token upstream (default), or strip it.
     pub forward_token: bool,
-    /// Its keys.
-    pub keys: Arc<KeySource>,
-    ok: OnceLock<Counter>,
-    cached: OnceLock<Counter>,
 }
 
-/// An issuer's settings, before its keys are attached.
-#[derive(Debug)]
-pub struct IssuerSettings {
-    /// See [`Issuer::name`].
-    pub name: Arc<str>,
-    /// See [`Issuer::issuer`].
-    pub issuer: String,
-    /// See [`Issuer::audiences`].
-    pub audiences: Vec<String>,
-    /// See [`Issuer::algorithms`].
-    pub algorithms: Vec<Algorithm>,
-    /// See [`Issuer::leeway`].
-    pub leeway: u64,
-    /// See [`Issuer::carrier`].
-    pub carrier: Carrier,
-    /// See [`Issuer::user_claim`].
-    pub user_claim: String,
-    /// See [`Issuer::plan_claim`].
-    pub plan_claim: Option<String>,
-    /// See [`Issuer::key_id_claim`].
-    pub key_id_claim: Option<String>,
-    /// See [`Issuer::forward_token`].
-    pub forward_token: bool,
+impl std::ops::Deref for Issuer {
+    type Target = IssuerSettings;
+
+    fn deref(&self) -> &IssuerSettings {
+        &self.settings
+    }
 }
 
 impl Issuer {
     /// An issuer of `settings` verifying with `keys`.
-    pub fn new(s: IssuerSettings, keys: Arc<KeySource>) -> Issuer {
+    pub fn new(settings: IssuerSettings, keys: Arc<KeySource>) -> Issuer {
         Issuer {
-            name: s.name,
-            issuer: s.issuer,
-            audiences: s.audiences,
-            algorithms: s.algorithms,
-            leeway: s.leeway,
-            carrier: s.carrier,
-            user_claim: s.user_claim,
-            plan_claim: s.plan_claim,
-            key_id_claim: s.key_id_claim,
-            forward_token: s.forward_token,
+            settings,
             keys,
             ok: OnceLock::new(),
             cached: OnceLock::new(),
@@ -397,7 +378,7 @@ impl Tokens {
     /// The identity `token` (found on `carrier`) proves, or why it proves none. Counted in
     /// `floodgate_jwt_verifications_total`.
     pub async fn verify(&self, token: &[u8], carrier: &Carrier) -> Result<Arc<Identity>, Reason> {
-        let now = unix_now();
+        let now = crate::text::unix_now();
         let digest: [u8; 32] = Sha256::digest(token).into();
         if let Some(hit) = self.cache.get(&digest, now) {
             if let Some(issuer) = self.issuers.get(hit.issuer) {
@@ -493,8 +474,60 @@ impl Tokens {
     }
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JWT: &str = "eyJhbGciOiJFUzI1NiJ9.e30.c2ln";
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn each_carrier_finds_one_token_or_none() {
+        let bearer = Carrier::Bearer;
+        let auth = format!("Bearer {JWT}");
+        assert_eq!(
+            bearer.find(&headers(&[("authorization", &auth)])),
+            Some(JWT.as_bytes())
+        );
+        // An API key in Bearer form is not a token; nor is a repeated Authorization.
+        assert_eq!(
+            bearer.find(&headers(&[("authorization", "Bearer test")])),
+            None
+        );
+        let twice = headers(&[("authorization", &auth), ("authorization", &auth)]);
+        assert_eq!(bearer.find(&twice), None);
+
+        let cookie = Carrier::Cookie("session".into());
+        let jar = format!("a=1; session={JWT}; b=2");
+        assert_eq!(
+            cookie.find(&headers(&[("cookie", &jar)])),
+            Some(JWT.as_bytes())
+        );
+        let split = headers(&[("cookie", "a=1"), ("cookie", &format!("session={JWT}"))]);
+        assert_eq!(cookie.find(&split), Some(JWT.as_bytes()));
+        let repeated = headers(&[("cookie", &format!("session={JWT}; session=x"))]);
+        assert_eq!(
+            cookie.find(&repeated),
+            None,
+            "which one would the backend read?"
+        );
+        assert_eq!(cookie.find(&headers(&[("cookie", "sessionx=1")])), None);
+
+        let header = Carrier::Header(HeaderName::from_static("x-token"));
+        assert_eq!(
+            header.find(&headers(&[("x-token", JWT)])),
+            Some(JWT.as_bytes())
+        );
+        assert_eq!(header.find(&headers(&[("x-token", " ")])), None);
+    }
 }

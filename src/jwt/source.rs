@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
@@ -120,6 +120,16 @@ impl KeySource {
         source
     }
 
+    /// Where the keys come from, as `floodgate check` says it: `jwks_url URL`,
+    /// `discovery_url URL`, or how many keys the config gives.
+    pub fn describe(&self) -> String {
+        match &self.from {
+            KeysFrom::Fixed(set) => format!("{} in the config", set.keys.len()),
+            KeysFrom::Url(u) => format!("from jwks_url {u}"),
+            KeysFrom::Discovery(u) => format!("from discovery_url {u}"),
+        }
+    }
+
     /// The set in force (none before the first successful fetch).
     pub fn keys(&self) -> Option<Arc<KeySet>> {
         self.current.load_full()
@@ -139,7 +149,7 @@ impl KeySource {
     pub fn age(&self) -> Option<u64> {
         match self.fetched_at.load(Ordering::Relaxed) {
             0 => None,
-            at => Some(unix_now().saturating_sub(at)),
+            at => Some(crate::text::unix_now().saturating_sub(at)),
         }
     }
 
@@ -192,7 +202,8 @@ impl KeySource {
                     self.current.store(Some(Arc::new(set)));
                     self.version.fetch_add(1, Ordering::AcqRel);
                 }
-                self.fetched_at.store(unix_now(), Ordering::Relaxed);
+                self.fetched_at
+                    .store(crate::text::unix_now(), Ordering::Relaxed);
                 *self.max_age.lock() = max_age;
                 *self.last_error.lock() = None;
                 m.fetches.with_label_values(&[&self.label, "ok"]).inc();
@@ -205,15 +216,29 @@ impl KeySource {
         }
     }
 
+    /// The set and its max-age, discovery and set together within `fetch_timeout`.
     async fn fetch(&self) -> Result<(KeySet, Option<Duration>), String> {
-        let deadline = Instant::now() + self.freshness.timeout;
+        let timeout = self.freshness.timeout;
+        match tokio::time::timeout(timeout, self.fetch_unbounded()).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "{}: no answer within fetch_timeout ({})",
+                self.describe(),
+                crate::text::humantime(timeout)
+            )),
+        }
+    }
+
+    async fn fetch_unbounded(&self) -> Result<(KeySet, Option<Duration>), String> {
+        // `fetch` bounds both requests together, and says so; each one's own bound is only a
+        // backstop, past it.
+        let budget = self.freshness.timeout.saturating_mul(2);
         let url = match &self.from {
             KeysFrom::Fixed(_) => return Err("the keys are not fetched".into()),
             KeysFrom::Url(u) => u.clone(),
             KeysFrom::Discovery(d) => self.jwks_uri(d).await?,
         };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let got = crate::wire::outbound::get(&url, left, MAX_DOCUMENT_BYTES)
+        let got = crate::wire::outbound::get(&url, budget, MAX_DOCUMENT_BYTES)
             .await
             .map_err(|e| format!("JWK Set {url}: {e}"))?;
         let set = KeySet::from_jwks(&got.body).map_err(|e| format!("JWK Set {url}: {e}"))?;
@@ -223,7 +248,8 @@ impl KeySource {
     /// The `jwks_uri` of the provider's metadata, which must name this issuer (OpenID
     /// Connect Discovery §4.3: a document that names another issuer is not this one's).
     async fn jwks_uri(&self, discovery: &http::Uri) -> Result<http::Uri, String> {
-        let got = crate::wire::outbound::get(discovery, self.freshness.timeout, MAX_DOCUMENT_BYTES)
+        let backstop = self.freshness.timeout.saturating_mul(2);
+        let got = crate::wire::outbound::get(discovery, backstop, MAX_DOCUMENT_BYTES)
             .await
             .map_err(|e| format!("discovery {discovery}: {e}"))?;
         let doc: serde_json::Value = serde_json::from_slice(&got.body)
@@ -289,10 +315,4 @@ impl KeySource {
         let by_age = self.max_age.lock().unwrap_or(f.refresh_interval);
         by_age.min(f.refresh_interval).max(f.min_refetch)
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

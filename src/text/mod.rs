@@ -1,7 +1,7 @@
 //! Numbers and durations as text, with no dependency on the rest of the crate (config, upstreams
 //! and descriptions all format through here), and its neighbours: [`names`] (each config
 //! enum's names, listed once), [`rate`] (a `slow_rate`) and [`log_safe`] (what a log line may
-//! carry).
+//! carry), and the wall clock in seconds ([`unix_now`]).
 //!
 //! The digit writers are for the request path: `format!` and `write!` go through `core::fmt`'s
 //! dynamic dispatch, which took about 2 % of a gateway's CPU under `perf` (Redis keys, lease
@@ -10,6 +10,14 @@
 pub mod log_safe;
 pub mod names;
 pub mod rate;
+
+/// Whole seconds since the Unix epoch by the wall clock (0 for a clock set before it): what
+/// reload times and token expiries are read against.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// A duration the way gateway.toml writes it (the inverse of
 /// `crate::config::duration::parse_duration` for whole units): `1m`, `1500ms`, `1d`.
