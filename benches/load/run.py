@@ -860,9 +860,9 @@ auth = "{auth}"
             fg.append(("fg-key", "floodgate, API key (x-api-key), 1 local token-bucket rule by user",
                        key[0], "", 200, "fg-none"))
             fg.append(("fg-jwt", "floodgate, ES256 bearer token (cached after its first request), 1 local token-bucket rule by user",
-                       issuer.format(size=100000) + by_user, "", 200, "fg-key"))
+                       issuer.replace("{size}", "100000") + by_user, "", 200, "fg-key"))
             fg.append(("fg-jwt-nocache", "floodgate, ES256 bearer token verified on every request (token_cache_size = 0), 1 local rule by user",
-                       issuer.format(size=0) + by_user, "", 200, "fg-jwt"))
+                       issuer.replace("{size}", "0") + by_user, "", 200, "fg-jwt"))
             auth = {"fg-key": ("required", key[1]), "fg-jwt": ("token", ("authorization", f"Bearer {token}")),
                     "fg-jwt-nocache": ("token", ("authorization", f"Bearer {token}"))}
         for name, title, rules, store, expect, base in fg:
@@ -948,7 +948,7 @@ auth = "{auth}"
                 continue
             statuses = []
             for _ in range(3):
-                st, headers, body = http_get(s.port)
+                st, headers, body = http_get(s.port, headers=dict([s.header]) if s.header else None)
                 statuses.append(st)
             if s.expect == 200 and statuses != [200, 200, 200]:
                 s.skipped = f"answered {statuses}, not 200"
