@@ -129,12 +129,13 @@ pub fn check_report(cfg: &Config) -> String {
     for (i, r) in cfg.routes.iter().enumerate() {
         let _ = writeln!(
             out,
-            "  {}. {}: {} -> upstream {} (auth {})",
+            "  {}. {}: {} -> upstream {} (auth {}){}",
             i + 1,
             r.name,
             route_match(r),
             r.upstream.name,
-            r.auth.as_str()
+            r.auth.as_str(),
+            edges_text(&r.edges)
         );
     }
     let _ = writeln!(
@@ -379,4 +380,37 @@ fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect()
+}
+
+/// A route's edges for `check`: ` | rewrite ... | host ... | ...`, empty without any.
+fn edges_text(e: &crate::config::Edges) -> String {
+    use crate::wire::rewrite::Rewrite;
+    let mut parts = Vec::new();
+    match &e.rewrite {
+        Some(Rewrite::StripPrefix(p)) => parts.push(format!("strip_prefix {p}")),
+        Some(Rewrite::Prefix(p, with)) => parts.push(format!("prefix_rewrite {p} -> {with}")),
+        Some(Rewrite::Regex(re, with)) => {
+            parts.push(format!("regex_rewrite {} -> {with}", re.as_str()))
+        }
+        None => {}
+    }
+    if let Some(h) = &e.host_rewrite {
+        parts.push(format!("host_rewrite {h}"));
+    }
+    if let Some(h) = &e.request_headers {
+        parts.push(format!("request_headers {}", h.describe()));
+    }
+    if let Some(h) = &e.response_headers {
+        parts.push(format!("response_headers {}", h.describe()));
+    }
+    if let Some(c) = &e.cors {
+        parts.push(format!("cors {}", c.describe()));
+    }
+    if let Some(a) = &e.ips.allow {
+        parts.push(format!("allow_ips {}", a.listed()));
+    }
+    if let Some(d) = &e.ips.deny {
+        parts.push(format!("deny_ips {}", d.listed()));
+    }
+    parts.iter().map(|p| format!(" | {p}")).collect()
 }

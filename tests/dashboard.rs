@@ -3,7 +3,8 @@
 //! Chromium driven through WebDriver (Debian's `chromium` and `chromium-driver`, installed by
 //! `make deps`). Without chromedriver the browser test skips with a message, except under CI
 //! (`CI` set), where it fails. Every run leaves a screenshot in `target/dashboard.png` (and
-//! `target/dashboard-phone.png`).
+//! `target/dashboard-phone.png`). The same browser also runs a page of another origin that
+//! calls the gateway with `fetch`, through a route's `cors`: what a page sees of its limits.
 
 mod common;
 
@@ -739,4 +740,80 @@ async fn attack(b: &Client, gw: &Gateway, site: SocketAddr) {
             "{page} reloaded the config"
         );
     }
+}
+
+// ---- A page of another origin calling the API (CORS) ----
+
+#[tokio::test]
+async fn a_page_of_another_origin_reads_its_limits_through_cors() {
+    let Some((driver, chromium)) = browser() else {
+        return;
+    };
+    let api = OrdersApi::start("orders");
+    // The page's own origin: a plain site on another loopback port.
+    let site = AttackSite::start("<!doctype html><title>app</title><p>app</p>".into());
+    let gw = Gateway::start(&format!(
+        r#"{DEMO_KEYS}{}
+[[routes]]
+name = "orders"
+match = {{ path_prefix = "/orders" }}
+upstream = "orders"
+cors = {{ allow_origins = ["http://127.0.0.1:{}"], allow_headers = ["x-api-key"] }}
+
+[[rules]]
+name = "per-key"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+"#,
+        orders_upstream(&[api.addr]),
+        site.addr.port()
+    ));
+    let d = start_driver(&driver);
+    let b = connect(&d, &chromium).await;
+    let result = std::panic::AssertUnwindSafe(call_from_page(&b, &gw, site.addr))
+        .catch_unwind()
+        .await;
+    let _ = b.close().await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn call_from_page(b: &Client, gw: &Gateway, site: SocketAddr) {
+    b.goto(&format!("http://127.0.0.1:{}/", site.port()))
+        .await
+        .expect("open the app's page");
+    // Two calls with a key (a header that needs a preflight): the first is served, the second
+    // refused by the rule; the page reads both answers' status and fields.
+    let seen = b
+        .execute_async(
+            "const url = arguments[0], done = arguments[arguments.length - 1];
+             (async () => {
+               const out = [];
+               for (let i = 0; i < 2; i++) {
+                 const r = await fetch(url, { headers: { 'x-api-key': 'test' } });
+                 out.push([r.status, r.headers.get('RateLimit'), r.headers.get('Retry-After')]);
+               }
+               done(out);
+             })().catch(e => done(String(e)));",
+            vec![Value::String(gw.url("/orders"))],
+        )
+        .await
+        .expect("the page's script");
+    let calls = seen
+        .as_array()
+        .unwrap_or_else(|| panic!("the page's fetch failed: {seen}"));
+    assert_eq!(calls[0][0], 200, "{seen}");
+    assert!(
+        calls[0][1].as_str().is_some_and(|v| v.contains("r=0")),
+        "the page reads the 200's RateLimit: {seen}"
+    );
+    assert_eq!(calls[1][0], 429, "{seen}");
+    let retry: u64 = calls[1][2]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("the page reads the 429's Retry-After: {seen}"));
+    assert!(retry >= 1, "{seen}");
 }

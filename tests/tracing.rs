@@ -369,6 +369,9 @@ async fn a_trusted_callers_trace_is_continued_and_the_upstream_gets_floodgates_s
         "the client span is the server span's child"
     );
     assert_eq!(upstream.attr("floodgate.upstream"), Some("orders"));
+    // What the upstream received (a route's rewrite would show here, the client's path on the
+    // server span).
+    assert_eq!(upstream.attr("url.path"), Some("/debug/orders/1"));
     assert_eq!(
         upstream.attr("server.port"),
         Some(api.addr.port().to_string().as_str())

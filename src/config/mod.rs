@@ -102,6 +102,8 @@ pub struct Server {
     pub escaped_slashes: crate::wire::normalize::EscapedSlashes,
     /// What request headers with `_` in their names do.
     pub headers_with_underscores: crate::wire::header_policy::Underscores,
+    /// `allow_ips` / `deny_ips`: who may reach any route and the rate-limit service.
+    pub ips: crate::wire::ip_list::IpRules,
 }
 
 /// `[server]` settings that bound what one client can hold: deadlines for slow and idle
@@ -251,6 +253,26 @@ pub struct Route {
     /// Its `floodgate_requests_total` series, resolved on first use (validation registers
     /// nothing).
     pub requests: crate::metrics::RouteRequests,
+    /// What it changes on the way through: rewrites, header edits, CORS, IP lists.
+    pub edges: Edges,
+}
+
+/// A route's changes to what passes through it, and who it lets in; all empty by default
+/// (nothing is looked at on a request).
+#[derive(Debug, Clone, Default)]
+pub struct Edges {
+    /// `strip_prefix`, `prefix_rewrite` or `regex_rewrite`.
+    pub rewrite: Option<crate::wire::rewrite::Rewrite>,
+    /// `host_rewrite`: the upstream's `Host`.
+    pub host_rewrite: Option<Box<str>>,
+    /// `request_headers`.
+    pub request_headers: Option<Box<crate::wire::header_edits::HeaderEdits>>,
+    /// `response_headers`.
+    pub response_headers: Option<Box<crate::wire::header_edits::HeaderEdits>>,
+    /// `cors`.
+    pub cors: Option<Box<crate::wire::cors::Cors>>,
+    /// `allow_ips` / `deny_ips`.
+    pub ips: crate::wire::ip_list::IpRules,
 }
 
 impl Route {

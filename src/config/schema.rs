@@ -216,6 +216,14 @@ pub struct RawServer {
         extend("enum" = names(Underscores::NAMES), "default" = "drop")
     )]
     pub headers_with_underscores: Option<Spanned<String>>,
+    /// Client networks let in (CIDRs or addresses, IPv4 and IPv6), on every route and the
+    /// rate-limit service's port; anyone else gets `403`. Default: everyone.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub allow_ips: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Client networks refused (`403`) on every route and the rate-limit service's port, also
+    /// when `allow_ips` lists them.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub deny_ips: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// `[server.tls]`: terminates TLS with rustls and negotiates HTTP/2 by ALPN.
@@ -612,6 +620,93 @@ pub struct RawRoute {
     /// the path is forwarded as the client sent it.
     #[schemars(extend("default" = true))]
     pub case_sensitive: Option<bool>,
+    /// `true`: the matched `path_prefix` (or `path`) is removed before forwarding
+    /// (`/svc/a?x=1` goes upstream as `/a?x=1`, `/svc` as `/`).
+    #[schemars(with = "Option<bool>", extend("default" = false))]
+    pub strip_prefix: Option<Spanned<bool>>,
+    /// Replaces the matched `path_prefix` (or `path`) before forwarding: `"/orders"` sends
+    /// `/api/orders/7` as `/orders/7`. Starts with `/`.
+    #[schemars(with = "Option<String>")]
+    pub prefix_rewrite: Option<Spanned<String>>,
+    /// Replaces every match of `pattern` (the `regex` crate's syntax) in the path (without its
+    /// query) by `substitution` (`$1`, `${name}`); a path it does not match is kept.
+    #[schemars(with = "Option<RawRegexRewrite>")]
+    pub regex_rewrite: Option<Spanned<RawRegexRewrite>>,
+    /// The upstream's `Host` on this route (wins over the upstream's `host_header`).
+    #[schemars(with = "Option<String>")]
+    pub host_rewrite: Option<Spanned<String>>,
+    /// Headers of the request forwarded upstream, edited: `set`, `add`, `remove`.
+    #[schemars(with = "Option<RawHeaderEdits>")]
+    pub request_headers: Option<Spanned<RawHeaderEdits>>,
+    /// Headers of every answer on this route, the upstream's and floodgate's own, edited.
+    #[schemars(with = "Option<RawHeaderEdits>")]
+    pub response_headers: Option<Spanned<RawHeaderEdits>>,
+    /// Cross-origin requests from browsers: preflights answered here, CORS headers on every
+    /// answer to an allowed origin.
+    #[schemars(with = "Option<RawCors>")]
+    pub cors: Option<Spanned<RawCors>>,
+    /// Client networks let in on this route (CIDRs or addresses); anyone else gets `403`.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub allow_ips: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Client networks refused (`403`) on this route, also when `allow_ips` lists them.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub deny_ips: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// A route's `regex_rewrite`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegexRewrite {
+    /// The `regex` crate's syntax; at most 4096 bytes, compiled within 1 MiB.
+    #[schemars(with = "String")]
+    pub pattern: Spanned<String>,
+    /// What each match becomes: `$1`, `${1}`, `${name}` for groups, `$$` for `$`.
+    #[schemars(with = "String")]
+    pub substitution: Spanned<String>,
+}
+
+/// A route's `request_headers` or `response_headers`. Values may name `${key_id}`,
+/// `${user}`, `${plan}`, `${client_ip}`, `${request_id}` and `${route}`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderEdits {
+    /// Headers given this value, replacing any they had.
+    #[schemars(with = "Option<std::collections::BTreeMap<String, String>>")]
+    pub set: Option<std::collections::BTreeMap<String, Spanned<String>>>,
+    /// Headers given this value beside any they had.
+    #[schemars(with = "Option<std::collections::BTreeMap<String, String>>")]
+    pub add: Option<std::collections::BTreeMap<String, Spanned<String>>>,
+    /// Headers removed.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub remove: Option<Vec<Spanned<String>>>,
+}
+
+/// A route's `cors`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCors {
+    /// Exact origins (`"https://app.example.com"`), `"*"`, or one-label wildcards
+    /// (`"https://*.example.com"`); at least one.
+    #[schemars(with = "Vec<String>")]
+    pub allow_origins: Vec<Spanned<String>>,
+    /// Methods a preflight allows. Default: GET, HEAD, POST, PUT, PATCH, DELETE.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub allow_methods: Option<Vec<Spanned<String>>>,
+    /// Request headers a preflight allows. Default: those the preflight asks for.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub allow_headers: Option<Vec<Spanned<String>>>,
+    /// Response headers a page may read, besides RateLimit, RateLimit-Policy, Retry-After and
+    /// X-Request-Id, which are always exposed.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub expose_headers: Option<Vec<Spanned<String>>>,
+    /// How long a browser may keep a preflight's answer (`Access-Control-Max-Age`), e.g.
+    /// `"10m"`. Default: not sent (the browser's own, 5 s).
+    #[schemars(with = "Option<DurationText>")]
+    pub max_age: Option<Spanned<String>>,
+    /// Allow cookies and HTTP authentication (`Access-Control-Allow-Credentials: true`); not
+    /// with `"*"`.
+    #[serde(default)]
+    pub allow_credentials: bool,
 }
 
 /// A route's `match`.

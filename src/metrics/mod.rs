@@ -23,6 +23,9 @@ pub struct Metrics {
     pub requests: CounterVec,
     /// `floodgate_ratelimit_decisions_total{rule,result}`.
     pub decisions: IntCounterVec,
+    /// `floodgate_ip_refused_total{route}`: requests refused `403` by `allow_ips` /
+    /// `deny_ips` (`route="-"`: no route matched; the server's lists refused it).
+    pub ip_refused: IntCounterVec,
     /// `floodgate_failure_mode_decisions_total{rule,mode}`.
     pub failure_mode: IntCounterVec,
     /// `floodgate_store_errors_total{kind}` (`error`, `timeout`, `circuit_open`).
@@ -199,13 +202,14 @@ fn connection_metrics(r: &Registry) -> ConnectionMetrics {
     let connections_refused = counter_vec_at_zero(
             r,
             "floodgate_connections_refused_total",
-            "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip; rls_max_connections, rls_max_connections_per_ip: the rate-limit service's listener).",
+            "Client connections closed at accept because a cap was reached, by reason (max_connections, max_connections_per_ip; rls_max_connections, rls_max_connections_per_ip, rls_ip_refused: the rate-limit service's listener, the last for [server] allow_ips / deny_ips).",
             "reason",
             &[
                 "max_connections",
                 "max_connections_per_ip",
                 "rls_max_connections",
                 "rls_max_connections_per_ip",
+                "rls_ip_refused",
             ],
         );
     let connection_timeouts = counter_vec_at_zero(
@@ -279,6 +283,13 @@ impl Metrics {
             connection_metrics(r);
         let (memory_keys, memory_evictions, memory_bans, bans_dropped) = memory_store_metrics(r);
         Metrics {
+            ip_refused: counter_vec_at_zero(
+                r,
+                "floodgate_ip_refused_total",
+                "Requests refused 403 because of the client's address (allow_ips, deny_ips of the route or of [server]), by route (\"-\": no route matched).",
+                "route",
+                &["-"],
+            ),
             store_errors,
             store_up,
             circuit_state,

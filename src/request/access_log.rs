@@ -57,6 +57,8 @@ pub struct AccessLine {
     pub method: Method,
     /// Request path (no query string).
     pub path: String,
+    /// The path the upstream received, when the route's rewrite changed it (`-` otherwise).
+    pub upstream_path: Option<String>,
     /// Status sent, 0 if none was.
     pub status: u16,
     /// Route name, `-` when none matched (the config's own string: no copy per request).
@@ -154,6 +156,7 @@ fn emit(line: &AccessLine) {
         target: "access",
         method = %line.method,
         path = %crate::text::log_safe::Shown(&line.path),
+        upstream_path = %crate::text::log_safe::Shown(line.upstream_path.as_deref().unwrap_or("-")),
         status = line.status,
         route = &*line.route,
         upstream = line.upstream.as_deref().unwrap_or("-"),

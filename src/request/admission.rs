@@ -60,6 +60,9 @@ pub struct Admission {
     pub target: Option<Uri>,
     /// The `Host` to forward when the client sent an absolute-form target without one.
     pub host: Option<String>,
+    /// The target the route's rewrite makes (the rewritten path, the query kept): what the
+    /// upstream receives in place of `target`.
+    pub rewritten: Option<Uri>,
     /// Concurrency slots held for the exchange: dropping them releases them.
     pub slots: Option<Slots>,
     /// Forward or answer.
@@ -83,6 +86,18 @@ pub enum Next {
     },
     /// Answer the client without forwarding.
     Answer(Box<Answer>),
+    /// A CORS preflight of a route with `cors`: answered `204` with these headers, never
+    /// forwarded.
+    Preflight(Box<Preflight>),
+}
+
+/// The `204` answer to a CORS preflight.
+#[derive(Debug)]
+pub struct Preflight {
+    /// The CORS headers (none when the origin is not allowed).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The RateLimit fields of the rules on `OPTIONS` that counted it.
+    pub ratelimit: Option<RateLimitHeaders>,
 }
 
 impl Admission {
@@ -94,6 +109,7 @@ impl Admission {
             identity: None,
             target: None,
             host: None,
+            rewritten: None,
             slots: None,
             next: Next::Answer(Box::new(problem.answer())),
             slowed: None,
@@ -120,12 +136,34 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         Ok(h) => h,
         Err(detail) => return Admission::answer(ip, None, Problem::bad_request(detail), id),
     };
-    let (path, route_idx) = match route_path(cfg, host.as_deref(), req.method, req.uri.path()) {
-        Ok((path, Some(route))) => (path, route),
-        Ok((path, None)) => return Admission::answer(ip, None, Problem::not_found(&path), id),
+    // A CORS preflight goes to the route of the request it asks about, when that route
+    // answers CORS; any other OPTIONS is routed as itself.
+    let preflight = preflight_route(cfg, host.as_deref(), req);
+    let routed = match preflight.clone() {
+        Some(routed) => Ok(routed),
+        None => route_path(cfg, host.as_deref(), req.method, req.uri.path()),
+    };
+    let (path, route_idx, mode) = match routed {
+        Ok(Routed {
+            path,
+            route: Some(route),
+            mode,
+        }) => (path, route, mode),
+        Ok(Routed { path, .. }) => {
+            if !cfg.server.ips.admits(ip) {
+                return refuse_ip(ip, None, "-", id);
+            }
+            return Admission::answer(ip, None, Problem::not_found(&path), id);
+        }
         Err(e) => return Admission::answer(ip, None, Problem::bad_request(e.to_string()), id),
     };
     let route = &cfg.routes[route_idx];
+    if !cfg.server.ips.admits(ip) || !route.edges.ips.admits(ip) {
+        return refuse_ip(ip, Some(route_idx), &route.name, id);
+    }
+    if preflight.is_some() {
+        return answer_preflight(cfg, limiter, req, route_idx, &path, host.as_deref(), ip).await;
+    }
     let settings = &route.upstream.settings;
     if settings.balance == crate::upstream::Balance::Consistent {
         if let Err(e) = single_valued(&settings.hash_key, req.headers, req.uri.query()) {
@@ -143,6 +181,15 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     // origin form, its authority as the Host; HTTP/2 keeps its `:authority`.
     let target = (path != req.uri.path() || absolute.is_some())
         .then(|| forward_target(req.uri, &path, absolute.is_some()));
+    // The route's rewrite, of the normalized path (after routing and before the rules, which
+    // read the client's path): a result that would not be forwarded as it is is a 400.
+    let rewritten = match rewrite_target(route, req.uri, &path, mode, absolute.is_some()) {
+        Ok(r) => r,
+        Err(detail) => {
+            let p = Problem::bad_request(detail);
+            return Admission::answer(ip, Some(route_idx), p, id);
+        }
+    };
     let forward_host = if req.headers.contains_key(http::header::HOST) {
         None
     } else {
@@ -154,6 +201,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         identity,
         target,
         host: forward_host,
+        rewritten,
         slots: None,
         next: Next::Forward {
             delay: Duration::ZERO,
@@ -177,7 +225,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         ip,
         identity: admission.identity.as_deref(),
     };
-    let applying = match applying_rules(cfg, &view) {
+    let applying = match applying_rules(cfg, &view, false) {
         Ok(applying) => applying,
         Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
     };
@@ -317,9 +365,16 @@ async fn identify(
 fn applying_rules(
     cfg: &Config,
     view: &RequestView<'_>,
+    preflight: bool,
 ) -> Result<Vec<(Arc<Policy>, Check)>, Box<Problem>> {
     let mut applying = Vec::new();
     for rule in &cfg.rules {
+        // A preflight is counted only by rules that name OPTIONS: it carries no credentials
+        // and asks nothing of the upstream, and a rule on a route's traffic must not be spent
+        // by the browser's questions about it.
+        if preflight && !names_options(rule) {
+            continue;
+        }
         match rule.matching(view) {
             Ok(true) => {
                 let policy = rule.policy_for(view);
@@ -456,50 +511,243 @@ fn forward_target(uri: &Uri, path: &str, origin_form: bool) -> Uri {
 #[cfg(test)]
 mod tests;
 
+/// A request's normalized path, the route it is for (none: 404) and the `escaped_slashes`
+/// mode it was read with.
+#[derive(Debug, Clone)]
+struct Routed<'p> {
+    path: std::borrow::Cow<'p, str>,
+    route: Option<usize>,
+    mode: crate::wire::normalize::EscapedSlashes,
+}
+
 /// The normalized path of `raw` and the route it is for (none: 404), under `[server]
 /// escaped_slashes` and each route's own. A path with `%2F`/`%5C`/`%3B` that the server's mode
 /// refuses is accepted when, normalized under a route's own mode, its first matching route is
 /// that one; a path the server's mode accepts is refused when its route's own mode refuses
 /// it. A path without those escapes reads the same under every mode and pays one pass.
+///
+/// A path read with its escapes kept is refused when a backend that decodes them would read
+/// it as another route's, or another set of rules' ([`ambiguous_escape`]).
 fn route_path<'p>(
     cfg: &Config,
     host: Option<&str>,
     method: &http::Method,
     raw: &'p str,
-) -> Result<(std::borrow::Cow<'p, str>, Option<usize>), crate::wire::normalize::PathError> {
+) -> Result<Routed<'p>, crate::wire::normalize::PathError> {
     use crate::wire::normalize::{path, EscapedSlashes, PathError};
     let server = cfg.server.escaped_slashes;
-    match path(raw, server) {
+    let routed = match path(raw, server) {
         Ok(p) => {
             let route = cfg.route_for(host, method, &p);
-            if let Some(own) = route.and_then(|i| cfg.routes[i].escaped_slashes) {
-                if own != server && raw.contains('%') {
+            let own = route.and_then(|i| cfg.routes[i].escaped_slashes);
+            match own {
+                Some(own) if own != server && raw.contains('%') => {
                     // The route reads the escapes otherwise (stricter, or decoding them): its
                     // mode decides, and the path it makes must still be its own.
                     let mine = path(raw, own)?;
-                    if mine != p {
-                        if cfg.route_for(host, method, &mine) != route {
-                            return Err(PathError::EscapedSlash);
-                        }
-                        return Ok((mine, route));
+                    if mine != p && cfg.route_for(host, method, &mine) != route {
+                        return Err(PathError::EscapedSlash);
+                    }
+                    Routed {
+                        path: mine,
+                        route,
+                        mode: own,
                     }
                 }
+                _ => Routed {
+                    path: p,
+                    route,
+                    mode: server,
+                },
             }
-            Ok((p, route))
         }
         Err(PathError::EscapedSlash) => {
-            for (i, r) in cfg.routes.iter().enumerate() {
-                let Some(own) = r.escaped_slashes.filter(|m| *m != EscapedSlashes::Reject) else {
-                    continue;
-                };
-                if let Ok(p) = path(raw, own) {
-                    if cfg.route_for(host, method, &p) == Some(i) {
-                        return Ok((p, Some(i)));
-                    }
+            let found = cfg.routes.iter().enumerate().find_map(|(i, r)| {
+                let own = r.escaped_slashes.filter(|m| *m != EscapedSlashes::Reject)?;
+                let p = path(raw, own).ok()?;
+                (cfg.route_for(host, method, &p) == Some(i)).then_some(Routed {
+                    path: p,
+                    route: Some(i),
+                    mode: own,
+                })
+            });
+            found.ok_or(PathError::EscapedSlash)?
+        }
+        Err(e) => return Err(e),
+    };
+    if routed.mode == EscapedSlashes::Keep && ambiguous_escape(cfg, host, method, &routed) {
+        return Err(PathError::AmbiguousEscape);
+    }
+    Ok(routed)
+}
+
+/// Whether a path read with `%2F`, `%5C` or `%3B` kept means something else to a backend that
+/// decodes them: decoded (`%2F` and `%5C` as `/`, `%3B` as the start of a path parameter a
+/// servlet container strips, dot-segments then removed), it is another route's, or a rule's
+/// `path` / `path_prefix` matches one reading and not the other. `/orders%2F1` in front of a
+/// catch-all route would otherwise reach the upstream unauthenticated and uncounted, and be
+/// served as `/orders/1`.
+fn ambiguous_escape(
+    cfg: &Config,
+    host: Option<&str>,
+    method: &http::Method,
+    routed: &Routed<'_>,
+) -> bool {
+    let kept = &*routed.path;
+    if !kept.contains("%2F") && !kept.contains("%5C") && !kept.contains("%3B") {
+        return false;
+    }
+    let Some(decoded) = decoded_reading(kept) else {
+        return true;
+    };
+    if cfg.route_for(host, method, &decoded) != routed.route {
+        return true;
+    }
+    let Some(route) = routed.route.map(|i| &cfg.routes[i]) else {
+        return false;
+    };
+    cfg.rules.iter().any(|rule| {
+        rule.matcher
+            .route
+            .as_deref()
+            .is_none_or(|r| *r == *route.name)
+            && rule
+                .matcher
+                .request
+                .path_matches(kept, route.case_sensitive)
+                != rule
+                    .matcher
+                    .request
+                    .path_matches(&decoded, route.case_sensitive)
+    })
+}
+
+/// `path` as a backend that decodes `%2F`, `%5C` and `%3B` reads it (see
+/// [`ambiguous_escape`]), normalized; `None` when that reading is not a path at all.
+fn decoded_reading(path: &str) -> Option<String> {
+    let slashes = path.replace("%2F", "/").replace("%5C", "/");
+    let segments: Vec<&str> = slashes
+        .split('/')
+        .map(|seg| seg.split_once("%3B").map_or(seg, |(kept, _)| kept))
+        .collect();
+    let joined = segments.join("/");
+    crate::wire::normalize::path(&joined, crate::wire::normalize::EscapedSlashes::Keep)
+        .ok()
+        .map(std::borrow::Cow::into_owned)
+}
+
+/// The route a CORS preflight is for and its path, when the request is one (`OPTIONS` with
+/// `Origin` and `Access-Control-Request-Method`) and the route of the method it asks about
+/// answers CORS.
+fn preflight_route<'r>(cfg: &Config, host: Option<&str>, req: &Request<'r>) -> Option<Routed<'r>> {
+    let asked = crate::wire::cors::preflight_method(req.method, req.headers)?;
+    let routed = route_path(cfg, host, &asked, req.uri.path()).ok()?;
+    cfg.routes[routed.route?].edges.cors.as_ref()?;
+    Some(routed)
+}
+
+/// `403`: the client's address is not let in (`allow_ips` / `deny_ips`), counted by route.
+fn refuse_ip(ip: IpAddr, route: Option<usize>, name: &str, id: &str) -> Admission {
+    metrics().ip_refused.with_label_values(&[name]).inc();
+    Admission::answer(ip, route, Problem::ip_refused(), id)
+}
+
+/// Whether a rule's `match.methods` names `OPTIONS` (such rules count preflights).
+fn names_options(rule: &crate::rules::Rule) -> bool {
+    rule.matcher
+        .request
+        .methods
+        .as_ref()
+        .is_some_and(|m| m.contains(&http::Method::OPTIONS))
+}
+
+/// The answer to a CORS preflight on route `route_idx`: never authenticated nor forwarded,
+/// counted only by rules that name `OPTIONS` (which can refuse it: a flood of preflights is
+/// limited like any other), else `204` with the route's CORS headers for an allowed origin
+/// and none for another.
+async fn answer_preflight(
+    cfg: &Config,
+    limiter: &Limiter,
+    req: &Request<'_>,
+    route_idx: usize,
+    path: &str,
+    host: Option<&str>,
+    ip: IpAddr,
+) -> Admission {
+    let route = &cfg.routes[route_idx];
+    let id = req.request_id;
+    let mut admission = Admission::answer(ip, Some(route_idx), Problem::internal(), id);
+    let mut ratelimit = None;
+    if !cfg.rules.is_empty() {
+        let view = RequestView {
+            route: &route.name,
+            case_sensitive: route.case_sensitive,
+            method: req.method,
+            path,
+            query: req.uri.query(),
+            host,
+            headers: req.headers,
+            ip,
+            identity: None,
+        };
+        let applying = match applying_rules(cfg, &view, true) {
+            Ok(applying) => applying,
+            Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
+        };
+        if !applying.is_empty() {
+            let charged = charge(cfg, limiter, req, &view, applying, false).await;
+            admission.slots = Some(charged.slots);
+            admission.decision = charged.decision;
+            match charged.next {
+                Next::Forward { ratelimit: r, .. } => ratelimit = r,
+                refused => {
+                    admission.next = refused;
+                    return admission;
                 }
             }
-            Err(PathError::EscapedSlash)
         }
-        Err(e) => Err(e),
     }
+    let headers = route
+        .edges
+        .cors
+        .as_ref()
+        .and_then(|c| Some(c.preflight_headers(c.allowed_origin(req.headers)?, req.headers)))
+        .unwrap_or_default();
+    admission.next = Next::Preflight(Box::new(Preflight { headers, ratelimit }));
+    admission
+}
+
+/// The target the route's rewrite makes of the normalized `path` (the client's query kept),
+/// `None` without a rewrite or when it leaves the path as it is; the 400's detail when the
+/// result is not a path to forward.
+fn rewrite_target(
+    route: &Route,
+    uri: &Uri,
+    path: &str,
+    mode: crate::wire::normalize::EscapedSlashes,
+    origin_form: bool,
+) -> Result<Option<Uri>, String> {
+    let Some(rewrite) = &route.edges.rewrite else {
+        return Ok(None);
+    };
+    let Some(new_path) = rewrite.apply(path, mode).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{new_path}?{q}"),
+        None => new_path,
+    };
+    let mut parts = uri.clone().into_parts();
+    if origin_form {
+        parts.scheme = None;
+        parts.authority = None;
+    }
+    parts.path_and_query = Some(
+        path_and_query
+            .parse()
+            .map_err(|_| "the route's rewrite of this path is not a valid request target")?,
+    );
+    Uri::from_parts(parts)
+        .map(Some)
+        .map_err(|_| "the route's rewrite of this path is not a valid request target".into())
 }

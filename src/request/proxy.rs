@@ -60,6 +60,11 @@ pub struct RequestCtx {
     forward_target: Option<http::Uri>,
     /// The Host to forward when the client sent an absolute-form target.
     forward_host: Option<String>,
+    /// The target the route's rewrite made: what the upstream receives instead.
+    rewritten: Option<http::Uri>,
+    /// The request's `Origin`, when its route answers CORS and allows it: every answer gets
+    /// the CORS headers for it.
+    cors_origin: Option<http::HeaderValue>,
     attempts: usize,
     upstream_start: Option<Instant>,
     /// The upstream target of the current attempt, counted in its in-flight requests until
@@ -142,6 +147,8 @@ impl ProxyHttp for Proxy {
             refusal: None,
             forward_target: None,
             forward_host: None,
+            rewritten: None,
+            cors_origin: None,
             attempts: 0,
             upstream_start: None,
             target: None,
@@ -220,6 +227,11 @@ impl ProxyHttp for Proxy {
         ctx.identity = admitted.identity;
         ctx.forward_target = admitted.target;
         ctx.forward_host = admitted.host;
+        ctx.rewritten = admitted.rewritten;
+        ctx.cors_origin = admitted
+            .route
+            .and_then(|i| cfg.routes.get(i)?.edges.cors.as_ref())
+            .and_then(|c| c.allowed_origin(&session.req_header().headers));
         ctx.slots = admitted.slots.map(Box::new);
         ctx.slow = admitted
             .slowed
@@ -257,16 +269,20 @@ impl ProxyHttp for Proxy {
                 };
                 let mut answer = problem.answer();
                 answer.close = close;
-                Box::pin(self.send(session, &ctx.request_id, &mut answer)).await?;
+                Box::pin(self.send(session, ctx, &mut answer)).await?;
                 Ok(true)
             }
-            Next::Answer(answer) => {
-                // Only admission's answers name rules that refused the request: kept for the
-                // access log, which joins their names if it writes a line.
-                let answer = &mut **ctx.refusal.insert(answer);
+            Next::Answer(mut answer) => {
                 // Boxed: Pingora's write futures are large, and inline they would make every
                 // request's `request_filter` future (allocated and moved per request) larger.
-                Box::pin(self.send(session, &ctx.request_id, answer)).await?;
+                Box::pin(self.send(session, ctx, &mut answer)).await?;
+                // Only admission's answers name rules that refused the request: kept for the
+                // access log, which joins their names if it writes a line.
+                ctx.refusal = Some(answer);
+                Ok(true)
+            }
+            Next::Preflight(preflight) => {
+                Box::pin(self.send_preflight(session, ctx, *preflight)).await?;
                 Ok(true)
             }
         }
@@ -447,20 +463,25 @@ impl ProxyHttp for Proxy {
             .filter(|t| !t.forward)
             .and_then(|t| cfg.auth.tokens.issuers.iter().find(|i| i.name == t.issuer))
             .map(|i| &i.carrier);
+        let edges = ctx.route().map(|r| &r.edges);
         let forwarded = Forwarded {
             peer: ctx.peer,
             tls: ctx.tls,
             request_id: &ctx.request_id,
             identity: ctx.identity.as_deref(),
-            target: ctx.forward_target.as_ref(),
+            target: ctx.rewritten.as_ref().or(ctx.forward_target.as_ref()),
             host: ctx.forward_host.as_deref(),
-            host_header: ctx
-                .upstream()
-                .and_then(|u| u.settings.host_header.as_deref()),
+            host_header: edges.and_then(|e| e.host_rewrite.as_deref()).or_else(|| {
+                ctx.upstream()
+                    .and_then(|u| u.settings.host_header.as_deref())
+            }),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
             strip_token,
         };
         crate::request::forwarding::apply(upstream_request, &forwarded)?;
+        if let Some(edits) = edges.and_then(|e| e.request_headers.as_deref()) {
+            edits.apply_request(upstream_request, &vars(ctx))?;
+        }
         let upstream = ctx.trace.as_ref().and_then(|_| ctx.upstream().cloned());
         if let (Some(trace), Some(t), Some(u)) = (&mut ctx.trace, &ctx.target, upstream) {
             let up = crate::telemetry::Upstream {
@@ -647,7 +668,10 @@ impl ProxyHttp for Proxy {
         if let Some(h) = headers {
             h.apply(resp)?;
         }
-        Ok(())
+        if resp.status.is_informational() {
+            return Ok(());
+        }
+        decorate(ctx, resp)
     }
 
     /// While the request holds a `[upstreams.protect]` slot, a client that leaves mid-exchange
@@ -704,7 +728,7 @@ impl ProxyHttp for Proxy {
             // Pingora will not reuse this connection: say so, or a keep-alive client may send
             // its next request into a socket that is being closed.
             answer.close = true;
-            if let Err(err) = self.send(session, &ctx.request_id, &mut answer).await {
+            if let Err(err) = self.send(session, ctx, &mut answer).await {
                 tracing::debug!(error = %err, "could not send the error response");
             }
         }
@@ -749,6 +773,7 @@ impl ProxyHttp for Proxy {
         crate::request::access_log::record(|| crate::request::access_log::AccessLine {
             method: req.method.clone(),
             path: req.uri.path().to_owned(),
+            upstream_path: ctx.rewritten.as_ref().map(|u| u.path().to_owned()),
             status,
             route: route.map_or_else(|| NO_ROUTE_NAME.clone(), |r| r.name.clone()),
             upstream: ctx.upstream().map(|u| u.name.clone()),
@@ -770,23 +795,81 @@ impl ProxyHttp for Proxy {
 }
 
 impl Proxy {
-    /// Writes an answer floodgate makes itself (a problem+json document with its headers).
+    /// Writes an answer floodgate makes itself (a problem+json document with its headers, and
+    /// the route's response edits and CORS headers).
     async fn send(
         &self,
         session: &mut Session,
-        request_id: &RequestId,
+        ctx: &RequestCtx,
         answer: &mut Answer,
     ) -> Result<()> {
         if answer.close {
             session.set_keepalive(None);
         }
         let body = answer.problem.to_body();
-        let header = answer.header(request_id.header_value(), body.len())?;
+        let mut header = answer.header(ctx.request_id.header_value(), body.len())?;
+        decorate(ctx, &mut header)?;
         session
             .write_response_header(Box::new(header), false)
             .await?;
         session.write_response_body(Some(body), true).await?;
         Ok(())
+    }
+
+    /// Answers a CORS preflight: `204`, its CORS headers, the RateLimit fields of the rules on
+    /// `OPTIONS` that counted it, the route's response edits.
+    async fn send_preflight(
+        &self,
+        session: &mut Session,
+        ctx: &RequestCtx,
+        preflight: crate::request::admission::Preflight,
+    ) -> Result<()> {
+        let ratelimit = preflight
+            .ratelimit
+            .as_ref()
+            .map_or(0, RateLimitHeaders::count);
+        let mut resp =
+            ResponseHeader::build_no_case(204, Some(2 + preflight.headers.len() + ratelimit))?;
+        names::X_REQUEST_ID.set_response(&mut resp, ctx.request_id.header_value().clone())?;
+        for (name, value) in preflight.headers {
+            resp.insert_header(name, value)?;
+        }
+        if let Some(h) = preflight.ratelimit {
+            h.apply(&mut resp)?;
+        }
+        if let Some(edits) = ctx
+            .route()
+            .and_then(|r| r.edges.response_headers.as_deref())
+        {
+            edits.apply_response(&mut resp, &vars(ctx))?;
+        }
+        session.write_response_header(Box::new(resp), true).await?;
+        Ok(())
+    }
+}
+
+/// The route's response edits and, for an allowed origin, the CORS headers, on an answer
+/// (the upstream's or floodgate's own). Nothing is looked at for a route without them.
+fn decorate(ctx: &RequestCtx, resp: &mut ResponseHeader) -> Result<()> {
+    let Some(edges) = ctx.route().map(|r| &r.edges) else {
+        return Ok(());
+    };
+    if let Some(edits) = edges.response_headers.as_deref() {
+        edits.apply_response(resp, &vars(ctx))?;
+    }
+    if let (Some(cors), Some(origin)) = (edges.cors.as_deref(), &ctx.cors_origin) {
+        cors.decorate(resp, origin)?;
+    }
+    Ok(())
+}
+
+/// What header edits' variables are filled in from.
+fn vars(ctx: &RequestCtx) -> crate::wire::header_edits::Vars<'_> {
+    crate::wire::header_edits::Vars {
+        identity: ctx.identity.as_deref(),
+        client_ip: ctx.client_ip,
+        request_id: ctx.request_id.as_str(),
+        route: ctx.route().map_or("", |r| &r.name),
     }
 }
 

@@ -180,6 +180,15 @@ fn admit(
     spread: &Spread,
 ) {
     let accepted = Instant::now();
+    // `[server] allow_ips` / `deny_ips` cover this port too (on the peer: gRPC callers are
+    // proxies, not clients behind one): a refused peer is closed before it costs a slot.
+    if !shared.gateway.config.load().server.ips.admits(ip) {
+        metrics()
+            .connections_refused
+            .with_label_values(&["rls_ip_refused"])
+            .inc();
+        return;
+    }
     let serving = shared.serving();
     let max = serving.max_connections.min(rls_budget());
     let slot = match shared.table.admit_within(ip, max, serving.max_per_ip) {

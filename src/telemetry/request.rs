@@ -438,6 +438,9 @@ impl RequestTrace {
                     span.set_attributes([
                         KeyValue::new("http.request.method", method_name(&req.method)),
                         KeyValue::new("floodgate.upstream", up.name.to_owned()),
+                        // What the upstream receives (a route's rewrite changes it; the
+                        // server span's `url.path` is the client's).
+                        KeyValue::new("url.path", bounded(req.uri.path())),
                     ]);
                 }
                 s.upstream.insert(span)

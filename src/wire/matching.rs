@@ -37,20 +37,8 @@ impl RequestMatch {
         path: &str,
         case_sensitive: bool,
     ) -> bool {
-        if let Some(p) = self.path.as_deref() {
-            let same = if case_sensitive {
-                p == path
-            } else {
-                p.eq_ignore_ascii_case(path)
-            };
-            if !same {
-                return false;
-            }
-        }
-        if let Some(prefix) = &self.path_prefix {
-            if !path_has_prefix_case(path, prefix, case_sensitive) {
-                return false;
-            }
+        if !self.path_matches(path, case_sensitive) {
+            return false;
         }
         if let Some(methods) = &self.methods {
             // Every common framework serves HEAD with the GET handler: a GET route or rule
@@ -62,6 +50,24 @@ impl RequestMatch {
         }
         match &self.host {
             Some(want) => host == Some(want.as_str()),
+            None => true,
+        }
+    }
+
+    /// Whether `path` fits the `path` and `path_prefix` fields (true when neither is set).
+    pub fn path_matches(&self, path: &str, case_sensitive: bool) -> bool {
+        if let Some(p) = self.path.as_deref() {
+            let same = if case_sensitive {
+                p == path
+            } else {
+                p.eq_ignore_ascii_case(path)
+            };
+            if !same {
+                return false;
+            }
+        }
+        match &self.path_prefix {
+            Some(prefix) => path_has_prefix_case(path, prefix, case_sensitive),
             None => true,
         }
     }

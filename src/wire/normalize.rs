@@ -98,6 +98,14 @@ pub enum PathError {
     /// gateway did not.
     #[error("the path has an overlong UTF-8 encoding")]
     Overlong,
+    /// Under `escaped_slashes = "keep"`, an escaped `%2F`, `%5C` or `%3B` whose decoded reading
+    /// (the one a backend that decodes it serves) is another route's, or matches other rules'
+    /// paths: the gateway would route and count one resource and the backend serve another.
+    #[error(
+        "the path has an encoded slash, backslash or semicolon (%2F, %5C, %3B) that, decoded, \
+         reads as another route's path"
+    )]
+    AmbiguousEscape,
 }
 
 /// Normalizes a request path (without its query) as RFC 3986 §6.2.2 describes: decodes

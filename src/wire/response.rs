@@ -122,6 +122,16 @@ impl Problem {
         p
     }
 
+    /// 403: the client's address is not let in (`allow_ips` / `deny_ips`).
+    pub fn ip_refused() -> Self {
+        Problem::new(
+            "urn:floodgate:problem:ip-refused",
+            "Forbidden",
+            403,
+            "requests from this client address are not accepted here",
+        )
+    }
+
     /// 400: a request the gateway will not route (a malformed host or path), or could not read.
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Problem::new(

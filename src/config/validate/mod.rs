@@ -8,6 +8,7 @@
 mod auth;
 mod jwt;
 mod rls;
+mod route_edges;
 mod routes;
 mod rules;
 mod server;

@@ -49,14 +49,17 @@ pub(super) fn routes(
             })
             .transpose()?;
         let m = &r.matcher;
+        let matcher = RequestMatch {
+            path: src.path(&m.path)?,
+            path_prefix: src.path(&m.path_prefix)?,
+            host: src.host(&m.host)?,
+            methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
+        };
+        let edges = super::route_edges::edges(src, r, &matcher)?;
         out.push(Route {
             name: name.as_str().into(),
-            matcher: RequestMatch {
-                path: src.path(&m.path)?,
-                path_prefix: src.path(&m.path_prefix)?,
-                host: src.host(&m.host)?,
-                methods: m.methods.as_deref().map(|l| src.methods(l)).transpose()?,
-            },
+            matcher,
+            edges,
             upstream,
             auth,
             escaped_slashes,

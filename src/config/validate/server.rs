@@ -91,7 +91,9 @@ pub(super) fn server(
         )?,
         None => crate::wire::header_policy::Underscores::Drop,
     };
+    let ips = super::route_edges::ip_rules(src, &raw.allow_ips, &raw.deny_ips)?;
     let server = Server {
+        ips,
         escaped_slashes,
         headers_with_underscores,
         connections,

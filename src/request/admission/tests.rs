@@ -148,7 +148,9 @@ impl Fixture {
 fn answer(a: &Admission) -> &Answer {
     match &a.next {
         Next::Answer(ans) => ans,
-        Next::Forward { .. } => panic!("expected an answer, got a forward: {a:?}"),
+        Next::Forward { .. } | Next::Preflight(_) => {
+            panic!("expected an answer, got a forward: {a:?}")
+        }
     }
 }
 
