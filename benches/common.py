@@ -249,3 +249,23 @@ http {{
 }}
 """)
     return conf
+
+
+# ---- floodgate's routing systems (benches/load and benches/instructions) ----------------------
+
+# The Origin the routing systems' client sends, allowed by ROUTE_EDGES's cors.
+ROUTING_ORIGIN = ("origin", "http://app.bench")
+# A route on a path prefix and nothing else: the baseline of ROUTE_EDGES.
+ROUTE_PLAIN = 'match = { path_prefix = "/" }'
+# The same route with a prefix_rewrite, three header edits and CORS for ROUTING_ORIGIN.
+ROUTE_EDGES = (ROUTE_PLAIN + '\nprefix_rewrite = "/v1"\n'
+               'request_headers = { set = { "X-Tenant" = "bench", "X-Client" = "${client_ip}" } }\n'
+               'response_headers = { set = { "X-Served-By" = "floodgate" } }\n'
+               'cors = { allow_origins = ["http://app.bench"] }')
+
+
+def deny_ips(n: int) -> str:
+    """A `[server] deny_ips` line of `n` distinct /24 networks from 10.0.0.0 on, none of them
+    loopback (the benchmark's client is in none)."""
+    nets = (f'"{10 + i // 65536}.{(i // 256) % 256}.{i % 256}.0/24"' for i in range(n))
+    return "deny_ips = [" + ", ".join(nets) + "]\n"

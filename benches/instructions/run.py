@@ -76,16 +76,26 @@ def nginx_conf(d: Path, port: int) -> Path:
     return common.nginx_conf(d, port, 'location / { return 200 "ok"; }', worker_connections=1024)
 
 
+# The routing systems: (route keys, more [server] keys, a request header), as in
+# benches/load/run.py.
+ROUTING = {
+    "fg-route": (common.ROUTE_PLAIN, "", common.ROUTING_ORIGIN),
+    "fg-route-edges": (common.ROUTE_EDGES, "", common.ROUTING_ORIGIN),
+    "fg-deny-100k": ("match = {}", common.deny_ips(100_000), None),
+}
+
+
 def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str,
                    store: str = 'backend = "memory"') -> Path:
     conf = d / f"{name}.toml"
+    route, server, _ = ROUTING.get(name, ("match = {}", "", None))
     conf.write_text(f"""[server]
 listen = ["127.0.0.1:{port}"]
 admin_listen = "127.0.0.1:{admin}"
 threads = 1
 grace_period = "1s"
 access_log = false
-
+{server}
 [store]
 {store}
 
@@ -95,7 +105,7 @@ targets = ["127.0.0.1:{upstream}"]
 
 [[routes]]
 name = "all"
-match = {{}}
+{route}
 upstream = "upstream"
 auth = "none"
 {rules}""")
@@ -123,12 +133,12 @@ def read_answer(s: socket.socket, buf: bytearray) -> int:
     return status
 
 
-def drive(port: int, total: int, conns: int, refused: bool = False) -> None:
+def drive(port: int, total: int, conns: int, refused: bool = False, header: bytes = b"") -> None:
     """`total` requests over `conns` kept-alive connections, each answered 200 (`refused`: each
-    but the first answered 429)."""
+    but the first answered 429); `header`: one more header line (with its CRLF) in each."""
     if total == 0:
         return
-    req = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: instructions\r\n\r\n"
+    req = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: instructions\r\n" + header + b"\r\n"
     errors: list[str] = []
     admitted: list[int] = []
 
@@ -159,7 +169,8 @@ def drive(port: int, total: int, conns: int, refused: bool = False) -> None:
         raise RuntimeError(f"{len(admitted)} requests admitted by a rule that admits one")
 
 
-def wait_ready(port: int, p: subprocess.Popen, refused: bool, limit: float = 300) -> None:
+def wait_ready(port: int, p: subprocess.Popen, refused: bool, limit: float = 300,
+               header: bytes = b"") -> None:
     """Until a `GET /` through the proxy is answered 200 (`refused`: 200 or 429; valgrind starts
     slowly)."""
     end = time.time() + limit
@@ -167,7 +178,7 @@ def wait_ready(port: int, p: subprocess.Popen, refused: bool, limit: float = 300
         if p.poll() is not None:
             raise RuntimeError(f"the proxy exited ({p.returncode}) before it answered")
         try:
-            drive(port, 1, 1, refused)
+            drive(port, 1, 1, refused, header)
             return
         except (OSError, RuntimeError):
             time.sleep(0.5)
@@ -205,13 +216,13 @@ def parse_callgrind(path: Path) -> tuple[int, int]:
 
 
 def run_once(argv: list[str], port: int, requests: int, conns: int, out: Path, env: dict,
-             refused: bool = False) -> tuple[int, int]:
+             refused: bool = False, header: bytes = b"") -> tuple[int, int]:
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--separate-threads=no"] + argv
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=open(str(out) + ".log", "w"), env=env, start_new_session=True)
     try:
-        wait_ready(port, p, refused)
-        drive(port, requests, conns, refused)
+        wait_ready(port, p, refused, header=header)
+        drive(port, requests, conns, refused, header)
         time.sleep(0.5)
     finally:
         common.stop_processes([p], limit=120)
@@ -230,7 +241,9 @@ def main() -> int:
                     help="systems (pingora-bare pingora-contract fg-none fg-local; not by default: fg-global1, "
                          "one global rule on a redis-server started here, fg-429, "
                          "every request over its limit, answered 429, and its floor pingora-429, "
-                         "the bare proxy answering 429 in request_filter)")
+                         "the bare proxy answering 429 in request_filter; fg-route, a path_prefix route, "
+                         "fg-route-edges, the same with a prefix_rewrite, 3 header edits and CORS for the "
+                         "Origin sent, fg-deny-100k, 100,000 [server] deny_ips)")
     ap.add_argument("--label", default="", help="a suffix for the systems' names in the report (a build's name)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="pairs of runs per system; the report gives their median (1). Two runs of one "
@@ -282,10 +295,12 @@ def main() -> int:
             for i in range(args.repeat):
                 suffix = f".{i + 1}" if args.repeat > 1 else ""
                 refused = name.endswith("-429")
+                sent = ROUTING.get(name, ("", "", None))[2]
+                header = f"{sent[0]}: {sent[1]}\r\n".encode() if sent else b""
                 lo = run_once(argv, port, args.warmup, args.connections, out / f"{label}{suffix}.low.out", env,
-                              refused)
+                              refused, header)
                 hi = run_once(argv, port, args.warmup + args.requests, args.connections,
-                              out / f"{label}{suffix}.high.out", env, refused)
+                              out / f"{label}{suffix}.high.out", env, refused, header)
                 pairs.append(((hi[0] - lo[0]) / args.requests, (hi[1] - lo[1]) / args.requests))
                 log(f"{label}{suffix}: {pairs[-1][0]:,.0f} instructions, {pairs[-1][1]:.2f} allocations per request")
             r = {"ir_per_request": statistics.median(p[0] for p in pairs),

@@ -877,14 +877,8 @@ auth = "{auth}"
         # with 100,000 [server] deny_ips that the client is not in.
         routes = {}
         if not a.only or any(n in a.only for n in ("fg-route", "fg-route-edges", "fg-deny-100k")):
-            origin = ("origin", "http://app.bench")
-            plain = 'match = { path_prefix = "/" }'
-            edges = (plain + '\nprefix_rewrite = "/v1"\n'
-                     'request_headers = { set = { "X-Tenant" = "bench", "X-Client" = "${client_ip}" } }\n'
-                     'response_headers = { set = { "X-Served-By" = "floodgate" } }\n'
-                     'cors = { allow_origins = ["http://app.bench"] }')
-            deny = "deny_ips = [" + ", ".join(
-                f'"{10 + i // 65536}.{(i // 256) % 256}.{i % 256}.0/24"' for i in range(100_000)) + "]\n"
+            origin, plain, edges = common.ROUTING_ORIGIN, common.ROUTE_PLAIN, common.ROUTE_EDGES
+            deny = common.deny_ips(100_000)
             fg.append(("fg-route", "floodgate, no rules, a path_prefix route (Origin sent)", "", "", 200, "fg-none"))
             fg.append(("fg-route-edges", "floodgate, no rules, the same route with prefix_rewrite, 3 header edits and CORS",
                        "", "", 200, "fg-route"))

@@ -733,18 +733,19 @@ fn rewrite_target(
     let Some(new_path) = rewrite.apply(path, mode).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
-    let path_and_query = match uri.query() {
-        Some(q) => format!("{new_path}?{q}"),
-        None => new_path,
-    };
+    let mut path_and_query = new_path;
+    if let Some(q) = uri.query() {
+        path_and_query.push('?');
+        path_and_query.push_str(q);
+    }
     let mut parts = uri.clone().into_parts();
     if origin_form {
         parts.scheme = None;
         parts.authority = None;
     }
+    // The text's buffer becomes the target's (checked, not copied).
     parts.path_and_query = Some(
-        path_and_query
-            .parse()
+        http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::from(path_and_query))
             .map_err(|_| "the route's rewrite of this path is not a valid request target")?,
     );
     Uri::from_parts(parts)

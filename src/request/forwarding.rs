@@ -125,6 +125,9 @@ pub struct Forwarded<'a> {
     pub strip_key: Option<&'a HeaderName>,
     /// Where the verified token to remove is (its issuer has `forward_token = false`).
     pub strip_token: Option<&'a Carrier>,
+    /// Headers the caller adds after this (a route's `request_headers`): room is made for
+    /// them with floodgate's own, in one reserve.
+    pub more_headers: usize,
 }
 
 /// Applies the forwarding header policy to the upstream request: the forwarding headers, the
@@ -135,7 +138,7 @@ pub fn apply(req: &mut RequestHeader, f: &Forwarded<'_>) -> pingora::Result<()> 
     // request id), nothing is inserted that is already there, and the room for what is added
     // is made once: a client's head of few headers would otherwise grow both of Pingora's
     // header maps on each insert. The peer is appended to the chain it sent.
-    req.reserve_headers(3 + if f.identity.is_some() { 3 } else { 0 })?;
+    req.reserve_headers(3 + if f.identity.is_some() { 3 } else { 0 } + f.more_headers)?;
     let xff = forwarded_for(req.headers.get(names::X_FORWARDED_FOR.name()), f.peer);
     names::X_FORWARDED_FOR.set_request(req, xff)?;
     if let Some(target) = f.target {
@@ -372,6 +375,7 @@ mod tests {
             host_header: None,
             strip_key: Some(&key),
             strip_token: None,
+            more_headers: 0,
         };
         apply(&mut r, &f).unwrap();
         assert_eq!(values(&r, "x-floodgate-key-id"), ["acme-prod"]);
@@ -406,6 +410,7 @@ mod tests {
             host_header: Some("orders.internal"),
             strip_key: None,
             strip_token: None,
+            more_headers: 0,
         };
         apply(&mut r, &f).unwrap();
         assert_eq!(values(&r, "host"), ["orders.internal"]);

@@ -477,6 +477,9 @@ impl ProxyHttp for Proxy {
             }),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
             strip_token,
+            more_headers: edges
+                .and_then(|e| e.request_headers.as_deref())
+                .map_or(0, |h| h.added()),
         };
         crate::request::forwarding::apply(upstream_request, &forwarded)?;
         if let Some(edits) = edges.and_then(|e| e.request_headers.as_deref()) {
@@ -663,7 +666,7 @@ impl ProxyHttp for Proxy {
             ctx.headers.take()
         };
         let ratelimit = headers.as_ref().map_or(0, RateLimitHeaders::count);
-        resp.reserve_headers(1 + ratelimit)?;
+        resp.reserve_headers(1 + ratelimit + decoration_room(ctx))?;
         names::X_REQUEST_ID.set_response(resp, ctx.request_id.header_value().clone())?;
         if let Some(h) = headers {
             h.apply(resp)?;
@@ -808,6 +811,7 @@ impl Proxy {
         }
         let body = answer.problem.to_body();
         let mut header = answer.header(ctx.request_id.header_value(), body.len())?;
+        header.reserve_headers(decoration_room(ctx))?;
         decorate(ctx, &mut header)?;
         session
             .write_response_header(Box::new(header), false)
@@ -841,6 +845,7 @@ impl Proxy {
             .route()
             .and_then(|r| r.edges.response_headers.as_deref())
         {
+            resp.reserve_headers(edits.added())?;
             edits.apply_response(&mut resp, &vars(ctx))?;
         }
         session.write_response_header(Box::new(resp), true).await?;
@@ -848,8 +853,23 @@ impl Proxy {
     }
 }
 
+/// How many headers [`decorate`] may add to an answer (the room reserved with the others).
+fn decoration_room(ctx: &RequestCtx) -> usize {
+    let Some(edges) = ctx.route().map(|r| &r.edges) else {
+        return 0;
+    };
+    let edits = edges.response_headers.as_deref().map_or(0, |h| h.added());
+    let cors = if ctx.cors_origin.is_some() {
+        crate::wire::cors::Cors::ADDED
+    } else {
+        0
+    };
+    edits + cors
+}
+
 /// The route's response edits and, for an allowed origin, the CORS headers, on an answer
-/// (the upstream's or floodgate's own). Nothing is looked at for a route without them.
+/// (the upstream's or floodgate's own; room made by [`decoration_room`]). Nothing is looked
+/// at for a route without them.
 fn decorate(ctx: &RequestCtx, resp: &mut ResponseHeader) -> Result<()> {
     let Some(edges) = ctx.route().map(|r| &r.edges) else {
         return Ok(());

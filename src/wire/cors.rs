@@ -309,20 +309,24 @@ impl Cors {
         out
     }
 
+    /// How many headers [`Self::decorate`] may add (the room a caller reserves).
+    pub const ADDED: usize = 4;
+
     /// Adds the CORS headers of an actual (not preflight) answer to an allowed `origin`:
     /// the upstream's own `Access-Control-*` headers are replaced, `Origin` joins its `Vary`.
     pub fn decorate(&self, resp: &mut ResponseHeader, origin: &HeaderValue) -> pingora::Result<()> {
-        use http::header::*;
-        resp.reserve_headers(4)?;
-        resp.insert_header(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone())?;
-        resp.insert_header(ACCESS_CONTROL_EXPOSE_HEADERS, self.expose_headers.clone())?;
+        // Pre-parsed names (`header_names`): nothing parsed or copied per answer.
+        use crate::wire::header_names as names;
+        names::ACCESS_CONTROL_ALLOW_ORIGIN.set_response(resp, origin.clone())?;
+        names::ACCESS_CONTROL_EXPOSE_HEADERS.set_response(resp, self.expose_headers.clone())?;
         if self.allow_credentials {
-            resp.insert_header(
-                ACCESS_CONTROL_ALLOW_CREDENTIALS,
-                HeaderValue::from_static("true"),
-            )?;
-        } else {
-            resp.remove_header(&ACCESS_CONTROL_ALLOW_CREDENTIALS);
+            names::ACCESS_CONTROL_ALLOW_CREDENTIALS
+                .set_response(resp, HeaderValue::from_static("true"))?;
+        } else if resp
+            .headers
+            .contains_key(names::ACCESS_CONTROL_ALLOW_CREDENTIALS.name())
+        {
+            resp.remove_header(names::ACCESS_CONTROL_ALLOW_CREDENTIALS.name());
         }
         add_vary_origin(resp)
     }
@@ -330,7 +334,12 @@ impl Cors {
 
 /// `Origin` added to the answer's `Vary` unless it is there (or `Vary: *`).
 fn add_vary_origin(resp: &mut ResponseHeader) -> pingora::Result<()> {
-    let present = resp.headers.get_all(http::header::VARY).iter().any(|v| {
+    use crate::wire::header_names::VARY;
+    let mut values = resp.headers.get_all(VARY.name()).iter().peekable();
+    if values.peek().is_none() {
+        return VARY.set_response(resp, HeaderValue::from_static("Origin"));
+    }
+    let present = values.any(|v| {
         v.as_bytes()
             .split(|b| *b == b',')
             .map(<[u8]>::trim_ascii)

@@ -292,17 +292,18 @@ impl HeaderEdits {
         self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
     }
 
-    /// How many headers are edited (for the room to reserve).
-    fn added(&self) -> usize {
+    /// How many headers the edits may add (the room a caller reserves once, with its own).
+    pub fn added(&self) -> usize {
         self.set.len() + self.add.len()
     }
 
-    /// Applies the edits to the upstream request.
+    /// Applies the edits to the upstream request (the caller has made room for
+    /// [`Self::added`] headers, with its own, in one reserve: each growth of Pingora's two
+    /// header maps is an allocation and a rehash of every header).
     pub fn apply_request(&self, req: &mut RequestHeader, vars: &Vars<'_>) -> pingora::Result<()> {
         for name in &self.remove {
             req.remove_header(name);
         }
-        req.reserve_headers(self.added())?;
         for e in &self.set {
             if let Some(v) = e.value.fill(vars) {
                 req.insert_header_parsed(&e.name, &e.case, v)?;
@@ -310,7 +311,12 @@ impl HeaderEdits {
         }
         for e in &self.add {
             if let Some(v) = e.value.fill(vars) {
-                req.append_header(e.case.clone(), v)?;
+                if req.headers.contains_key(&e.name) {
+                    req.append_header(e.case.clone(), v)?;
+                } else {
+                    // Nothing to add beside: the pre-parsed insert (no name parsed or copied).
+                    req.insert_header_parsed(&e.name, &e.case, v)?;
+                }
             }
         }
         Ok(())
@@ -325,7 +331,6 @@ impl HeaderEdits {
         for name in &self.remove {
             resp.remove_header(name);
         }
-        resp.reserve_headers(self.added())?;
         for e in &self.set {
             if let Some(v) = e.value.fill(vars) {
                 resp.insert_header_parsed(&e.name, &e.case, v)?;
@@ -333,7 +338,11 @@ impl HeaderEdits {
         }
         for e in &self.add {
             if let Some(v) = e.value.fill(vars) {
-                resp.append_header(e.case.clone(), v)?;
+                if resp.headers.contains_key(&e.name) {
+                    resp.append_header(e.case.clone(), v)?;
+                } else {
+                    resp.insert_header_parsed(&e.name, &e.case, v)?;
+                }
             }
         }
         Ok(())
@@ -359,14 +368,14 @@ impl Template {
             return None;
         }
         // Every part is a checked header value (config text, identity text, an address, a
-        // request id, a route name): this holds, and a value that would not is not sent.
-        HeaderValue::from_bytes(out.as_bytes()).ok()
+        // request id, a route name): this holds, and a value that would not is not sent. The
+        // text's buffer becomes the value's (checked, not copied).
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
     }
 }
 
 /// Appends variable `v`'s value (nothing when absent).
 fn push_var(out: &mut String, v: Var, vars: &Vars<'_>) {
-    use std::fmt::Write;
     match v {
         Var::KeyId => {
             if let Some(i) = vars.identity {
@@ -383,9 +392,7 @@ fn push_var(out: &mut String, v: Var, vars: &Vars<'_>) {
                 out.push_str(p.as_str());
             }
         }
-        Var::ClientIp => {
-            let _ = write!(out, "{}", vars.client_ip);
-        }
+        Var::ClientIp => crate::text::push_ip(out, vars.client_ip),
         Var::RequestId => out.push_str(vars.request_id),
         Var::Route => out.push_str(vars.route),
     }

@@ -78,6 +78,21 @@ pub static CACHE_CONTROL: Known = Known::new("cache-control", "Cache-Control");
 pub static RETRY_AFTER: Known = Known::new("retry-after", "Retry-After");
 /// `WWW-Authenticate` (401).
 pub static WWW_AUTHENTICATE: Known = Known::new("www-authenticate", "WWW-Authenticate");
+/// `Access-Control-Allow-Origin` (a route's `cors`).
+pub static ACCESS_CONTROL_ALLOW_ORIGIN: Known =
+    Known::new("access-control-allow-origin", "Access-Control-Allow-Origin");
+/// `Access-Control-Expose-Headers`.
+pub static ACCESS_CONTROL_EXPOSE_HEADERS: Known = Known::new(
+    "access-control-expose-headers",
+    "Access-Control-Expose-Headers",
+);
+/// `Access-Control-Allow-Credentials`.
+pub static ACCESS_CONTROL_ALLOW_CREDENTIALS: Known = Known::new(
+    "access-control-allow-credentials",
+    "Access-Control-Allow-Credentials",
+);
+/// `Vary`.
+pub static VARY: Known = Known::new("vary", "Vary");
 
 #[cfg(test)]
 mod tests {
@@ -98,6 +113,10 @@ mod tests {
             &CACHE_CONTROL,
             &RETRY_AFTER,
             &WWW_AUTHENTICATE,
+            &ACCESS_CONTROL_ALLOW_ORIGIN,
+            &ACCESS_CONTROL_EXPOSE_HEADERS,
+            &ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            &VARY,
         ];
         v.extend(IDENTITY.iter());
         v
