@@ -190,6 +190,15 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
             return Admission::answer(ip, Some(route_idx), p, id);
         }
     };
+    if let Some(target) = &rewritten {
+        if mode == crate::wire::normalize::EscapedSlashes::Keep
+            && !rewrite_keeps_its_reading(route, &path, target.path())
+        {
+            let e = crate::wire::normalize::PathError::AmbiguousEscape;
+            let p = Problem::bad_request(e.to_string());
+            return Admission::answer(ip, Some(route_idx), p, id);
+        }
+    }
     let forward_host = if req.headers.contains_key(http::header::HOST) {
         None
     } else {
@@ -594,7 +603,7 @@ fn ambiguous_escape(
     routed: &Routed<'_>,
 ) -> bool {
     let kept = &*routed.path;
-    if !kept.contains("%2F") && !kept.contains("%5C") && !kept.contains("%3B") {
+    if !has_kept_escape(kept) {
         return false;
     }
     let Some(decoded) = decoded_reading(kept) else {
@@ -620,6 +629,34 @@ fn ambiguous_escape(
                     .request
                     .path_matches(&decoded, route.case_sensitive)
     })
+}
+
+/// Whether a rewrite of a path with kept escapes means, decoded, what the rewrite of the
+/// decoded path means: a kept `..%2F` would otherwise climb out of the rewrite's target once
+/// a backend decodes it (`/api/..%2Fapi` under `prefix_rewrite = "/internal/public"` reads
+/// as `/api` here and reaches the backend as `/internal/public/..%2Fapi`, which it serves as
+/// `/internal/api`). True for a path without kept escapes.
+fn rewrite_keeps_its_reading(route: &Route, path: &str, rewritten: &str) -> bool {
+    if !has_kept_escape(path) {
+        return true;
+    }
+    let Some(rewrite) = &route.edges.rewrite else {
+        return true;
+    };
+    let keep = crate::wire::normalize::EscapedSlashes::Keep;
+    let (Some(decoded), Some(sent)) = (decoded_reading(path), decoded_reading(rewritten)) else {
+        return false;
+    };
+    match rewrite.apply(&decoded, keep) {
+        Ok(Some(meant)) => meant == sent,
+        Ok(None) => decoded == sent,
+        Err(_) => false,
+    }
+}
+
+/// Whether a normalized path has a kept `%2F`, `%5C` or `%3B`.
+fn has_kept_escape(path: &str) -> bool {
+    path.contains("%2F") || path.contains("%5C") || path.contains("%3B")
 }
 
 /// `path` as a backend that decodes `%2F`, `%5C` and `%3B` reads it (see

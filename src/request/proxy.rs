@@ -859,7 +859,7 @@ fn decoration_room(ctx: &RequestCtx) -> usize {
         return 0;
     };
     let edits = edges.response_headers.as_deref().map_or(0, |h| h.added());
-    let cors = if ctx.cors_origin.is_some() {
+    let cors = if edges.cors.is_some() {
         crate::wire::cors::Cors::ADDED
     } else {
         0
@@ -877,8 +877,11 @@ fn decorate(ctx: &RequestCtx, resp: &mut ResponseHeader) -> Result<()> {
     if let Some(edits) = edges.response_headers.as_deref() {
         edits.apply_response(resp, &vars(ctx))?;
     }
-    if let (Some(cors), Some(origin)) = (edges.cors.as_deref(), &ctx.cors_origin) {
-        cors.decorate(resp, origin)?;
+    if let Some(cors) = edges.cors.as_deref() {
+        match &ctx.cors_origin {
+            Some(origin) => cors.decorate(resp, origin)?,
+            None => crate::wire::cors::not_allowed(resp)?,
+        }
     }
     Ok(())
 }

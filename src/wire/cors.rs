@@ -332,6 +332,29 @@ impl Cors {
     }
 }
 
+/// The answer on a `cors` route to a request whose origin is not allowed (or that sent
+/// none): no CORS header at all, the upstream's own removed (an upstream that reflects any
+/// `Origin` must not open the API to the origins the route leaves out), and `Vary: Origin`,
+/// so that a shared cache does not hand this answer to an allowed origin or the other way.
+pub fn not_allowed(resp: &mut ResponseHeader) -> pingora::Result<()> {
+    let theirs = resp
+        .headers
+        .keys()
+        .any(|k| k.as_str().starts_with("access-control-"));
+    if theirs {
+        let names: Vec<HeaderName> = resp
+            .headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("access-control-"))
+            .cloned()
+            .collect();
+        for name in names {
+            resp.remove_header(&name);
+        }
+    }
+    add_vary_origin(resp)
+}
+
 /// `Origin` added to the answer's `Vary` unless it is there (or `Vary: *`).
 fn add_vary_origin(resp: &mut ResponseHeader) -> pingora::Result<()> {
     use crate::wire::header_names::VARY;
@@ -538,5 +561,23 @@ mod tests {
             2,
             "Origin once"
         );
+    }
+
+    #[test]
+    fn an_origin_not_allowed_gets_none_of_the_upstreams_cors_headers() {
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.insert_header("access-control-allow-origin", "https://evil.example")
+            .unwrap();
+        resp.insert_header("access-control-allow-credentials", "true")
+            .unwrap();
+        resp.insert_header("content-type", "application/json")
+            .unwrap();
+        not_allowed(&mut resp).unwrap();
+        assert!(resp
+            .headers
+            .keys()
+            .all(|k| !k.as_str().starts_with("access-control-")));
+        assert_eq!(resp.headers["vary"], "Origin");
+        assert_eq!(resp.headers["content-type"], "application/json");
     }
 }

@@ -13,6 +13,11 @@ use crate::wire::normalize::{self, EscapedSlashes, PathError};
 
 /// The longest `regex_rewrite` pattern, in bytes.
 pub const MAX_PATTERN: usize = 4096;
+/// The longest `regex_rewrite` substitution, in bytes.
+pub const MAX_SUBSTITUTION: usize = 1024;
+/// The longest path a rewrite may give (a substitution repeated for every match of a short
+/// pattern could otherwise turn one request into megabytes).
+pub const MAX_RESULT: usize = 8192;
 /// The most memory one compiled `regex_rewrite` may take (the `regex` crate's `size_limit`).
 pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
@@ -38,6 +43,9 @@ pub enum RewriteError {
     /// The result has a `?` or `#`: it would change the query the upstream reads.
     #[error("the route's rewrite of this path gives a \"?\" or \"#\"")]
     Query,
+    /// The result is longer than [`MAX_RESULT`].
+    #[error("the route's rewrite of this path gives a path longer than 8192 bytes")]
+    TooLong,
     /// The result is not in normal form (`..`, `//`, a refused escape, ...).
     #[error("the route's rewrite of this path gives a path the gateway would not forward: {0}")]
     NotNormal(&'static str),
@@ -48,6 +56,7 @@ impl RewriteError {
     pub fn reason(self) -> &'static str {
         match self {
             RewriteError::NotAbsolute => "it does not start with \"/\"",
+            RewriteError::TooLong => "it is longer than 8192 bytes",
             RewriteError::Query => "it has a \"?\" or \"#\"",
             RewriteError::NotNormal(why) => why,
         }
@@ -69,6 +78,9 @@ impl Rewrite {
         if out == path {
             return Ok(None);
         }
+        if out.len() > MAX_RESULT {
+            return Err(RewriteError::TooLong);
+        }
         check(&out, mode)?;
         Ok(Some(out))
     }
@@ -82,11 +94,17 @@ fn rest_after<'p>(path: &'p str, prefix: &str) -> &'p str {
 }
 
 /// `with` followed by `rest`, one `/` between them when both bring one, `/` when both are
-/// empty.
+/// empty. A `rest` that is a format suffix (`.json` of `/orders.json` under `/orders`) joins
+/// the last segment of `with`, not a segment of its own.
 fn join(with: &str, rest: &str) -> String {
     if with.is_empty() && rest.is_empty() {
         return "/".to_owned();
     }
+    let with = if rest.starts_with('.') {
+        with.strip_suffix('/').unwrap_or(with)
+    } else {
+        with
+    };
     let rest = match (with.ends_with('/'), rest.strip_prefix('/')) {
         (true, Some(r)) => r,
         _ => rest,
@@ -130,15 +148,28 @@ fn path_error_text(e: PathError) -> &'static str {
 }
 
 /// Compiles a `regex_rewrite` pattern within [`MAX_PATTERN`] and [`REGEX_SIZE_LIMIT`], and
-/// checks that its substitution names only groups the pattern has.
-pub fn compile(pattern: &str, substitution: &str) -> Result<regex::Regex, String> {
+/// checks that its substitution is at most [`MAX_SUBSTITUTION`] bytes and names only groups
+/// the pattern has. `case_sensitive = false` (the route's): the pattern matches ignoring
+/// case, as the route does.
+pub fn compile(
+    pattern: &str,
+    substitution: &str,
+    case_sensitive: bool,
+) -> Result<regex::Regex, String> {
     if pattern.len() > MAX_PATTERN {
         return Err(format!(
             "the pattern is {} bytes long; at most {MAX_PATTERN} are accepted",
             pattern.len()
         ));
     }
+    if substitution.len() > MAX_SUBSTITUTION {
+        return Err(format!(
+            "the substitution is {} bytes long; at most {MAX_SUBSTITUTION} are accepted",
+            substitution.len()
+        ));
+    }
     let re = regex::RegexBuilder::new(pattern)
+        .case_insensitive(!case_sensitive)
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(REGEX_SIZE_LIMIT)
         .build()
@@ -231,6 +262,20 @@ mod tests {
         );
         assert_eq!(r.apply("/svc", REJECT).unwrap().as_deref(), Some("/"));
         assert_eq!(r.apply("/svc/", REJECT).unwrap().as_deref(), Some("/"));
+        let suffixed = Rewrite::Prefix("/api/orders".into(), "/orders/".into());
+        assert_eq!(
+            suffixed
+                .apply("/api/orders.json", REJECT)
+                .unwrap()
+                .as_deref(),
+            Some("/orders.json"),
+            "a format suffix stays on its segment"
+        );
+        let to_root = Rewrite::Prefix("/api/orders".into(), "/".into());
+        assert_eq!(
+            to_root.apply("/api/orders.json", REJECT),
+            Err(RewriteError::NotAbsolute)
+        );
         assert_eq!(
             r.apply("/svc.json", REJECT),
             Err(RewriteError::NotAbsolute),
@@ -259,10 +304,10 @@ mod tests {
 
     #[test]
     fn regex_rewrite_replaces_matches_and_keeps_other_paths() {
-        let re = compile("^/users/([0-9]+)/orders$", "/orders?user=$1").unwrap();
+        let re = compile("^/users/([0-9]+)/orders$", "/orders?user=$1", true).unwrap();
         let r = Rewrite::Regex(Box::new(re), "/orders?user=$1".into());
         assert_eq!(r.apply("/users/7/orders", REJECT), Err(RewriteError::Query));
-        let re = compile("^/v1/(?P<rest>.*)$", "/v2/${rest}").unwrap();
+        let re = compile("^/v1/(?P<rest>.*)$", "/v2/${rest}", true).unwrap();
         let r = Rewrite::Regex(Box::new(re), "/v2/${rest}".into());
         assert_eq!(
             r.apply("/v1/a/b", REJECT).unwrap().as_deref(),
@@ -290,7 +335,7 @@ mod tests {
             "kept escapes stay under keep"
         );
         assert!(check("/orders/7", REJECT).is_ok());
-        let re = compile("^/(.*)$", "/x/$1/..").unwrap();
+        let re = compile("^/(.*)$", "/x/$1/..", true).unwrap();
         let r = Rewrite::Regex(Box::new(re), "/x/$1/..".into());
         assert!(matches!(
             r.apply("/a", REJECT),
@@ -300,16 +345,33 @@ mod tests {
 
     #[test]
     fn patterns_and_substitutions_are_checked_when_loaded() {
-        assert!(compile("(", "/").unwrap_err().contains("does not compile"));
-        let e = compile("^/(a)$", "/$2").unwrap_err();
+        assert!(compile("(", "/", true)
+            .unwrap_err()
+            .contains("does not compile"));
+        let e = compile("^/(a)$", "/$2", true).unwrap_err();
         assert!(e.contains("group \"2\""), "{e}");
-        let e = compile("^/(a)$", "/$1x").unwrap_err();
+        let e = compile("^/(a)$", "/$1x", true).unwrap_err();
         assert!(e.contains("${1}"), "{e}");
-        assert!(compile("^/(?P<id>a)$", "/${id}/$$").is_ok());
-        let e = compile(&"a".repeat(MAX_PATTERN + 1), "/").unwrap_err();
+        assert!(compile("^/(?P<id>a)$", "/${id}/$$", true).is_ok());
+        let e = compile(&"a".repeat(MAX_PATTERN + 1), "/", true).unwrap_err();
         assert!(e.contains("at most"), "{e}");
-        let e = compile("^/(\\w{1000}){1000}$", "/").unwrap_err();
+        let e = compile("^/(\\w{1000}){1000}$", "/", true).unwrap_err();
         assert!(e.contains("compiles to more than"), "{e}");
-        assert!(compile("^/(a)$", "/${1").unwrap_err().contains("without"));
+        assert!(compile("^/(a)$", "/${1", true)
+            .unwrap_err()
+            .contains("without"));
+        let e = compile("^/(a)$", &"x".repeat(MAX_SUBSTITUTION + 1), true).unwrap_err();
+        assert!(e.contains("substitution is"), "{e}");
+        let insensitive = compile("^/api/(.*)$", "/$1", false).unwrap();
+        assert!(
+            insensitive.is_match("/API/x"),
+            "a case-insensitive route's pattern"
+        );
+        let re = compile("[a-z]", "/0123456789", true).unwrap();
+        let r = Rewrite::Regex(Box::new(re), "/0123456789".into());
+        assert_eq!(
+            r.apply(&format!("/{}", "a".repeat(1000)), KEEP),
+            Err(RewriteError::TooLong)
+        );
     }
 }

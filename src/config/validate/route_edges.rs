@@ -84,7 +84,13 @@ fn rewrite(
     }
     if let Some(x) = &r.regex_rewrite {
         let x = x.get_ref();
-        let re = rewrite::compile(x.pattern.get_ref(), x.substitution.get_ref()).map_err(|m| {
+        let case_sensitive = r.case_sensitive.unwrap_or(true);
+        let re = rewrite::compile(
+            x.pattern.get_ref(),
+            x.substitution.get_ref(),
+            case_sensitive,
+        )
+        .map_err(|m| {
             let span = if m.contains("substitution") {
                 x.substitution.span()
             } else {
