@@ -429,6 +429,7 @@ match = {{ path_prefix = "/debug", methods = ["GET", "POST"] }}
 upstream = "orders"
 auth = "required"
 cors = {{ allow_origins = ["http://app.test", "https://*.example.com"], max_age = "10m", expose_headers = ["X-Total"] }}
+deny_ips = ["203.0.113.0/24"]
 
 [[rules]]
 name = "per-key"
@@ -452,7 +453,7 @@ window = "1h"
 #[tokio::test]
 async fn cors_preflights_are_answered_at_the_edge_and_every_answer_carries_cors() {
     let api = OrdersApi::start("orders");
-    let gw = Gateway::start(&cors(&api));
+    let gw = Gateway::start_with("trusted_proxies = [\"127.0.0.1/32\"]\n", &cors(&api), &[]);
     let c = client();
     let load = || get_json(&c, format!("http://{}/debug/load", api.addr));
     let before = load().await["total"].clone();
@@ -530,7 +531,20 @@ async fn cors_preflights_are_answered_at_the_edge_and_every_answer_carries_cors(
         r.headers()["access-control-allow-origin"],
         "http://app.test"
     );
-    // Without an allowed origin, no CORS header at all.
+    // floodgate's 403 of the route's deny_ips carries them too.
+    let r = c
+        .get(gw.url("/debug/orders"))
+        .header("origin", "http://app.test")
+        .header("x-forwarded-for", "203.0.113.5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://app.test"
+    );
+    // Without an allowed origin, no CORS header at all, and Vary keeps caches apart.
     let r = c
         .get(gw.url("/debug/orders"))
         .header("origin", "https://evil.test")
@@ -540,6 +554,7 @@ async fn cors_preflights_are_answered_at_the_edge_and_every_answer_carries_cors(
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("access-control-allow-origin").is_none());
+    assert!(r.headers()["vary"].to_str().unwrap().contains("Origin"));
     // An OPTIONS that is no preflight is routed as itself (this route takes GET and POST only).
     let r = c
         .request(reqwest::Method::OPTIONS, gw.url("/debug/orders"))
