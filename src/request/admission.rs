@@ -139,7 +139,8 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     // A CORS preflight goes to the route of the request it asks about, when that route
     // answers CORS; any other OPTIONS is routed as itself.
     let preflight = preflight_route(cfg, host.as_deref(), req);
-    let routed = match preflight.clone() {
+    let is_preflight = preflight.is_some();
+    let routed = match preflight {
         Some(routed) => Ok(routed),
         None => route_path(cfg, host.as_deref(), req.method, req.uri.path()),
     };
@@ -161,7 +162,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
     if !cfg.server.ips.admits(ip) || !route.edges.ips.admits(ip) {
         return refuse_ip(ip, Some(route_idx), &route.name, id);
     }
-    if preflight.is_some() {
+    if is_preflight {
         return answer_preflight(cfg, limiter, req, route_idx, &path, host.as_deref(), ip).await;
     }
     let settings = &route.upstream.settings;
@@ -502,19 +503,27 @@ fn absolute_form_authority(raw_target: &[u8]) -> Option<&str> {
 /// `uri` with `path` (normalized, so always a valid path) in place of its own, the query
 /// kept; in origin form when `origin_form`.
 fn forward_target(uri: &Uri, path: &str, origin_form: bool) -> Uri {
-    let path_and_query = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
-    };
+    // The parts came from a valid URI and the path from the normalizer; should they ever not
+    // fit together, the client's own target goes upstream.
+    with_path(uri, path.to_owned(), origin_form).unwrap_or_else(|| uri.clone())
+}
+
+/// `uri` with `path` in place of its own, the query kept, in origin form when `origin_form`;
+/// `None` when they do not make a valid target.
+fn with_path(uri: &Uri, mut path: String, origin_form: bool) -> Option<Uri> {
+    if let Some(q) = uri.query() {
+        path.push('?');
+        path.push_str(q);
+    }
     let mut parts = uri.clone().into_parts();
     if origin_form {
         parts.scheme = None;
         parts.authority = None;
     }
-    parts.path_and_query = path_and_query.parse().ok();
-    // The parts came from a valid URI and the path from the normalizer; should they ever not
-    // fit together, the client's own target goes upstream.
-    Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+    // The text's buffer becomes the target's (checked, not copied).
+    parts.path_and_query =
+        Some(http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::from(path)).ok()?);
+    Uri::from_parts(parts).ok()
 }
 
 #[cfg(test)]
@@ -522,7 +531,7 @@ mod tests;
 
 /// A request's normalized path, the route it is for (none: 404) and the `escaped_slashes`
 /// mode it was read with.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Routed<'p> {
     path: std::borrow::Cow<'p, str>,
     route: Option<usize>,
@@ -713,7 +722,21 @@ async fn answer_preflight(
 ) -> Admission {
     let route = &cfg.routes[route_idx];
     let id = req.request_id;
-    let mut admission = Admission::answer(ip, Some(route_idx), Problem::internal(), id);
+    let mut admission = Admission {
+        client_ip: ip,
+        route: Some(route_idx),
+        identity: None,
+        target: None,
+        host: None,
+        rewritten: None,
+        slots: None,
+        next: Next::Forward {
+            delay: Duration::ZERO,
+            ratelimit: None,
+        },
+        slowed: None,
+        decision: None,
+    };
     let mut ratelimit = None;
     if !cfg.rules.is_empty() {
         let view = RequestView {
@@ -770,22 +793,7 @@ fn rewrite_target(
     let Some(new_path) = rewrite.apply(path, mode).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
-    let mut path_and_query = new_path;
-    if let Some(q) = uri.query() {
-        path_and_query.push('?');
-        path_and_query.push_str(q);
-    }
-    let mut parts = uri.clone().into_parts();
-    if origin_form {
-        parts.scheme = None;
-        parts.authority = None;
-    }
-    // The text's buffer becomes the target's (checked, not copied).
-    parts.path_and_query = Some(
-        http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::from(path_and_query))
-            .map_err(|_| "the route's rewrite of this path is not a valid request target")?,
-    );
-    Uri::from_parts(parts)
+    with_path(uri, new_path, origin_form)
         .map(Some)
-        .map_err(|_| "the route's rewrite of this path is not a valid request target".into())
+        .ok_or_else(|| "the route's rewrite of this path is not a valid request target".into())
 }

@@ -151,7 +151,8 @@ pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
     // its exact size: a `String` handed over with room to spare would cost a second one for
     // its shared owner.
     crate::text::with_scratch(|ip| {
-        push_ip(ip, peer);
+        // As text, an IPv4-mapped IPv6 address as IPv4.
+        crate::text::push_ip(ip, peer.to_canonical());
         let value = match previous {
             Some(p) => {
                 let mut chain = Vec::with_capacity(p.len() + 2 + ip.len());
@@ -165,26 +166,6 @@ pub fn forwarded_for(sent: Option<&HeaderValue>, peer: IpAddr) -> HeaderValue {
         // A header value, a separator and an address: always a header value.
         value.unwrap_or_else(|_| HeaderValue::from_static("unknown"))
     })
-}
-
-/// Appends `peer` as text (an IPv4-mapped IPv6 address as IPv4).
-fn push_ip(out: &mut String, peer: IpAddr) {
-    match peer.to_canonical() {
-        // IPv4 through the digit writer the rest of the request path uses: `core::fmt` costs
-        // more than the rest of [`forwarded_for`].
-        IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
-                }
-                crate::text::push_u64(out, u64::from(octet));
-            }
-        }
-        IpAddr::V6(v6) => {
-            use std::fmt::Write;
-            let _ = write!(out, "{v6}");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -337,20 +337,15 @@ impl Cors {
 /// `Origin` must not open the API to the origins the route leaves out), and `Vary: Origin`,
 /// so that a shared cache does not hand this answer to an allowed origin or the other way.
 pub fn not_allowed(resp: &mut ResponseHeader) -> pingora::Result<()> {
-    let theirs = resp
+    // Collected first (the map is edited after); an empty collection allocates nothing.
+    let theirs: Vec<HeaderName> = resp
         .headers
         .keys()
-        .any(|k| k.as_str().starts_with("access-control-"));
-    if theirs {
-        let names: Vec<HeaderName> = resp
-            .headers
-            .keys()
-            .filter(|k| k.as_str().starts_with("access-control-"))
-            .cloned()
-            .collect();
-        for name in names {
-            resp.remove_header(&name);
-        }
+        .filter(|k| k.as_str().starts_with("access-control-"))
+        .cloned()
+        .collect();
+    for name in theirs {
+        resp.remove_header(&name);
     }
     add_vary_origin(resp)
 }
