@@ -305,8 +305,13 @@ impl HeaderEdits {
             req.remove_header(name);
         }
         for e in &self.set {
-            if let Some(v) = e.value.fill(vars) {
-                req.insert_header_parsed(&e.name, &e.case, v)?;
+            match e.value.fill(vars) {
+                Some(v) => req.insert_header_parsed(&e.name, &e.case, v)?,
+                // Empty (its variables absent): the header goes, so that what `set` controls
+                // is never the client's own value.
+                None => {
+                    req.remove_header(&e.name);
+                }
             }
         }
         for e in &self.add {
@@ -332,8 +337,11 @@ impl HeaderEdits {
             resp.remove_header(name);
         }
         for e in &self.set {
-            if let Some(v) = e.value.fill(vars) {
-                resp.insert_header_parsed(&e.name, &e.case, v)?;
+            match e.value.fill(vars) {
+                Some(v) => resp.insert_header_parsed(&e.name, &e.case, v)?,
+                None => {
+                    resp.remove_header(&e.name);
+                }
             }
         }
         for e in &self.add {
@@ -465,9 +473,17 @@ mod tests {
         )
         .unwrap();
         let mut req = RequestHeader::build("GET", b"/", None).unwrap();
+        req.insert_header("x-plan", "enterprise").unwrap();
         edits.apply_request(&mut req, &vars(None)).unwrap();
-        assert!(req.headers.get("x-plan").is_none());
+        assert!(
+            req.headers.get("x-plan").is_none(),
+            "a set that comes out empty removes the client's own value"
+        );
         assert_eq!(req.headers.get("x-who").unwrap(), "@192.0.2.7 rid-1");
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.insert_header("x-plan", "from-upstream").unwrap();
+        edits.apply_response(&mut resp, &vars(None)).unwrap();
+        assert!(resp.headers.get("x-plan").is_none());
     }
 
     #[test]
