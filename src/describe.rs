@@ -125,17 +125,46 @@ pub fn check_report(cfg: &Config) -> String {
             crate::upstream::summary(&u.settings)
         );
     }
-    let _ = writeln!(out, "routes (first match wins):");
-    for (i, r) in cfg.routes.iter().enumerate() {
+    let reach = crate::config::reach::reach(cfg);
+    for &(j, i) in &reach.shadowed {
         let _ = writeln!(
             out,
-            "  {}. {}: {} -> upstream {} (auth {}){}",
+            "warning: route \"{}\" never sees a request: route \"{}\" before it takes them all",
+            cfg.routes[j].name, cfg.routes[i].name
+        );
+    }
+    for (k, why) in &reach.dead_rules {
+        let _ = writeln!(
+            out,
+            "warning: rule \"{}\" can never match: {why}",
+            cfg.rules[*k].name
+        );
+    }
+    let _ = writeln!(out, "routes (first match wins):");
+    for (i, r) in cfg.routes.iter().enumerate() {
+        let reached = match &reach.rules_per_route {
+            Some(n) if n[i] == 1 => " | 1 rule".to_string(),
+            Some(n) => format!(" | {} rules", n[i]),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}. {}: {} -> upstream {} (auth {}){}{reached}",
             i + 1,
             r.name,
             route_match(r),
             r.upstream.name,
             r.auth.as_str(),
             edges_text(&r.edges)
+        );
+    }
+    if reach.rules_per_route.is_none() {
+        let _ = writeln!(
+            out,
+            "  (rules per route not counted: {} routes and {} rules are past check's budget of {} pairs)",
+            cfg.routes.len(),
+            cfg.rules.len(),
+            crate::config::reach::PAIR_BUDGET
         );
     }
     let _ = writeln!(

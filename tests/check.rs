@@ -97,6 +97,95 @@ fn good_file_lists_rules_in_order() {
     assert!(out.contains("1. orders: path_prefix=/orders -> upstream orders"));
 }
 
+/// `check` counts the rules each route can reach and warns of a route an earlier one takes
+/// every request of, and of rules that can never match, saying why.
+#[test]
+fn check_counts_what_each_route_reaches_and_warns_of_dead_rules() {
+    let config = r#"
+[[upstreams]]
+name = "orders"
+targets = ["127.0.0.1:9000"]
+
+[[routes]]
+name = "orders"
+match = { path_prefix = "/orders" }
+upstream = "orders"
+
+[[routes]]
+name = "order-items"
+match = { path_prefix = "/orders/items" }
+upstream = "orders"
+
+[[routes]]
+name = "login"
+match = { path = "/login", methods = ["POST"] }
+upstream = "orders"
+auth = "none"
+
+[[rules]]
+name = "everyone"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+
+[[rules]]
+name = "orders-typo"
+match = { route = "orders", path_prefix = "/order/1" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+
+[[rules]]
+name = "login-gets"
+match = { route = "login", methods = ["GET"] }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+
+[[rules]]
+name = "login-pro"
+match = { path = "/login", plan = "pro" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+
+[[rules]]
+name = "items"
+match = { route = "order-items" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+
+[[rules]]
+name = "one-order"
+match = { path = "/orders/7" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+"#;
+    let (ok, out, err) = check(config, &[]);
+    assert!(ok, "{err}");
+    for line in [
+        "warning: route \"order-items\" never sees a request: route \"orders\" before it takes them all",
+        "warning: rule \"orders-typo\" can never match: its path is not under the route's",
+        "warning: rule \"login-gets\" can never match: its methods are not the route's",
+        "warning: rule \"login-pro\" can never match: no route's requests can meet it",
+        "warning: rule \"items\" can never match: its route never sees a request",
+        "1. orders: path_prefix=/orders -> upstream orders (auth required) | 2 rules",
+        "3. login: path=/login methods=POST -> upstream orders (auth none) | 1 rule",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from:\n{out}");
+    }
+    assert!(!out.contains("\"everyone\" can never"), "{out}");
+    assert!(!out.contains("\"one-order\" can never"), "{out}");
+}
+
 /// Each bad file, with the line:column the error must name and a phrase of its sentence.
 #[test]
 fn bad_files_name_line_and_column() {

@@ -13,6 +13,7 @@
 pub mod duration;
 pub mod error;
 pub mod json_schema;
+pub mod reach;
 pub mod schema;
 pub mod schema_parts;
 pub mod telemetry;
@@ -33,6 +34,7 @@ pub use error::ConfigError;
 
 use crate::rules::Rule;
 use crate::wire::auth::KeyStore;
+use crate::wire::match_index::{Anchor, MatchIndex, Probe};
 
 /// A validated configuration. Immutable: a reload builds a new one and swaps it in whole.
 #[derive(Debug)]
@@ -51,6 +53,11 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[[rules]]` in file order: every match applies.
     pub rules: Vec<Arc<Rule>>,
+    /// The routes filed by what their match fixes: a request tests only those it can match.
+    pub route_index: MatchIndex,
+    /// The rules filed by what their match fixes (the route first): a request tests only
+    /// those that can apply to it.
+    pub rule_index: MatchIndex,
     /// `[[webhooks]]`: where quota events go.
     pub webhooks: Arc<[crate::webhooks::Webhook]>,
     /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
@@ -311,8 +318,56 @@ impl Config {
     /// The index in `routes` of the first route matching a request (its normalized host and
     /// path): the first match wins.
     pub fn route_for(&self, host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
-        self.routes
-            .iter()
-            .position(|r| r.matches(host, method, path))
+        let probe = Probe {
+            route: None,
+            host,
+            path,
+            plan: None,
+            method,
+        };
+        self.route_index
+            .candidates(&probe)
+            .find(|&i| self.routes[i].matches(host, method, path))
+    }
+}
+
+/// The index of routes: each filed under its exact path, else its prefix, else its host, else
+/// its methods (`crate::wire::match_index`).
+pub fn route_index(routes: &[Route]) -> MatchIndex {
+    MatchIndex::build(routes.iter().map(|r| Anchor::of(&r.matcher)))
+}
+
+/// The index of rules: each filed under its route, else what its request match fixes, a plan
+/// before methods alone.
+pub fn rule_index(rules: &[Arc<Rule>], routes: &[Route]) -> MatchIndex {
+    MatchIndex::build(rule_anchors(rules, routes).into_iter())
+}
+
+/// Each rule's anchor, in file order ([`rule_anchor`]).
+pub fn rule_anchors<'a>(rules: &'a [Arc<Rule>], routes: &[Route]) -> Vec<Anchor<'a>> {
+    let position: std::collections::HashMap<&str, usize> = routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (&*r.name, i))
+        .collect();
+    rules
+        .iter()
+        .map(|rule| rule_anchor(rule, &position))
+        .collect()
+}
+
+/// The anchor a rule is filed under (its route by position in the file).
+pub fn rule_anchor<'a>(
+    rule: &'a Rule,
+    position: &std::collections::HashMap<&str, usize>,
+) -> Anchor<'a> {
+    let m = &rule.matcher;
+    if let Some(&i) = m.route.as_deref().and_then(|r| position.get(r)) {
+        return Anchor::Route(i);
+    }
+    let anchor = Anchor::of(&m.request);
+    match &m.plan {
+        Some(plan) if anchor.weaker_than_plan() => Anchor::Plan(plan),
+        _ => anchor,
     }
 }

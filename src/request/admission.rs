@@ -235,7 +235,7 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         ip,
         identity: admission.identity.as_deref(),
     };
-    let applying = match applying_rules(cfg, &view, false) {
+    let applying = match applying_rules(cfg, route_idx, &view, false) {
         Ok(applying) => applying,
         Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
     };
@@ -374,11 +374,20 @@ async fn identify(
 /// request repeats a value an enforcing rule reads (a shadow rule only skips it).
 fn applying_rules(
     cfg: &Config,
+    route_idx: usize,
     view: &RequestView<'_>,
     preflight: bool,
 ) -> Result<Vec<(Arc<Policy>, Check)>, Box<Problem>> {
     let mut applying = Vec::new();
-    for rule in &cfg.rules {
+    // Only the rules whose anchor the request has (`crate::wire::match_index`), in file order.
+    let probe = crate::wire::match_index::Probe {
+        route: Some(route_idx),
+        host: view.host,
+        path: view.path,
+        plan: view.identity.and_then(|i| i.plan.as_deref()),
+        method: view.method,
+    };
+    for rule in cfg.rule_index.candidates(&probe).map(|i| &cfg.rules[i]) {
         // A preflight is counted only by rules that name OPTIONS: it carries no credentials
         // and asks nothing of the upstream, and a rule on a route's traffic must not be spent
         // by the browser's questions about it.
@@ -750,7 +759,7 @@ async fn answer_preflight(
             ip,
             identity: None,
         };
-        let applying = match applying_rules(cfg, &view, true) {
+        let applying = match applying_rules(cfg, route_idx, &view, true) {
             Ok(applying) => applying,
             Err(p) => return Admission::answer(ip, Some(route_idx), *p, id),
         };

@@ -23,6 +23,7 @@ pub mod header_edits;
 pub mod header_names;
 pub mod header_policy;
 pub mod ip_list;
+pub mod match_index;
 pub mod matching;
 pub mod normalize;
 pub mod outbound;

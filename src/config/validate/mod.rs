@@ -67,6 +67,8 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         store,
         auth,
         upstreams,
+        route_index: crate::config::route_index(&routes),
+        rule_index: crate::config::rule_index(&rules, &routes),
         routes,
         rules,
         webhooks,
