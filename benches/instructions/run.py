@@ -85,10 +85,42 @@ ROUTING = {
 }
 
 
+def scale_routes(n: int, last: bool) -> str:
+    """`n` routes, each with its own local rule on it (benches/scale's shape): the one the
+    request (`GET /`) takes is a catch-all, last of them (`last`) or first; the others are on
+    prefixes `/svcI` it does not match. With the index, the last costs what the first does."""
+    names = [f"svc{i}" for i in range(n - 1)]
+    names.insert(n - 1 if last else 0, "all")
+    out = []
+    for name in names:
+        match = "{}" if name == "all" else f'{{ path_prefix = "/{name}" }}'
+        out.append(f'[[routes]]\nname = "{name}"\nmatch = {match}\nupstream = "upstream"\nauth = "none"\n')
+    for name in names:
+        out.append(token_bucket_rule(f"r-{name}", 1_000_000_000, "1s")
+                   .replace("match = {}", f'match = {{ route = "{name}" }}'))
+    return "\n".join(out)
+
+
+# Systems of 10,000 routes and rules (`make bench-scale` measures them under load).
+SCALE = {
+    "fg-scale-first": lambda: scale_routes(10_000, last=False),
+    "fg-scale-last": lambda: scale_routes(10_000, last=True),
+}
+
+
 def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str,
                    store: str = 'backend = "memory"') -> Path:
     conf = d / f"{name}.toml"
     route, server, _ = ROUTING.get(name, ("match = {}", "", None))
+    if name in SCALE:
+        routes = SCALE[name]()
+    else:
+        routes = f"""[[routes]]
+name = "all"
+{route}
+upstream = "upstream"
+auth = "none"
+{rules}"""
     conf.write_text(f"""[server]
 listen = ["127.0.0.1:{port}"]
 admin_listen = "127.0.0.1:{admin}"
@@ -103,12 +135,7 @@ access_log = false
 name = "upstream"
 targets = ["127.0.0.1:{upstream}"]
 
-[[routes]]
-name = "all"
-{route}
-upstream = "upstream"
-auth = "none"
-{rules}""")
+{routes}""")
     return conf
 
 
@@ -243,7 +270,9 @@ def main() -> int:
                          "every request over its limit, answered 429, and its floor pingora-429, "
                          "the bare proxy answering 429 in request_filter; fg-route, a path_prefix route, "
                          "fg-route-edges, the same with a prefix_rewrite, 3 header edits and CORS for the "
-                         "Origin sent, fg-deny-100k, 100,000 [server] deny_ips)")
+                         "Origin sent, fg-deny-100k, 100,000 [server] deny_ips; fg-scale-first and "
+                         "fg-scale-last, 10,000 routes each with its own local rule, the request's the first "
+                         "or the last: against fg-local, one route and one rule)")
     ap.add_argument("--label", default="", help="a suffix for the systems' names in the report (a build's name)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="pairs of runs per system; the report gives their median (1). Two runs of one "

@@ -139,7 +139,8 @@ fn resolve(cfg: &Config, field: &str, value: &str) -> Result<Who, Box<Response<V
             )))
         }
     };
-    let known = cfg.auth.keys.identities().find(|i| match field {
+    let table = cfg.auth.keys.table();
+    let known = table.identities().find(|i| match field {
         "api_key" => i.id.as_str() == value,
         "user" => i.user.as_str() == value,
         _ => i.plan.as_ref().is_some_and(|p| p.as_str() == value),
@@ -298,9 +299,8 @@ fn thresholds_of(cfg: &Config) -> Vec<f64> {
 /// have used at least each threshold of their limit now; what the dashboard shows.
 pub async fn thresholds(gateway: &Gateway, cfg: &Config) -> Response<Vec<u8>> {
     let thresholds = thresholds_of(cfg);
-    let keys: Vec<Who> = cfg
-        .auth
-        .keys
+    let table = cfg.auth.keys.table();
+    let keys: Vec<Who> = table
         .identities()
         .take(MAX_THRESHOLD_KEYS)
         .map(|i| Who {

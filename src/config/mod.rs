@@ -33,7 +33,7 @@ pub use crate::wire::matching::RequestMatch;
 pub use error::ConfigError;
 
 use crate::rules::Rule;
-use crate::wire::auth::KeyStore;
+use crate::wire::auth::Keys;
 use crate::wire::match_index::{Anchor, MatchIndex, Probe};
 
 /// A validated configuration. Immutable: a reload builds a new one and swaps it in whole.
@@ -170,8 +170,8 @@ pub struct Auth {
     pub forward_key: bool,
     /// The keys file, resolved against the config file's folder.
     pub keys_file: Option<PathBuf>,
-    /// Every key, inline and from the keys file.
-    pub keys: KeyStore,
+    /// Every key, inline and from the keys file (in the cell later configs adopt).
+    pub keys: Keys,
     /// `[[auth.jwt]]`: the token issuers and the cache of verified tokens.
     pub tokens: crate::jwt::Tokens,
 }
@@ -301,11 +301,77 @@ pub fn fingerprint_of(contents: &[&[u8]]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The most `[[routes]]` a file may have: each costs a request nothing beyond its index entry
+/// (`crate::wire::match_index`), but a metric series and a line of `check` each.
+pub const MAX_ROUTES: usize = 10_000;
+
+/// The most `[[rules]]` a file may have: each has its metric series and counters.
+pub const MAX_RULES: usize = 10_000;
+
+/// The most a gateway.toml may hold: a thousand times a large real one (10,000 routes and
+/// rules take about 3 MiB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The most a keys file may hold: about 1.8 million keys written as the docs write them.
+pub const MAX_KEYS_FILE_BYTES: u64 = 256 << 20;
+
+/// The most a file holding one secret (`admin_token_file`, `secret_file`) may hold.
+pub const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
+
+/// Reads a file of at most `cap` bytes. A larger one is an error that says so, found without
+/// reading past the cap (also when the file grows while read, or never ends: `/dev/zero`).
+pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let too_large = |size: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the file holds {size}; at most {} are read",
+                show_bytes(cap)
+            ),
+        )
+    };
+    let mut buf = Vec::new();
+    if let Ok(m) = file.metadata() {
+        if m.len() > cap {
+            return Err(too_large(show_bytes(m.len())));
+        }
+        buf.reserve_exact(m.len() as usize);
+    }
+    file.take(cap + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > cap {
+        return Err(too_large("more".to_string()));
+    }
+    Ok(buf)
+}
+
+/// [`read_capped`], as UTF-8 text.
+pub fn read_text_capped(path: &Path, cap: u64) -> std::io::Result<String> {
+    String::from_utf8(read_capped(path, cap)?).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        )
+    })
+}
+
+/// A size in bytes as people read it: `16 MiB`, `1.0 GiB`, `64 KiB`, `700 B`.
+fn show_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
 impl Config {
     /// Reads and validates `path` (and its keys file). Nothing is half-applied: an error means
     /// no `Config`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
+        let text = read_text_capped(path, MAX_CONFIG_BYTES)
             .map_err(|e| ConfigError::whole_file(path, format!("cannot read: {e}")))?;
         Config::from_str(path, &text)
     }

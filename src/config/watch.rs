@@ -118,13 +118,21 @@ fn kept_changing(path: &Path) -> ConfigError {
 /// watch must instead read the same twice, [`POLLED_SETTLE`] apart. A file caught mid-write is
 /// never applied half-written (a prefix can be valid TOML with fewer routes and rules).
 /// Blocking: run it off the request workers.
-pub fn load_settled(path: &Path) -> Result<Config, ConfigError> {
+///
+/// `known` is what the config in force names ([`files_of`]): the likely list, so that a
+/// config with a keys file is read once, not once to learn of the file and again with it (a
+/// keys file of a million keys takes seconds to read).
+pub fn load_settled(path: &Path, known: Vec<PathBuf>) -> Result<Config, ConfigError> {
     let deadline = Instant::now() + SETTLE_LIMIT;
-    let mut files = vec![path.to_path_buf()];
+    let mut files = if known.first().map(PathBuf::as_path) == Some(path) {
+        known
+    } else {
+        vec![path.to_path_buf()]
+    };
     loop {
         let watched = wait_until_complete(&files, deadline)?;
         let seq = writes().seq();
-        let bytes = std::fs::read(path);
+        let bytes = crate::config::read_capped(path, crate::config::MAX_CONFIG_BYTES);
         let loaded = match &bytes {
             Ok(b) => String::from_utf8(b.clone())
                 .map_err(|_| ConfigError::whole_file(path, "cannot read: not UTF-8 text"))
@@ -149,7 +157,12 @@ pub fn load_settled(path: &Path) -> Result<Config, ConfigError> {
         let unchanged = writes().seq() == seq
             && match &loaded {
                 Ok(cfg) => fingerprint(&files) == cfg.fingerprint,
-                Err(_) => std::fs::read(path).ok().as_ref() == bytes.as_ref().ok(),
+                Err(_) => {
+                    crate::config::read_capped(path, crate::config::MAX_CONFIG_BYTES)
+                        .ok()
+                        .as_ref()
+                        == bytes.as_ref().ok()
+                }
             };
         if unchanged {
             return loaded;
@@ -164,7 +177,9 @@ pub fn load_settled(path: &Path) -> Result<Config, ConfigError> {
 pub fn fingerprint(files: &[PathBuf]) -> [u8; 32] {
     let contents: Vec<Vec<u8>> = files
         .iter()
-        .map(|f| std::fs::read(f).unwrap_or_default())
+        .map(|f| {
+            crate::config::read_capped(f, crate::config::MAX_KEYS_FILE_BYTES).unwrap_or_default()
+        })
         .collect();
     let slices: Vec<&[u8]> = contents.iter().map(Vec::as_slice).collect();
     fingerprint_of(&slices)

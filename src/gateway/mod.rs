@@ -5,7 +5,9 @@
 //! - `pools`: the upstream pools each config generation runs on (the config itself is plain
 //!   data, also built by `check`).
 //! - `startup`: the store made ready before the front doors serve, and readiness.
+//! - [`memory`]: what a config's load and a replaced config leave behind, given back to the OS.
 
+pub mod memory;
 mod pools;
 pub mod reload;
 pub mod snapshot;
@@ -32,13 +34,42 @@ pub struct Gateway {
     pub limiter: Limiter,
     /// The config file to reload from.
     pub path: PathBuf,
-    /// The settings that were in force at start (what listeners and store were built from).
-    started_with: Arc<Config>,
+    /// The settings that were in force at start (what listeners and store were built from):
+    /// those alone, not the whole config, which would keep a first key table of a million keys
+    /// alive beside every later one.
+    started_with: StartedWith,
     status: Mutex<ReloadStatus>,
     /// Serializes reloads so that two triggers at once cannot swap in an older file last.
     reload_lock: tokio::sync::Mutex<()>,
     /// The start-up warm-up of the store.
     startup: startup::Startup,
+}
+
+/// The settings of the config the process started with that only a restart changes.
+pub struct StartedWith {
+    /// `[server]`.
+    pub server: crate::config::Server,
+    /// `[store]`.
+    pub store: crate::limiter::settings::Store,
+    /// `[rls]` listen, threads and tls.
+    pub rls: Option<(std::net::SocketAddr, usize, Option<crate::rls::limits::Tls>)>,
+    /// `[tracing]`.
+    pub tracing: Option<crate::telemetry::Settings>,
+}
+
+impl StartedWith {
+    /// What of `cfg` only a restart changes.
+    pub fn of(cfg: &Config) -> StartedWith {
+        StartedWith {
+            server: cfg.server.clone(),
+            store: cfg.store.clone(),
+            rls: cfg
+                .rls
+                .as_ref()
+                .map(|r| (r.listen, r.threads, r.tls.clone())),
+            tracing: cfg.tracing.clone(),
+        }
+    }
 }
 
 impl Gateway {
@@ -57,11 +88,13 @@ impl Gateway {
             .with_label_values(&[config.store.backend.as_str()])
             .set(1);
         in_force_metrics().restart_required.set(0);
+        // What reading the file took beyond what the config keeps.
+        memory::release_freed();
         Gateway {
             config: ArcSwap::new(config.clone()),
             limiter,
             path,
-            started_with: config,
+            started_with: StartedWith::of(&config),
             status: Mutex::new(ReloadStatus {
                 generation: 1,
                 last_success_unix: crate::text::unix_now(),

@@ -39,7 +39,8 @@ impl Gateway {
         let path = self.path.clone();
         // Reading files (until two reads agree) and resolving upstream names block: keep it
         // off the workers.
-        let loaded = tokio::task::spawn_blocking(move || load_settled(&path))
+        let known = files_of(&path, &self.config.load());
+        let loaded = tokio::task::spawn_blocking(move || load_settled(&path, known))
             .await
             .unwrap_or_else(|e| {
                 Err(ConfigError::whole_file(
@@ -76,9 +77,19 @@ impl Gateway {
         crate::telemetry::reconfigure(new.tracing.as_ref());
         // Top clients are kept by rule name: a removed rule's go with it.
         crate::top::top().retain_rules(&new);
+        let mut new = new;
+        // One key table in memory: the configs idle threads still hold read the new one.
+        let replaced = new.auth.keys.adopt(&self.config.load().auth.keys);
         let new = Arc::new(new);
         super::pools::bind(&new);
-        self.config.store(new);
+        let old = self.config.swap(new);
+        // The old config (a key table of a million keys, say) is freed off the workers, and
+        // what its load and its life left behind given back at once.
+        tokio::task::spawn_blocking(move || {
+            drop(replaced);
+            drop(old);
+            super::memory::release_freed();
+        });
         // Quota leases were sized for the old rules: give back what is held (one batched
         // call); the new rules lease afresh.
         self.limiter.return_leases().await;
@@ -99,7 +110,7 @@ impl Gateway {
 
 /// Names of settings that differ between the config the process started with and `new`, and
 /// that need a restart (listeners, threads, the store).
-pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
+pub fn restart_only_changes(old: &super::StartedWith, new: &Config) -> Vec<String> {
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {
         if changed {
@@ -123,15 +134,15 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<String> {
     );
     check(
         "rls.listen",
-        old.rls.as_ref().map(|r| r.listen) != new.rls.as_ref().map(|r| r.listen),
+        old.rls.as_ref().map(|r| r.0) != new.rls.as_ref().map(|r| r.listen),
     );
     check(
         "rls.threads",
-        old.rls.as_ref().map(|r| r.threads) != new.rls.as_ref().map(|r| r.threads),
+        old.rls.as_ref().map(|r| r.1) != new.rls.as_ref().map(|r| r.threads),
     );
     check(
         "rls.tls",
-        old.rls.as_ref().map(|r| &r.tls) != new.rls.as_ref().map(|r| &r.tls),
+        old.rls.as_ref().map(|r| &r.2) != new.rls.as_ref().map(|r| &r.tls),
     );
     check("store.backend", old.store.backend != new.store.backend);
     check("store.url(s)", old.store.urls != new.store.urls);

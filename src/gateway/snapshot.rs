@@ -14,7 +14,8 @@
 //! list of pools per request.
 //!
 //! A thread that serves nothing after a reload keeps the config it last served until its next
-//! request: at most one superseded config (and its pools) per thread.
+//! request: at most one superseded config (and its pools) per thread, but not its key table,
+//! which every config reads from one cell the reload fills (`crate::wire::auth::Keys`).
 
 use std::cell::RefCell;
 use std::ops::Deref;

@@ -32,7 +32,8 @@ impl Gateway {
                 let deadline = self.started_with.store.connect_timeout;
                 // The token issuers' keys are fetched beside the store, each within its own
                 // fetch_timeout.
-                let tokens = self.started_with.auth.tokens.prepare();
+                let config = self.config.load_full();
+                let tokens = config.auth.tokens.prepare();
                 let (store, ()) = tokio::join!(self.limiter.store().warm_up(deadline), tokens);
                 store
             })

@@ -6,7 +6,6 @@
 //! can at most reveal whether the digest of the attacker's own guess shares a prefix with some
 //! key's digest, which says nothing about any secret.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
@@ -42,9 +41,12 @@ pub struct TokenClaims {
 
 /// Text that is known to be a valid HTTP header value: checked once when the config is loaded,
 /// so forwarding it (`X-Floodgate-Key-Id`, ...) cannot fail on a request.
+///
+/// Only the header value is kept (its bytes are the text's UTF-8): a config of a million keys
+/// holds three of these per key, and a clone shares the bytes, so that keys of one customer or
+/// plan share one copy.
 #[derive(Clone, PartialEq, Eq)]
 pub struct HeaderText {
-    text: Box<str>,
     value: http::HeaderValue,
 }
 
@@ -55,15 +57,13 @@ impl HeaderText {
     /// them, where `from_str` takes visible ASCII only.
     pub fn new(text: &str) -> Option<HeaderText> {
         let value = http::HeaderValue::from_bytes(text.as_bytes()).ok()?;
-        Some(HeaderText {
-            text: text.into(),
-            value,
-        })
+        Some(HeaderText { value })
     }
 
     /// The text.
     pub fn as_str(&self) -> &str {
-        &self.text
+        // Made from a `&str` by `new`, so always UTF-8 (the empty fallback is never taken).
+        std::str::from_utf8(self.value.as_bytes()).unwrap_or_default()
     }
 
     /// The header value (cloning it shares its bytes).
@@ -76,25 +76,25 @@ impl std::ops::Deref for HeaderText {
     type Target = str;
 
     fn deref(&self) -> &str {
-        &self.text
+        self.as_str()
     }
 }
 
 impl std::fmt::Debug for HeaderText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&*self.text, f)
+        std::fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl std::fmt::Display for HeaderText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
+        f.write_str(self.as_str())
     }
 }
 
 impl PartialEq<&str> for HeaderText {
     fn eq(&self, other: &&str) -> bool {
-        &*self.text == *other
+        self.as_str() == *other
     }
 }
 
@@ -107,57 +107,108 @@ pub struct ApiKey {
     pub identity: Arc<Identity>,
 }
 
-/// Every configured key, indexed for lookup by digest.
+/// Every configured key, indexed for lookup by digest: the digests sorted in one array, each
+/// identity at its digest's position (about 40 bytes a key beside the identity itself).
 #[derive(Debug, Default)]
 pub struct KeyStore {
-    by_prefix: HashMap<u64, Vec<ApiKey>>,
-    len: usize,
+    digests: Box<[[u8; 32]]>,
+    identities: Box<[Arc<Identity>]>,
 }
 
 impl KeyStore {
     /// Builds the store. Ids are assumed unique (config validation checks it).
-    pub fn new(keys: Vec<ApiKey>) -> Self {
-        let len = keys.len();
-        let mut by_prefix: HashMap<u64, Vec<ApiKey>> = HashMap::new();
-        for k in keys {
-            by_prefix.entry(prefix(&k.digest)).or_default().push(k);
+    pub fn new(mut keys: Vec<ApiKey>) -> Self {
+        // Stable: of two keys with one secret, the later one answers, as it always has.
+        keys.sort_by_key(|k| k.digest);
+        let digests = keys.iter().map(|k| k.digest).collect();
+        let identities = keys.into_iter().map(|k| k.identity).collect();
+        KeyStore {
+            digests,
+            identities,
         }
-        KeyStore { by_prefix, len }
     }
 
     /// Number of keys.
     pub fn len(&self) -> usize {
-        self.len
+        self.digests.len()
     }
 
     /// Whether there are no keys.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.digests.is_empty()
     }
 
     /// Every configured key's identity (the usage API finds keys by id, user and plan).
     pub fn identities(&self) -> impl Iterator<Item = &Arc<Identity>> {
-        self.by_prefix.values().flatten().map(|k| &k.identity)
+        self.identities.iter()
     }
 
     /// The identity of a presented secret, if it is a known key.
     pub fn lookup(&self, secret: &[u8]) -> Option<Arc<Identity>> {
         let digest: [u8; 32] = Sha256::digest(secret).into();
-        let candidates = self.by_prefix.get(&prefix(&digest))?;
+        // Found by the first eight bytes, then compared whole in constant time.
+        let first = prefix(&digest);
+        let start = self.digests.partition_point(|d| prefix(d) < first);
         let mut found = None;
-        for k in candidates {
-            if bool::from(k.digest.ct_eq(&digest)) {
-                found = Some(k.identity.clone());
+        for (i, d) in self.digests[start..].iter().enumerate() {
+            if prefix(d) != first {
+                break;
+            }
+            if bool::from(d.ct_eq(&digest)) {
+                found = Some(self.identities[start + i].clone());
             }
         }
         found
     }
 }
 
+/// The key table a config reads, in a cell that every config generation since the start
+/// shares: a reload puts its new table into the cell ([`Keys::adopt`]), so that a config still
+/// held by an idle thread (until its next request: `crate::gateway::snapshot`) reads the new
+/// keys, and the old table is freed at the swap instead of staying beside the new one.
+#[derive(Debug, Clone)]
+pub struct Keys(Arc<arc_swap::ArcSwap<KeyStore>>);
+
+impl Keys {
+    /// A cell of its own holding `table`.
+    pub fn new(table: KeyStore) -> Keys {
+        Keys(Arc::new(arc_swap::ArcSwap::from_pointee(table)))
+    }
+
+    /// The identity of a presented secret, if it is a known key.
+    pub fn lookup(&self, secret: &[u8]) -> Option<Arc<Identity>> {
+        self.0.load().lookup(secret)
+    }
+
+    /// The table in force.
+    pub fn table(&self) -> Arc<KeyStore> {
+        self.0.load_full()
+    }
+
+    /// Puts this config's table into `older`'s cell and reads that cell from now on: every
+    /// config generation that adopted it sees the newest table. Returns the table the cell
+    /// held, for the caller to free where it may take its time (a million keys take tens of
+    /// milliseconds to free).
+    pub fn adopt(&mut self, older: &Keys) -> Option<Arc<KeyStore>> {
+        if Arc::ptr_eq(&self.0, &older.0) {
+            return None;
+        }
+        let replaced = older.0.swap(self.0.load_full());
+        self.0 = older.0.clone();
+        Some(replaced)
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Keys {
+        Keys::new(KeyStore::default())
+    }
+}
+
 fn prefix(digest: &[u8; 32]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&digest[..8]);
-    u64::from_le_bytes(b)
+    u64::from_be_bytes(b)
 }
 
 /// SHA-256 of a secret, as stored.

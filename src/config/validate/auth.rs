@@ -1,17 +1,16 @@
 //! `[auth]`: the key header and every API key, inline and from the keys file (whose errors name
 //! the keys file).
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use http::HeaderName;
-use toml::Spanned;
 
+use super::keys_file::{Field, KeyFields};
 use super::source::Src;
 use crate::config::schema::*;
 use crate::config::*;
-use crate::wire::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore};
+use crate::wire::auth::{digest_of, ApiKey, HeaderText, Identity, KeyStore, Keys};
 
 /// `[auth]` and the text of its keys file (`None` when there is none).
 pub(super) fn auth(
@@ -29,28 +28,47 @@ pub(super) fn auth(
         })?,
         None => HeaderName::from_static("x-api-key"),
     };
-    let mut seen = HashSet::new();
+    // The keys file's text and, when it is not plain, its parse: they outlive `seen`, which
+    // borrows the ids and names of both files rather than copying them.
+    let mut text = None;
+    let parsed: RawKeysFile;
+    let mut seen = Seen::default();
     let mut keys = Vec::new();
-    collect_keys(src, &raw.keys, &mut seen, &mut keys, warnings)?;
-    let mut keys_text = None;
+    collect_keys(
+        src,
+        raw.keys.iter().map(KeyFields::of),
+        &mut seen,
+        &mut keys,
+        warnings,
+    )?;
     let keys_file = match &raw.keys_file {
         Some(f) => {
             let path = dir.join(f.get_ref());
-            let text = std::fs::read_to_string(&path).map_err(|e| {
+            let read = read_text_capped(&path, MAX_KEYS_FILE_BYTES).map_err(|e| {
                 src.err(
                     f.span(),
                     format!("cannot read keys file \"{}\": {e}", path.display()),
                 )
             })?;
-            let file_src = Src {
-                path: &path,
-                text: &text,
+            let text = &*text.insert(read);
+            let file_src = Src { path: &path, text };
+            let fields = match super::keys_file::plain(text) {
+                Some(fields) => fields,
+                None => {
+                    parsed = toml::from_str(text).map_err(|e| {
+                        ConfigError::at(&path, text, e.span(), e.message().trim_end().to_string())
+                    })?;
+                    parsed.keys.iter().map(KeyFields::of).collect()
+                }
             };
-            let parsed: RawKeysFile = toml::from_str(&text).map_err(|e| {
-                ConfigError::at(&path, &text, e.span(), e.message().trim_end().to_string())
-            })?;
-            collect_keys(&file_src, &parsed.keys, &mut seen, &mut keys, warnings)?;
-            keys_text = Some(text);
+            keys.reserve(fields.len());
+            collect_keys(
+                &file_src,
+                fields.into_iter(),
+                &mut seen,
+                &mut keys,
+                warnings,
+            )?;
             Some(path)
         }
         None => None,
@@ -60,64 +78,78 @@ pub(super) fn auth(
         header,
         forward_key: raw.forward_key,
         keys_file,
-        keys: KeyStore::new(keys),
+        keys: Keys::new(KeyStore::new(keys)),
         tokens,
     };
-    Ok((auth, keys_text))
+    drop(seen);
+    Ok((auth, text))
+}
+
+/// What the keys read so far hold: their ids (unique across both files), and each user and
+/// plan once, so that the keys of one customer or plan share one copy of its name.
+#[derive(Default)]
+struct Seen<'a> {
+    ids: hashbrown::HashSet<&'a str, ahash::RandomState>,
+    names: hashbrown::HashMap<&'a str, HeaderText, ahash::RandomState>,
+}
+
+impl<'a> Seen<'a> {
+    /// The one copy of a user or plan name (interned).
+    fn name(&mut self, src: &Src, v: Field<'a>, field: &str) -> Result<HeaderText, ConfigError> {
+        if let Some(t) = self.names.get(v.0) {
+            return Ok(t.clone());
+        }
+        let t = header_safe(src, &v, field)?;
+        self.names.insert(v.0, t.clone());
+        Ok(t)
+    }
 }
 
 /// Keys of one file (gateway.toml or the keys file, whichever `src` is): ids unique across
 /// both, one of `sha256` or `secret` each.
-fn collect_keys(
+fn collect_keys<'a>(
     src: &Src,
-    raw: &[Spanned<RawKey>],
-    seen: &mut HashSet<String>,
+    raw: impl Iterator<Item = KeyFields<'a>>,
+    seen: &mut Seen<'a>,
     out: &mut Vec<ApiKey>,
     warnings: &mut Vec<String>,
 ) -> Result<(), ConfigError> {
-    for k in raw {
-        let key = k.get_ref();
-        let id = key.id.get_ref();
+    for key in raw {
+        let id = key.id.0;
         if id.is_empty() {
-            return Err(src.err(key.id.span(), "key id must not be empty"));
+            return Err(src.err(key.id.1, "key id must not be empty"));
         }
         // They are sent upstream as X-Floodgate-Key-Id/-User/-Plan: a value that cannot be a
         // header value would fail every request made with this key.
         let id_text = header_safe(src, &key.id, "id")?;
-        let user = match &key.user {
-            Some(u) => header_safe(src, u, "user")?,
+        let user = match key.user {
+            Some(u) => seen.name(src, u, "user")?,
             None => id_text.clone(),
         };
-        let plan = key
-            .plan
-            .as_ref()
-            .map(|p| header_safe(src, p, "plan"))
-            .transpose()?;
-        if !seen.insert(id.clone()) {
-            return Err(src.err(key.id.span(), format!("key id \"{id}\" is defined twice")));
+        let plan = key.plan.map(|p| seen.name(src, p, "plan")).transpose()?;
+        if !seen.ids.insert(id) {
+            return Err(src.err(key.id.1, format!("key id \"{id}\" is defined twice")));
         }
-        let digest = match (&key.sha256, &key.secret) {
-            (Some(h), None) => {
+        let digest = match (key.sha256, key.secret) {
+            (Some((h, span)), None) => {
                 let mut d = [0u8; 32];
-                hex::decode_to_slice(h.get_ref().trim(), &mut d).map_err(|_| {
-                    src.err(h.span(), format!("key \"{id}\": sha256 must be 64 hex digits (the SHA-256 of the secret)"))
+                hex::decode_to_slice(h.trim(), &mut d).map_err(|_| {
+                    src.err(span, format!("key \"{id}\": sha256 must be 64 hex digits (the SHA-256 of the secret)"))
                 })?;
                 d
             }
-            (None, Some(s)) => {
-                if s.get_ref().is_empty() {
-                    return Err(
-                        src.err(s.span(), format!("key \"{id}\": secret must not be empty"))
-                    );
+            (None, Some((secret, span))) => {
+                if secret.is_empty() {
+                    return Err(src.err(span, format!("key \"{id}\": secret must not be empty")));
                 }
                 warnings.push(format!(
                     "key \"{id}\" uses a plaintext `secret`; store its sha256 instead outside development"
                 ));
-                digest_of(s.get_ref())
+                digest_of(secret)
             }
             _ => {
                 return Err(src.err(
-                    k.span(),
+                    key.span,
                     format!("key \"{id}\" needs exactly one of sha256 or secret"),
                 ));
             }
@@ -138,15 +170,15 @@ fn collect_keys(
 /// Refuses an identity value (`id`, `user`, `plan`) that is not a valid HTTP header value
 /// (CR, LF, NUL and other control bytes), judged by the same `http` crate that builds the
 /// headers sent upstream.
-fn header_safe(src: &Src, v: &Spanned<String>, field: &str) -> Result<HeaderText, ConfigError> {
-    if let Some(text) = HeaderText::new(v.get_ref()) {
+fn header_safe(src: &Src, v: &Field<'_>, field: &str) -> Result<HeaderText, ConfigError> {
+    if let Some(text) = HeaderText::new(v.0) {
         return Ok(text);
     }
     Err(src.err(
-        v.span(),
+        v.1.clone(),
         format!(
             "key {field} {:?} cannot be sent in a header (it holds a line break or another control character)",
-            v.get_ref()
+            v.0
         ),
     ))
 }

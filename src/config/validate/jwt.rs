@@ -238,12 +238,13 @@ fn keys_from(
         }
         (None, Some(f)) => {
             let path = dir.join(f.get_ref());
-            let bytes = std::fs::read(&path).map_err(|e| {
-                src.err(
-                    f.span(),
-                    format!("cannot read secret_file \"{}\": {e}", path.display()),
-                )
-            })?;
+            let bytes = crate::config::read_capped(&path, crate::config::MAX_SECRET_FILE_BYTES)
+                .map_err(|e| {
+                    src.err(
+                        f.span(),
+                        format!("cannot read secret_file \"{}\": {e}", path.display()),
+                    )
+                })?;
             // A trailing newline is an editor's, not the secret's.
             let trimmed = bytes.trim_ascii_end().to_vec();
             Some((trimmed, f.span()))

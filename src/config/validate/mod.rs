@@ -7,6 +7,7 @@
 
 mod auth;
 mod jwt;
+mod keys_file;
 mod rls;
 mod route_edges;
 mod routes;

@@ -13,6 +13,16 @@ pub(super) fn routes(
     raw: &[RawRoute],
     upstreams: &[Arc<Upstream>],
 ) -> Result<Vec<Route>, ConfigError> {
+    if let Some(over) = raw.get(crate::config::MAX_ROUTES) {
+        return Err(src.err(
+            over.name.span(),
+            format!(
+                "{} [[routes]]: at most {}",
+                raw.len(),
+                crate::config::MAX_ROUTES
+            ),
+        ));
+    }
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for r in raw {

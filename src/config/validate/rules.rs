@@ -28,6 +28,16 @@ pub(super) fn rules(
     raw: &[RawRule],
     routes: &[Route],
 ) -> Result<Vec<Arc<Rule>>, ConfigError> {
+    if let Some(over) = raw.get(crate::config::MAX_RULES) {
+        return Err(src.err(
+            over.name.span(),
+            format!(
+                "{} [[rules]]: at most {} (a limit per customer belongs in a plan and a rule keyed on it, not in a rule each)",
+                raw.len(),
+                crate::config::MAX_RULES
+            ),
+        ));
+    }
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for r in raw {

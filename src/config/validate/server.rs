@@ -151,12 +151,13 @@ fn admin_token(src: &Src, raw: &RawServer, dir: &Path) -> Result<AdminToken, Con
         (Some(t), None) => Ok((Some(t.get_ref().clone()), None, None)),
         (None, Some(f)) => {
             let path = dir.join(f.get_ref());
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                src.err(
-                    f.span(),
-                    format!("cannot read admin_token_file \"{}\": {e}", path.display()),
-                )
-            })?;
+            let text = crate::config::read_text_capped(&path, crate::config::MAX_SECRET_FILE_BYTES)
+                .map_err(|e| {
+                    src.err(
+                        f.span(),
+                        format!("cannot read admin_token_file \"{}\": {e}", path.display()),
+                    )
+                })?;
             // `echo token > file` and Kubernetes Secrets made from such files end in a newline.
             let token = text.trim();
             if token.is_empty() {
