@@ -376,6 +376,14 @@ prefix_rewrite = "/debug/public"
 name = "public"
 upstream = "orders"
 auth = "none"
+
+[[rules]]
+name = "private-files"
+match = {{ path_prefix = "/debug/files/private" }}
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1000
+window = "1h"
 "#,
         upstream = orders_upstream(&[api.addr])
     )
@@ -397,6 +405,8 @@ async fn escaped_separators_cannot_reach_a_route_through_a_catch_all() {
         // Reads as the api route either way, but the kept `..%2F` would climb out of the
         // rewrite's target once the backend decodes it.
         "/api/..%2Fapi",
+        // The same route either way, but a rule counts one reading and not the other.
+        "/debug/files/private%2Fx",
     ] {
         let r = c.get(gw.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 400, "{path} went through");

@@ -630,10 +630,23 @@ fn ambiguous_escape(
     if cfg.route_for(host, method, &decoded) != routed.route {
         return true;
     }
-    let Some(route) = routed.route.map(|i| &cfg.routes[i]) else {
+    let Some(route_idx) = routed.route else {
         return false;
     };
-    cfg.rules.iter().any(|rule| {
+    let route = &cfg.routes[route_idx];
+    // Only rules filed under this route or one of the two readings' paths can read them
+    // differently (`crate::wire::match_index`: a rule fixing a path is filed under it), so a
+    // client's escapes cost what the index's lookups do, not a test of every rule.
+    let probe = |path| crate::wire::match_index::Probe {
+        route: Some(route_idx),
+        host,
+        path,
+        plan: None,
+        method,
+    };
+    let mut candidates: Vec<usize> = cfg.rule_index.candidates(&probe(kept)).collect();
+    candidates.extend(cfg.rule_index.candidates(&probe(&decoded)));
+    candidates.into_iter().map(|i| &cfg.rules[i]).any(|rule| {
         rule.matcher
             .route
             .as_deref()
