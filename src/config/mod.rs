@@ -58,6 +58,9 @@ pub struct Config {
     /// The rules filed by what their match fixes (the route first): a request tests only
     /// those that can apply to it.
     pub rule_index: MatchIndex,
+    /// Each rule's position by its policy's address (what the limiter's outcome names a rule
+    /// by), so that naming a request's rules never scans them all.
+    pub rule_by_policy: std::collections::HashMap<usize, usize>,
     /// `[[webhooks]]`: where quota events go.
     pub webhooks: Arc<[crate::webhooks::Webhook]>,
     /// `[rls]`: Envoy's rate-limit service and its limits, when the file has the section.
@@ -395,6 +398,24 @@ impl Config {
             .candidates(&probe)
             .find(|&i| self.routes[i].matches(host, method, path))
     }
+}
+
+impl Config {
+    /// The rule whose policy this is (`None` for a policy of the rate-limit service, or a
+    /// per-request copy made by `limit_from`).
+    pub fn rule_of(&self, policy: &Arc<crate::rules::Policy>) -> Option<&Arc<Rule>> {
+        let i = *self.rule_by_policy.get(&(Arc::as_ptr(policy) as usize))?;
+        self.rules.get(i)
+    }
+}
+
+/// Each rule's position by its policy's address ([`Config::rule_of`]).
+pub fn rule_by_policy(rules: &[Arc<Rule>]) -> std::collections::HashMap<usize, usize> {
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (Arc::as_ptr(&r.policy) as usize, i))
+        .collect()
 }
 
 /// The index of routes: each filed under its exact path, else its prefix, else its host, else

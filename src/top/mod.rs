@@ -460,7 +460,7 @@ impl Top {
 pub fn record(cfg: &Config, view: &RequestView<'_>, outcome: &Outcome, decided: Instant) {
     record_labelled(cfg, outcome, decided, &|a: &Applied| {
         // The rule's key parts are on the rule, which the outcome names by its policy.
-        let rule = cfg.rules.iter().find(|r| Arc::ptr_eq(&r.policy, &a.rule));
+        let rule = cfg.rule_of(&a.rule);
         rule.map_or_else(Client::default, |r| client_label(cfg, r, view))
     });
 }

@@ -70,6 +70,7 @@ pub fn validate(path: &Path, text: &str) -> Result<Config, ConfigError> {
         upstreams,
         route_index: crate::config::route_index(&routes),
         rule_index: crate::config::rule_index(&rules, &routes),
+        rule_by_policy: crate::config::rule_by_policy(&rules),
         routes,
         rules,
         webhooks,
