@@ -172,7 +172,12 @@ pub struct Keys(Arc<arc_swap::ArcSwap<KeyStore>>);
 impl Keys {
     /// A cell of its own holding `table`.
     pub fn new(table: KeyStore) -> Keys {
-        Keys(Arc::new(arc_swap::ArcSwap::from_pointee(table)))
+        Keys::shared(Arc::new(table))
+    }
+
+    /// A cell of its own holding a table other configs may hold too.
+    pub fn shared(table: Arc<KeyStore>) -> Keys {
+        Keys(Arc::new(arc_swap::ArcSwap::new(table)))
     }
 
     /// The identity of a presented secret, if it is a known key.

@@ -41,6 +41,7 @@ pub(super) fn auth(
         &mut keys,
         warnings,
     )?;
+    let mut file_table = None;
     let keys_file = match &raw.keys_file {
         Some(f) => {
             let path = dir.join(f.get_ref());
@@ -51,24 +52,45 @@ pub(super) fn auth(
                 )
             })?;
             let text = &*text.insert(read);
-            let file_src = Src { path: &path, text };
-            let fields = match super::keys_file::plain(text) {
-                Some(fields) => fields,
-                None => {
-                    parsed = toml::from_str(text).map_err(|e| {
-                        ConfigError::at(&path, text, e.span(), e.message().trim_end().to_string())
-                    })?;
-                    parsed.keys.iter().map(KeyFields::of).collect()
+            // All keys in the file: the table built from these same bytes, if one is alive.
+            let digest = raw
+                .keys
+                .is_empty()
+                .then(|| crate::wire::auth::digest_of(text));
+            if let Some((table, said)) = digest.and_then(|d| super::keys_file::built(&path, &d)) {
+                warnings.extend(said);
+                file_table = Some(table);
+            } else {
+                let file_src = Src { path: &path, text };
+                let fields = match super::keys_file::plain(text) {
+                    Some(fields) => fields,
+                    None => {
+                        parsed = toml::from_str(text).map_err(|e| {
+                            ConfigError::at(
+                                &path,
+                                text,
+                                e.span(),
+                                e.message().trim_end().to_string(),
+                            )
+                        })?;
+                        parsed.keys.iter().map(KeyFields::of).collect()
+                    }
+                };
+                keys.reserve(fields.len());
+                let before = warnings.len();
+                collect_keys(
+                    &file_src,
+                    fields.into_iter(),
+                    &mut seen,
+                    &mut keys,
+                    warnings,
+                )?;
+                if let Some(d) = digest {
+                    let table = Arc::new(KeyStore::new(std::mem::take(&mut keys)));
+                    super::keys_file::remember(&path, d, &table, &warnings[before..]);
+                    file_table = Some(table);
                 }
-            };
-            keys.reserve(fields.len());
-            collect_keys(
-                &file_src,
-                fields.into_iter(),
-                &mut seen,
-                &mut keys,
-                warnings,
-            )?;
+            }
             Some(path)
         }
         None => None,
@@ -78,7 +100,10 @@ pub(super) fn auth(
         header,
         forward_key: raw.forward_key,
         keys_file,
-        keys: Keys::new(KeyStore::new(keys)),
+        keys: match file_table {
+            Some(table) => Keys::shared(table),
+            None => Keys::new(KeyStore::new(keys)),
+        },
         tokens,
     };
     drop(seen);
@@ -185,6 +210,45 @@ fn header_safe(src: &Src, v: &Field<'_>, field: &str) -> Result<HeaderText, Conf
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use crate::config::Config;
+
+    /// A config whose keys are all in an unchanged keys file takes the table a config in
+    /// force built from the same bytes, warnings included; a changed file is read again.
+    #[test]
+    fn an_unchanged_keys_file_keeps_its_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys.toml");
+        let first = "[[keys]]\nid = \"a\"\nsecret = \"s-a\"\n";
+        std::fs::write(&keys, first).unwrap();
+        let text = "[auth]\nkeys_file = \"keys.toml\"\n[[upstreams]]\nname = \"u\"\ntargets = [\"127.0.0.1:9\"]\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n";
+        let path = dir.path().join("gateway.toml");
+        let load = || Config::from_str(&path, text).unwrap();
+        let one = load();
+        let two = load();
+        assert!(Arc::ptr_eq(&one.auth.keys.table(), &two.auth.keys.table()));
+        assert_eq!(one.warnings, two.warnings);
+        assert!(two.warnings.iter().any(|w| w.contains("plaintext")));
+        assert!(two.auth.keys.lookup(b"s-a").is_some());
+        std::fs::write(
+            &keys,
+            format!("{first}[[keys]]\nid = \"b\"\nsecret = \"s-b\"\n"),
+        )
+        .unwrap();
+        let three = load();
+        assert!(!Arc::ptr_eq(
+            &one.auth.keys.table(),
+            &three.auth.keys.table()
+        ));
+        assert!(three.auth.keys.lookup(b"s-b").is_some());
+        assert!(one.auth.keys.lookup(b"s-b").is_none());
+        // Inline keys beside the file: always read (ids are checked across both).
+        let both = format!("[[auth.keys]]\nid = \"c\"\nsecret = \"s-c\"\n{text}");
+        let four = Config::from_str(&path, &both).unwrap();
+        assert!(four.auth.keys.lookup(b"s-c").is_some() && four.auth.keys.lookup(b"s-b").is_some());
+    }
+
     /// Every invalid `[auth]` (and keys file) fixture fails with the error, line and column it names.
     #[test]
     fn every_invalid_fixture_fails_as_it_says() {

@@ -6,10 +6,46 @@
 //! is the TOML parser's, with its line and column.
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 
 use toml::Spanned;
 
 use crate::config::schema::RawKey;
+use crate::wire::auth::KeyStore;
+
+/// The last key table built from a keys file alone (no inline keys), by the file's path and
+/// the SHA-256 of its text, with the warnings its keys gave: a reload whose keys file did not
+/// change (a route edited) takes that table as it is instead of reading a million keys again.
+/// Held weakly: a table no config holds any more is not kept for a reload that may not come.
+struct Built {
+    path: PathBuf,
+    digest: [u8; 32],
+    table: Weak<KeyStore>,
+    warnings: Vec<String>,
+}
+
+static LAST: parking_lot::Mutex<Option<Built>> = parking_lot::Mutex::new(None);
+
+/// The table last built from `path` with this `digest`, and its warnings, if a config still
+/// holds it.
+pub(super) fn built(path: &Path, digest: &[u8; 32]) -> Option<(Arc<KeyStore>, Vec<String>)> {
+    let last = LAST.lock();
+    let b = last
+        .as_ref()
+        .filter(|b| b.path == path && b.digest == *digest)?;
+    Some((b.table.upgrade()?, b.warnings.clone()))
+}
+
+/// Remembers the table built from `path` with this `digest` ([`built`]).
+pub(super) fn remember(path: &Path, digest: [u8; 32], table: &Arc<KeyStore>, warnings: &[String]) {
+    *LAST.lock() = Some(Built {
+        path: path.to_path_buf(),
+        digest,
+        table: Arc::downgrade(table),
+        warnings: warnings.to_vec(),
+    });
+}
 
 /// A value as written, and where (for errors).
 pub(super) type Field<'a> = (&'a str, Range<usize>);
