@@ -398,9 +398,7 @@ impl Config {
             .candidates(&probe)
             .find(|&i| self.routes[i].matches(host, method, path))
     }
-}
 
-impl Config {
     /// The rule whose policy this is (`None` for a policy of the rate-limit service, or a
     /// per-request copy made by `limit_from`).
     pub fn rule_of(&self, policy: &Arc<crate::rules::Policy>) -> Option<&Arc<Rule>> {
@@ -430,13 +428,18 @@ pub fn rule_index(rules: &[Arc<Rule>], routes: &[Route]) -> MatchIndex {
     MatchIndex::build(rule_anchors(rules, routes).into_iter())
 }
 
-/// Each rule's anchor, in file order ([`rule_anchor`]).
-pub fn rule_anchors<'a>(rules: &'a [Arc<Rule>], routes: &[Route]) -> Vec<Anchor<'a>> {
-    let position: std::collections::HashMap<&str, usize> = routes
+/// Each route's position in the file by its name: rules name their route.
+pub fn route_positions(routes: &[Route]) -> std::collections::HashMap<&str, usize> {
+    routes
         .iter()
         .enumerate()
         .map(|(i, r)| (&*r.name, i))
-        .collect();
+        .collect()
+}
+
+/// Each rule's anchor, in file order ([`rule_anchor`]).
+pub fn rule_anchors<'a>(rules: &'a [Arc<Rule>], routes: &[Route]) -> Vec<Anchor<'a>> {
+    let position = route_positions(routes);
     rules
         .iter()
         .map(|rule| rule_anchor(rule, &position))

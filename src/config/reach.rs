@@ -68,20 +68,12 @@ fn paths_meet(a: Paths<'_>, b: Paths<'_>, case_sensitive: bool) -> bool {
     }
 }
 
-/// The methods a match takes (`GET` covers `HEAD`); `None`: any.
-fn methods(m: &RequestMatch) -> Option<Vec<Method>> {
-    let mut list = m.methods.clone()?;
-    if list.contains(&Method::GET) && !list.contains(&Method::HEAD) {
-        list.push(Method::HEAD);
-    }
-    Some(list)
-}
-
+/// Whether some method fits both. A method both take is one listed by one of them (a `HEAD`
+/// taken as `GET` by one is listed as `GET` by both, or as `HEAD` by the other).
 fn methods_meet(a: &RequestMatch, b: &RequestMatch) -> bool {
-    match (methods(a), methods(b)) {
-        (Some(x), Some(y)) => x.iter().any(|m| y.contains(m)),
-        _ => true,
-    }
+    let listed =
+        |x: &RequestMatch, y: &RequestMatch| x.methods.iter().flatten().any(|m| y.takes_method(m));
+    a.methods.is_none() || b.methods.is_none() || listed(a, b) || listed(b, a)
 }
 
 /// Why a rule can apply to none of a route's requests, or `None` when it can to some.
@@ -120,14 +112,13 @@ fn covers(a: &Route, b: &Route) -> bool {
     if x.host.is_some() && x.host != y.host {
         return false;
     }
-    match (methods(x), methods(y)) {
-        (None, _) => {}
-        (Some(_), None) => return false,
-        (Some(have), Some(want)) => {
-            if !want.iter().all(|m| have.contains(m)) {
-                return false;
-            }
-        }
+    // Each method `b` lists is taken by `a` (a `GET` taken covers its `HEAD` too).
+    let methods_taken = match &y.methods {
+        None => x.methods.is_none(),
+        Some(want) => want.iter().all(|m| x.takes_method(m)),
+    };
+    if !methods_taken {
+        return false;
     }
     // A case-sensitive route does not take the other spellings a case-insensitive one does.
     if a.case_sensitive && !b.case_sensitive && !matches!(paths(x), Paths::Any) {
@@ -195,12 +186,7 @@ pub fn reach(cfg: &Config) -> Reach {
     for &(j, _) in &out.shadowed {
         open[j] = false;
     }
-    let position: std::collections::HashMap<&str, usize> = cfg
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (&*r.name, i))
-        .collect();
+    let position = super::route_positions(&cfg.routes);
     let named = cfg
         .rules
         .iter()
@@ -241,4 +227,29 @@ pub fn reach(cfg: &Config) -> Reach {
         out.rules_per_route = Some(per_route);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn methods(list: &[Method]) -> RequestMatch {
+        RequestMatch {
+            methods: Some(list.to_vec()),
+            ..RequestMatch::default()
+        }
+    }
+
+    /// Methods meet as requests see them: `GET` takes `HEAD`, not the other way.
+    #[test]
+    fn methods_meet_with_head_taken_as_get() {
+        let any = RequestMatch::default();
+        let get = methods(&[Method::GET]);
+        let head = methods(&[Method::HEAD]);
+        let post = methods(&[Method::POST]);
+        assert!(methods_meet(&any, &post));
+        assert!(methods_meet(&get, &head) && methods_meet(&head, &get));
+        assert!(!methods_meet(&get, &post) && !methods_meet(&head, &post));
+        assert!(methods_meet(&methods(&[Method::PUT, Method::GET]), &get));
+    }
 }

@@ -104,6 +104,14 @@ impl Admission {
     fn answer(client_ip: IpAddr, route: Option<usize>, mut problem: Problem, id: &str) -> Self {
         problem.request_id = Some(id.to_string());
         Admission {
+            next: Next::Answer(Box::new(problem.answer())),
+            ..Admission::forward(client_ip, route)
+        }
+    }
+
+    /// Forwarded as it came, at once, with nothing yet known of the caller or charged.
+    fn forward(client_ip: IpAddr, route: Option<usize>) -> Self {
+        Admission {
             client_ip,
             route,
             identity: None,
@@ -111,7 +119,10 @@ impl Admission {
             host: None,
             rewritten: None,
             slots: None,
-            next: Next::Answer(Box::new(problem.answer())),
+            next: Next::Forward {
+                delay: Duration::ZERO,
+                ratelimit: None,
+            },
             slowed: None,
             decision: None,
         }
@@ -206,19 +217,11 @@ pub async fn admit(cfg: &Config, limiter: &Limiter, req: &Request<'_>) -> Admiss
         absolute.map(str::to_string)
     };
     let mut admission = Admission {
-        client_ip: ip,
-        route: Some(route_idx),
         identity,
         target,
         host: forward_host,
         rewritten,
-        slots: None,
-        next: Next::Forward {
-            delay: Duration::ZERO,
-            ratelimit: None,
-        },
-        slowed: None,
-        decision: None,
+        ..Admission::forward(ip, Some(route_idx))
     };
     if cfg.rules.is_empty() {
         return admission;
@@ -744,21 +747,7 @@ async fn answer_preflight(
 ) -> Admission {
     let route = &cfg.routes[route_idx];
     let id = req.request_id;
-    let mut admission = Admission {
-        client_ip: ip,
-        route: Some(route_idx),
-        identity: None,
-        target: None,
-        host: None,
-        rewritten: None,
-        slots: None,
-        next: Next::Forward {
-            delay: Duration::ZERO,
-            ratelimit: None,
-        },
-        slowed: None,
-        decision: None,
-    };
+    let mut admission = Admission::forward(ip, Some(route_idx));
     let mut ratelimit = None;
     if !cfg.rules.is_empty() {
         let view = RequestView {

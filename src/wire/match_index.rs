@@ -215,6 +215,12 @@ impl MatchIndex {
 
     /// [`Self::build`], indexed whatever the length (the tests hold both ways to one result).
     pub fn build_from<'a>(anchors: impl Iterator<Item = Anchor<'a>>, index: bool) -> MatchIndex {
+        if !index {
+            return MatchIndex {
+                len: anchors.count() as u32,
+                table: None,
+            };
+        }
         let seed = Seed::new();
         let mut buckets: hashbrown::HashMap<u64, Vec<u32>> = hashbrown::HashMap::new();
         let mut any = Vec::new();
@@ -265,9 +271,6 @@ impl MatchIndex {
                 }
                 Anchor::Any => any.push(i),
             }
-        }
-        if !index {
-            return MatchIndex { len, table: None };
         }
         let mut map =
             hashbrown::HashMap::with_capacity_and_hasher(buckets.len(), ahash::RandomState::new());

@@ -40,18 +40,23 @@ impl RequestMatch {
         if !self.path_matches(path, case_sensitive) {
             return false;
         }
-        if let Some(methods) = &self.methods {
-            // Every common framework serves HEAD with the GET handler: a GET route or rule
-            // that let HEAD by would let a client reach (and cost) the same handler unmatched.
-            let head_as_get = *method == Method::HEAD && methods.contains(&Method::GET);
-            if !methods.contains(method) && !head_as_get {
-                return false;
-            }
+        if !self.takes_method(method) {
+            return false;
         }
         match &self.host {
             Some(want) => host == Some(want.as_str()),
             None => true,
         }
+    }
+
+    /// Whether `method` fits the `methods` field (true when it is not set).
+    pub fn takes_method(&self, method: &Method) -> bool {
+        let Some(methods) = &self.methods else {
+            return true;
+        };
+        // Every common framework serves HEAD with the GET handler: a GET route or rule that
+        // let HEAD by would let a client reach (and cost) the same handler unmatched.
+        methods.contains(method) || (*method == Method::HEAD && methods.contains(&Method::GET))
     }
 
     /// Whether `path` fits the `path` and `path_prefix` fields (true when neither is set).

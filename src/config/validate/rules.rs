@@ -38,6 +38,7 @@ pub(super) fn rules(
             ),
         ));
     }
+    let route_names = crate::config::route_positions(routes);
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for r in raw {
@@ -60,7 +61,7 @@ pub(super) fn rules(
             }
         }
         let charge = charge(src, r, name, &shape)?;
-        let matcher = rule_match(src, r, name, routes)?;
+        let matcher = rule_match(src, r, name, &route_names)?;
         let respond = respond(src, r, name, &shape, &charge)?;
         let limit_from = limit_from(src, r, name, &shape)?;
         let limit = shape.blocking(respond.block_for.unwrap_or_default());
@@ -475,11 +476,11 @@ fn rule_match(
     src: &Src,
     r: &RawRule,
     name: &str,
-    routes: &[Route],
+    routes: &std::collections::HashMap<&str, usize>,
 ) -> Result<RuleMatch, ConfigError> {
     let m = &r.matcher;
     if let Some(route) = &m.route {
-        if !routes.iter().any(|rt| &*rt.name == route.get_ref()) {
+        if !routes.contains_key(route.get_ref().as_str()) {
             return Err(src.err(
                 route.span(),
                 format!(
