@@ -250,7 +250,12 @@ async fn http_collector() -> (SocketAddr, Received) {
 
 /// A gateway in front of `api` with `tracing` as its `[tracing]` body and `rules` after the
 /// route (`/debug` echoes the request headers); `trusted` is `[server] trusted_proxies`.
+/// Exports every 50 ms unless `tracing` sets its own `schedule_delay`.
 fn start(api: &OrdersApi, trusted: &str, tracing: &str, rules: &str) -> Gateway {
+    let delay = match tracing.contains("schedule_delay") {
+        true => "",
+        false => "schedule_delay = \"50ms\"",
+    };
     Gateway::start_with(
         &format!("trusted_proxies = [{trusted}]\n"),
         &format!(
@@ -264,7 +269,7 @@ auth = \"none\"
 {rules}
 
 [tracing]
-schedule_delay = \"50ms\"
+{delay}
 {tracing}
 ",
             orders_upstream(&[api.addr])
@@ -652,6 +657,33 @@ async fn a_collector_that_never_answers_holds_no_request_and_the_full_queue_drop
     })
     .await;
     assert!(n <= 60.0, "{n}");
+}
+
+#[tokio::test]
+async fn a_queue_past_half_full_is_exported_before_its_schedule() {
+    let api = OrdersApi::start("orders-1");
+    let collector = Collector::start().await;
+    // An hour between scheduled exports and a queue of 64: only the wake-up of a queue past
+    // half full (32 spans, the 16th request) can export anything within the test.
+    let gw = start(
+        &api,
+        "",
+        &format!(
+            "{}\nschedule_delay = \"1h\"\nmax_queue_size = 64",
+            collector.exporting(1.0)
+        ),
+        "",
+    );
+    all_answered(&gw, 40).await;
+    let rx = &collector.received;
+    eventually(
+        Duration::from_secs(10),
+        "spans exported before the schedule",
+        || async { (rx.spans().len() >= 32).then_some(()) },
+    )
+    .await;
+    // One request at a time never fills the queue: nothing was dropped.
+    assert_eq!(dropped(&gw).await, Some(0.0));
 }
 
 #[tokio::test]

@@ -95,7 +95,7 @@ fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> Counted {
     for i in 0..n + 100 {
         let before = allocations();
         // As `proxy::request_filter` does: nothing unless the config has `[tracing]`.
-        let trace = cfg.tracing.as_ref().and_then(|s| {
+        let mut trace = cfg.tracing.as_ref().and_then(|s| {
             RequestTrace::start(s, &[], peer, &Method::GET, uri.path(), &headers, false)
         });
         let started = allocations();
@@ -111,7 +111,7 @@ fn per_request(cfg: &Config, limiter: &Limiter, n: u64) -> Counted {
         let admitted = rt.block_on(admit(cfg, limiter, &request));
         let decided = allocations();
         let traced = request.traced;
-        if let (Some(t), Some(d)) = (&trace, &admitted.decision) {
+        if let (Some(t), Some(d)) = (&mut trace, &admitted.decision) {
             t.admission(d);
         }
         drop(admitted);

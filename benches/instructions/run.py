@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -101,6 +102,11 @@ def scale_routes(n: int, last: bool) -> str:
     return "\n".join(out)
 
 
+# The tracing systems: `[tracing]` at a sample ratio, exporting over OTLP/HTTP to
+# benches/load/otlp_sink.py (started here); the export thread's work is counted with the rest.
+TRACING = {"fg-trace-0.01": 0.01, "fg-trace-1": 1.0}
+
+
 # Systems of 10,000 routes and rules (`make bench-scale` measures them under load).
 SCALE = {
     "fg-scale-first": lambda: scale_routes(10_000, last=False),
@@ -109,7 +115,7 @@ SCALE = {
 
 
 def floodgate_conf(d: Path, name: str, port: int, admin: int, upstream: int, rules: str,
-                   store: str = 'backend = "memory"') -> Path:
+                   store: str = 'backend = "memory"', sink: int | None = None) -> Path:
     conf = d / f"{name}.toml"
     route, server, _ = ROUTING.get(name, ("match = {}", "", None))
     if name in SCALE:
@@ -136,6 +142,10 @@ name = "upstream"
 targets = ["127.0.0.1:{upstream}"]
 
 {routes}""")
+    if name in TRACING and sink is not None:
+        with conf.open("a") as f:
+            f.write(f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{sink}/v1/traces"\n'
+                    f'sample_ratio = {TRACING[name]}\n')
     return conf
 
 
@@ -242,6 +252,14 @@ def parse_callgrind(path: Path) -> tuple[int, int]:
     return total, allocs
 
 
+def sink_bytes(port: int | None) -> int:
+    """What the OTLP sink on `port` has received so far, in bytes (0 without a sink)."""
+    if port is None:
+        return 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
+        return int(json.load(r)["bytes"])
+
+
 def run_once(argv: list[str], port: int, requests: int, conns: int, out: Path, env: dict,
              refused: bool = False, header: bytes = b"") -> tuple[int, int]:
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--separate-threads=no"] + argv
@@ -272,7 +290,9 @@ def main() -> int:
                          "fg-route-edges, the same with a prefix_rewrite, 3 header edits and CORS for the "
                          "Origin sent, fg-deny-100k, 100,000 [server] deny_ips; fg-scale-first and "
                          "fg-scale-last, 10,000 routes each with its own local rule, the request's the first "
-                         "or the last: against fg-local, one route and one rule)")
+                         "or the last: against fg-local, one route and one rule; fg-trace-0.01 and "
+                         "fg-trace-1, fg-none with [tracing] at those sample ratios, exporting to an "
+                         "OTLP/HTTP sink started here)")
     ap.add_argument("--label", default="", help="a suffix for the systems' names in the report (a build's name)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="pairs of runs per system; the report gives their median (1). Two runs of one "
@@ -305,6 +325,14 @@ def main() -> int:
             procs.append(redis)
             common.wait_port(redis_port)
             store = f'backend = "redis"\nurl = "redis://127.0.0.1:{redis_port}/0"\ntimeout = "1s"'
+        sink = None
+        if any(n in TRACING for n in args.only):
+            sink = common.free_port()
+            procs.append(subprocess.Popen([sys.executable, str(ROOT / "benches/load/otlp_sink.py"),
+                                           "--port", str(sink)],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+            common.wait_port(sink)
         results = {}
         env = dict(os.environ, RUST_LOG="warn")
         for name in args.only:
@@ -316,7 +344,7 @@ def main() -> int:
             else:
                 rules = {"fg-local": LOCAL_RULE, "fg-global1": GLOBAL_RULE, "fg-429": REFUSING_RULE}.get(name, "")
                 conf = floodgate_conf(tmp, name, port, common.free_port(), up, rules,
-                                      store if name == "fg-global1" else 'backend = "memory"')
+                                      store if name == "fg-global1" else 'backend = "memory"', sink)
                 argv = [args.floodgate, "-c", str(conf), "--pid-file", str(tmp / f"{name}.pid"),
                         "--upgrade-sock", str(tmp / f"{name}.sock")]
             label = name + args.label
@@ -326,15 +354,23 @@ def main() -> int:
                 refused = name.endswith("-429")
                 sent = ROUTING.get(name, ("", "", None))[2]
                 header = f"{sent[0]}: {sent[1]}\r\n".encode() if sent else b""
+                traced = sink if name in TRACING else None
+                b0 = sink_bytes(traced)
                 lo = run_once(argv, port, args.warmup, args.connections, out / f"{label}{suffix}.low.out", env,
                               refused, header)
+                b1 = sink_bytes(traced)
                 hi = run_once(argv, port, args.warmup + args.requests, args.connections,
                               out / f"{label}{suffix}.high.out", env, refused, header)
-                pairs.append(((hi[0] - lo[0]) / args.requests, (hi[1] - lo[1]) / args.requests))
-                log(f"{label}{suffix}: {pairs[-1][0]:,.0f} instructions, {pairs[-1][1]:.2f} allocations per request")
+                b2 = sink_bytes(traced)
+                exported = ((b2 - b1) - (b1 - b0)) / args.requests
+                pairs.append(((hi[0] - lo[0]) / args.requests, (hi[1] - lo[1]) / args.requests, exported))
+                more = f", {exported:.0f} bytes exported" if traced else ""
+                log(f"{label}{suffix}: {pairs[-1][0]:,.0f} instructions, {pairs[-1][1]:.2f} allocations per request{more}")
             r = {"ir_per_request": statistics.median(p[0] for p in pairs),
                  "allocs_per_request": statistics.median(p[1] for p in pairs),
                  "runs": [{"ir_per_request": p[0], "allocs_per_request": p[1]} for p in pairs]}
+            if name in TRACING:
+                r["otlp_bytes_per_request"] = statistics.median(p[2] for p in pairs)
             results[label] = r
         base = results.get("pingora-bare" + args.label)
         lines = ["| system | instructions per request | ÷ pingora-bare | allocations per request |",
@@ -342,6 +378,9 @@ def main() -> int:
         for label, r in results.items():
             ratio = f"{r['ir_per_request'] / base['ir_per_request']:.2f}×" if base else "—"
             lines.append(f"| `{label}` | {r['ir_per_request']:,.0f} | {ratio} | {r['allocs_per_request']:.2f} |")
+        for label, r in results.items():
+            if "otlp_bytes_per_request" in r:
+                lines.append(f"\n`{label}` exported {r['otlp_bytes_per_request']:.0f} bytes of OTLP/HTTP per request.")
         (out / "instructions.md").write_text("\n".join(lines) + "\n")
         (out / "instructions.json").write_text(json.dumps(
             {"requests": args.requests, "warmup": args.warmup, "connections": args.connections,

@@ -100,7 +100,8 @@ pub struct RawTracing {
     /// Spans per export at most (1 to `max_queue_size`). Restart to change.
     #[schemars(with = "Option<i64>", range(min = 1), extend("default" = 512))]
     pub max_export_batch_size: Option<Spanned<i64>>,
-    /// How long a batch waits to fill before it is sent. Restart to change.
+    /// How long, at most, finished spans wait before they are taken for export (sooner when
+    /// they come fast enough to fill a quarter of the queue). Restart to change.
     #[schemars(with = "Option<DurationText>", extend("default" = "200ms"))]
     pub schedule_delay: Option<Spanned<String>>,
 }

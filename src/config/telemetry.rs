@@ -49,8 +49,8 @@ pub struct Settings {
     pub max_queue_size: usize,
     /// Spans per export call at most.
     pub max_export_batch_size: usize,
-    /// How often the exporter looks at the queue (and so the longest a span waits when the
-    /// queue is not full).
+    /// How often, at most, the exporter looks at the queue (and so the longest a span waits);
+    /// sooner when spans come fast enough to fill a quarter of it before then.
     pub schedule_delay: Duration,
 }
 

@@ -214,10 +214,10 @@ impl ProxyHttp for Proxy {
             traced: ctx.trace.as_ref().is_some_and(|t| t.is_recording()),
         };
         let admitted = admission::admit(&cfg, &self.gateway.limiter, &request).await;
-        if let Some(trace) = &ctx.trace {
+        if let Some(trace) = &mut ctx.trace {
             let route = admitted.route.and_then(|i| cfg.routes.get(i));
             let key_id = admitted.identity.as_deref().map(|i| i.id.as_str());
-            trace.identified(route.map(|r| &*r.name), admitted.client_ip, key_id);
+            trace.identified(route.map(|r| &r.name), admitted.client_ip, key_id);
             if let Some(d) = &admitted.decision {
                 trace.admission(d);
             }
@@ -477,9 +477,11 @@ impl ProxyHttp for Proxy {
             }),
             strip_key: (!cfg.auth.forward_key && reads_keys).then_some(&cfg.auth.header),
             strip_token,
+            // A route's header edits, and a trace's `traceparent` and `tracestate` (below).
             more_headers: edges
                 .and_then(|e| e.request_headers.as_deref())
-                .map_or(0, |h| h.added()),
+                .map_or(0, |h| h.added())
+                + if ctx.trace.is_some() { 2 } else { 0 },
         };
         crate::request::forwarding::apply(upstream_request, &forwarded)?;
         if let Some(edits) = edges.and_then(|e| e.request_headers.as_deref()) {

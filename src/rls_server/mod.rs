@@ -46,9 +46,9 @@ impl RateLimitService for Rls {
         // A graceful stop (SIGTERM, an upgrade's end) waits for the calls in flight as it
         // does for proxied requests.
         let _in_flight = crate::shutdown::requests().enter_static();
-        let trace = self.trace(&request);
+        let mut trace = self.trace(&request);
         let req = request.into_inner();
-        let answered = self.answer(&req, trace.as_ref()).await;
+        let answered = self.answer(&req, trace.as_mut()).await;
         let counted = &rls_metrics().answered;
         let result = match &answered {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => &counted.over_limit,
@@ -102,7 +102,7 @@ impl Rls {
     async fn answer(
         &self,
         req: &RateLimitRequest,
-        trace: Option<&crate::telemetry::RequestTrace>,
+        trace: Option<&mut crate::telemetry::RequestTrace>,
     ) -> Result<RateLimitResponse, Status> {
         bounds::check(req)?;
         let cfg = self.gateway.config.load_full();
@@ -116,9 +116,8 @@ impl Rls {
             return Ok(all_ok(req));
         }
         let started = Instant::now();
-        let wall = trace
-            .filter(|t| t.is_recording())
-            .map(|_| std::time::SystemTime::now());
+        let trace = trace.filter(|t| t.is_recording());
+        let wall = trace.as_ref().map(|_| std::time::SystemTime::now());
         let outcome = self
             .gateway
             .limiter

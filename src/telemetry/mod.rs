@@ -9,10 +9,12 @@
 //! context Envoy sends in gRPC metadata.
 //!
 //! Cost: without `[tracing]` nothing here runs: the proxy checks one `Option` of the config
-//! and keeps `None` (no span objects, no context extraction, no allocation). With it, spans
-//! are built with the OpenTelemetry API and SDK directly (not through `tracing-opentelemetry`,
-//! which would turn every `tracing` span of the process into OpenTelemetry work), and the
-//! export never blocks the request path ([`export`]).
+//! and keeps `None` (no span objects, no context extraction, no allocation). With it, the
+//! sampling decision comes first ([`sampler`]): an unsampled request keeps the two ids
+//! propagation needs and nothing else. A sampled request records its spans as plain records
+//! ([`span`]: ids, times, typed attributes, nothing formatted) and queues each finished one;
+//! the export thread encodes them into OTLP protobuf by hand ([`otlp`]) and sends batches on
+//! one kept-alive connection ([`export`]), never blocking the request path.
 //!
 //! Reload: `sample_ratio` and `trust_incoming` take effect at once; the exporter's settings
 //! (`otlp_endpoint`, `protocol`, `service_name`, `resource_attributes`, `export_timeout`,
@@ -20,32 +22,28 @@
 //! request starts the exporter, and need a restart.
 
 mod export;
+mod otlp;
 pub mod propagation;
 mod request;
 mod sampler;
+mod span;
 
 use std::sync::OnceLock;
-
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
-use opentelemetry_sdk::Resource;
 
 pub use crate::config::telemetry::{Protocol, Settings};
 pub use request::{Decision, RequestTrace, RuleVerdict, Upstream};
 
-/// The process's tracer, started by the first traced request.
+/// The process's exporter, started by the first traced request.
 struct Telemetry {
-    /// Keeps the provider (and so the processor and its queue) alive.
-    _provider: SdkTracerProvider,
-    tracer: SdkTracer,
+    /// Where finished spans go.
+    queue: export::Queue,
     ratio: sampler::Ratio,
 }
 
 static TELEMETRY: OnceLock<Option<Telemetry>> = OnceLock::new();
 
-/// The tracer for `settings`, starting the exporter on first use. `None` when the export
-/// thread could not start (logged once).
+/// The exporter for `settings`, starting it on first use. `None` when the export thread could
+/// not start (logged once).
 fn tracer(settings: &Settings) -> Option<&'static Telemetry> {
     TELEMETRY
         .get_or_init(|| Telemetry::start(settings))
@@ -54,29 +52,7 @@ fn tracer(settings: &Settings) -> Option<&'static Telemetry> {
 
 impl Telemetry {
     fn start(settings: &Settings) -> Option<Telemetry> {
-        let resource = Resource::builder_empty()
-            .with_service_name(settings.service_name.clone())
-            .with_attributes(
-                settings
-                    .resource_attributes
-                    .iter()
-                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-            )
-            .with_attribute(KeyValue::new("telemetry.sdk.language", "rust"))
-            .with_attribute(KeyValue::new("telemetry.sdk.name", "opentelemetry"))
-            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-            .build();
-        let processor = export::start(settings, resource.clone())?;
-        let ratio = sampler::Ratio::new(settings.sample_ratio);
-        // The decision is floodgate's, made before a span is built (`RequestTrace::start`):
-        // the SDK is asked only for sampled traces, whose root it records and whose children
-        // follow their parent.
-        let provider = SdkTracerProvider::builder()
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
-            .with_span_processor(processor)
-            .with_resource(resource)
-            .build();
-        let tracer = provider.tracer("floodgate");
+        let queue = export::start(settings)?;
         tracing::info!(
             endpoint = %settings.endpoint,
             protocol = settings.protocol.as_str(),
@@ -84,9 +60,8 @@ impl Telemetry {
             "trace export started"
         );
         Some(Telemetry {
-            _provider: provider,
-            tracer,
-            ratio,
+            queue,
+            ratio: sampler::Ratio::new(settings.sample_ratio),
         })
     }
 }

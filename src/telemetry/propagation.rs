@@ -1,10 +1,6 @@
 //! W3C trace context (`traceparent`, `tracestate`) in and out of HTTP headers.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::{SpanContext, SpanId, TraceId};
-use opentelemetry::Context;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use pingora::http::RequestHeader;
 
 /// `traceparent`.
@@ -12,83 +8,139 @@ pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// `tracestate`.
 pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// Reads a request's headers for the propagator.
-struct Headers<'a>(&'a HeaderMap);
+/// Longest `tracestate` continued (W3C: a vendor may cut one past 512 bytes).
+const MAX_TRACESTATE: usize = 512;
+/// Most `tracestate` members (W3C's limit).
+const MAX_MEMBERS: usize = 32;
 
-impl Extractor for Headers<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        // A repeated traceparent is ambiguous: W3C says to start a new trace then.
-        let mut all = self.0.get_all(key).iter();
-        let first = all.next()?;
-        if all.next().is_some() && key == TRACEPARENT.as_str() {
-            return None;
+/// A caller's trace context, as its `traceparent` and `tracestate` name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// The trace's id.
+    pub trace_id: [u8; 16],
+    /// The caller's span: floodgate's server span's parent.
+    pub span_id: [u8; 8],
+    /// The caller sampled the trace.
+    pub sampled: bool,
+    /// Its `tracestate`, when it sent a valid one.
+    pub state: Option<String>,
+}
+
+/// The context a request continues: `None` (a new trace) when it has no `traceparent`, an
+/// invalid one, or more than one (W3C says to start a new trace then).
+pub fn extract(headers: &HeaderMap) -> Option<Remote> {
+    let mut all = headers.get_all(TRACEPARENT).iter();
+    let first = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    let (trace_id, span_id, flags) = parse_traceparent(first.as_bytes())?;
+    Some(Remote {
+        trace_id,
+        span_id,
+        sampled: flags & 1 == 1,
+        state: tracestate(headers),
+    })
+}
+
+/// `version-traceid-parentid-flags` (W3C Trace Context, level 1): lowercase hex, ids not all
+/// zero, version `ff` refused; a later version may append fields after a `-`.
+fn parse_traceparent(v: &[u8]) -> Option<([u8; 16], [u8; 8], u8)> {
+    if v.len() < 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    let version = hex::<1>(&v[..2])?[0];
+    if version == 0xff || (version == 0 && v.len() != 55) || (v.len() > 55 && v[55] != b'-') {
+        return None;
+    }
+    let trace_id = hex::<16>(&v[3..35])?;
+    let span_id = hex::<8>(&v[36..52])?;
+    let flags = hex::<1>(&v[53..55])?[0];
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some((trace_id, span_id, flags))
+}
+
+/// `N` bytes from `2N` lowercase hex digits.
+fn hex<const N: usize>(s: &[u8]) -> Option<[u8; N]> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; N];
+    for (i, pair) in s.chunks_exact(2).enumerate().take(N) {
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    (s.len() == 2 * N).then_some(out)
+}
+
+/// The request's `tracestate` lines joined, when every member is `key=value` (keys of
+/// lowercase letters, digits and `_-*/@`, values of printable ASCII without `,` and `=`), there
+/// are at most 32 and the whole is at most 512 bytes; `None` otherwise (not continued).
+fn tracestate(headers: &HeaderMap) -> Option<String> {
+    let mut out = String::new();
+    let mut members = 0;
+    for line in headers.get_all(TRACESTATE) {
+        for member in line.to_str().ok()?.split(',') {
+            let member = member.trim_matches([' ', '\t']);
+            if member.is_empty() {
+                continue;
+            }
+            let (key, value) = member.split_once('=')?;
+            let key_ok = !key.is_empty()
+                && key
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-*/@".contains(&c));
+            let value_ok = !value.is_empty()
+                && value
+                    .bytes()
+                    .all(|c| (0x20..=0x7e).contains(&c) && c != b',' && c != b'=')
+                && !value.ends_with(' ');
+            members += 1;
+            if !key_ok || !value_ok || members > MAX_MEMBERS {
+                return None;
+            }
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(member);
         }
-        first.to_str().ok()
     }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(HeaderName::as_str).collect()
-    }
+    (!out.is_empty() && out.len() <= MAX_TRACESTATE).then_some(out)
 }
 
-/// The context a request continues: the remote parent its `traceparent` names, or an empty
-/// context (a new trace) when it has none or an invalid one.
-pub fn extract(headers: &HeaderMap) -> Context {
-    if !headers.contains_key(TRACEPARENT) {
-        return Context::new();
-    }
-    TraceContextPropagator::new().extract(&Headers(headers))
-}
-
-/// The `traceparent` value naming `span` as the parent.
-pub fn traceparent(span: &SpanContext) -> String {
-    format!(
-        "00-{}-{}-{:02x}",
-        span.trace_id(),
-        span.span_id(),
-        span.trace_flags().to_u8()
-    )
-}
-
-/// Sets `traceparent` (and `tracestate`, when the trace has one) on the upstream request for
-/// `sc`, replacing whatever the client sent. Through Pingora's header methods, which keep its
-/// record of header-name spellings in step.
-pub fn inject(sc: &SpanContext, req: &mut RequestHeader) {
-    req.remove_header(&TRACESTATE);
-    if !sc.is_valid() {
-        req.remove_header(&TRACEPARENT);
-        return;
-    }
-    if let Ok(v) = HeaderValue::from_str(&traceparent(sc)) {
-        let _ = req.insert_header(TRACEPARENT, v);
-    }
-    let state = sc.trace_state().header();
-    if !state.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&state) {
-            let _ = req.insert_header(TRACESTATE, v);
-        }
-    }
-}
-
-/// Sets `traceparent` on the upstream request of an unsampled trace `trace_id`, with `span_id`
-/// as the parent and the sampled flag clear; the caller's `tracestate` goes on only when its
-/// context was `continued`. Written into a buffer on the stack: the header value is the one
-/// allocation.
-pub fn inject_unsampled(
-    trace_id: TraceId,
-    span_id: SpanId,
+/// Sets `traceparent` on the upstream request: trace `trace_id`, `span_id` as the parent, the
+/// sampled flag as `sampled`. The client's `tracestate` is replaced by `state` when `state` is
+/// given, kept when the trace is the caller's (`continued`), removed otherwise. Written into a
+/// buffer on the stack: the header value is the one allocation. Through Pingora's header
+/// methods, which keep its record of header-name spellings in step.
+pub fn inject(
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    sampled: bool,
     continued: bool,
+    state: Option<&str>,
     req: &mut RequestHeader,
 ) {
-    if !continued {
-        req.remove_header(&TRACESTATE);
+    match state {
+        Some(state) => {
+            if let Ok(v) = HeaderValue::from_str(state) {
+                let _ = req.insert_header(TRACESTATE, v);
+            }
+        }
+        None if !continued => {
+            req.remove_header(&TRACESTATE);
+        }
+        None => {}
     }
     let mut buf = [0u8; 55];
     buf[..3].copy_from_slice(b"00-");
-    hex_into(&trace_id.to_bytes(), &mut buf[3..35]);
+    hex_into(&trace_id, &mut buf[3..35]);
     buf[35] = b'-';
-    hex_into(&span_id.to_bytes(), &mut buf[36..52]);
-    buf[52..].copy_from_slice(b"-00");
+    hex_into(&span_id, &mut buf[36..52]);
+    buf[52..].copy_from_slice(if sampled { b"-01" } else { b"-00" });
     if let Ok(v) = HeaderValue::from_bytes(&buf) {
         let _ = req.insert_header(TRACEPARENT, v);
     }
@@ -106,63 +158,86 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::TraceContextExt;
+
+    const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    fn headers(lines: &[(&HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, v) in lines {
+            h.append((*name).clone(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
 
     #[test]
     fn a_valid_traceparent_is_continued_and_a_repeated_one_is_not() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            TRACEPARENT,
-            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
-        );
-        let cx = extract(&h);
-        let sc = cx.span().span_context().clone();
-        assert!(sc.is_valid() && sc.is_remote() && sc.is_sampled());
-        assert_eq!(
-            sc.trace_id().to_string(),
-            "0af7651916cd43dd8448eb211c80319c"
-        );
-        h.append(
-            TRACEPARENT,
-            HeaderValue::from_static("00-1af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
-        );
-        assert!(!extract(&h).span().span_context().is_valid());
+        let remote = extract(&headers(&[(&TRACEPARENT, PARENT)])).expect("continued");
+        assert!(remote.sampled);
+        assert_eq!(remote.trace_id[..2], [0x0a, 0xf7]);
+        assert_eq!(remote.span_id[7], 0x31);
+        assert_eq!(remote.state, None);
+        let twice = headers(&[(&TRACEPARENT, PARENT), (&TRACEPARENT, PARENT)]);
+        assert_eq!(extract(&twice), None);
     }
 
     #[test]
-    fn an_unsampled_trace_passes_its_ids_on_with_the_sampled_flag_clear() {
+    fn malformed_traceparents_start_a_new_trace() {
+        for bad in [
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+            "00_0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "",
+        ] {
+            assert_eq!(extract(&headers(&[(&TRACEPARENT, bad)])), None, "{bad:?}");
+        }
+        // A later version may carry more fields.
+        let later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00-more";
+        let remote = extract(&headers(&[(&TRACEPARENT, later)])).expect("a later version");
+        assert!(!remote.sampled);
+    }
+
+    #[test]
+    fn tracestate_is_continued_only_when_well_formed() {
+        let ok = headers(&[
+            (&TRACEPARENT, PARENT),
+            (&TRACESTATE, "rojo=00f0, congo=t61"),
+        ]);
+        assert_eq!(
+            extract(&ok).unwrap().state.as_deref(),
+            Some("rojo=00f0,congo=t61")
+        );
+        for bad in ["novalue", "UPPER=1", "a=1,b", &"k=v,".repeat(40)] {
+            let h = headers(&[(&TRACEPARENT, PARENT), (&TRACESTATE, bad)]);
+            assert_eq!(extract(&h).unwrap().state, None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn inject_writes_the_ids_and_settles_the_clients_tracestate() {
         let mut out = RequestHeader::build("GET", b"/", None).unwrap();
         out.insert_header(TRACESTATE, "vendor=1").unwrap();
-        let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
-        let span = SpanId::from_hex("b7ad6b7169203331").unwrap();
-        inject_unsampled(trace, span, true, &mut out);
+        let (trace, span) = ([0x0a; 16], [0xb7; 8]);
+        inject(trace, span, false, true, None, &mut out);
         assert_eq!(
             out.headers.get(TRACEPARENT).unwrap(),
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+            "00-0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a-b7b7b7b7b7b7b7b7-00"
         );
         assert_eq!(out.headers.get(TRACESTATE).unwrap(), "vendor=1");
+        inject(trace, span, true, true, Some("mine=2"), &mut out);
+        assert!(out
+            .headers
+            .get(TRACEPARENT)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .ends_with("-01"));
+        assert_eq!(out.headers.get(TRACESTATE).unwrap(), "mine=2");
         // A new trace (not a caller's) passes on no tracestate of the client's.
-        inject_unsampled(trace, span, false, &mut out);
+        inject(trace, span, false, false, None, &mut out);
         assert!(out.headers.get(TRACESTATE).is_none());
-    }
-
-    #[test]
-    fn inject_replaces_the_clients_headers() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            TRACEPARENT,
-            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
-        );
-        h.insert(TRACESTATE, HeaderValue::from_static("vendor=1"));
-        let mut out = RequestHeader::build("GET", b"/", None).unwrap();
-        out.insert_header(TRACESTATE, "evil=1").unwrap();
-        inject(extract(&h).span().span_context(), &mut out);
-        assert_eq!(
-            out.headers.get(TRACEPARENT).unwrap(),
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-        );
-        assert_eq!(out.headers.get(TRACESTATE).unwrap(), "vendor=1");
-        inject(&SpanContext::empty_context(), &mut out);
-        assert!(out.headers.get(TRACEPARENT).is_none() && out.headers.get(TRACESTATE).is_none());
     }
 }

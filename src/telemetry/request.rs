@@ -10,13 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, Method};
 use ipnet::IpNet;
-use opentelemetry::trace::{
-    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer as _,
-};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{SdkTracer, Span};
 use pingora::http::RequestHeader;
 
+use super::export::Queue;
+use super::span::{self, Event, Kind, Name, SpanRecord, Value};
 use super::{propagation, Settings};
 use crate::limiter::engine::{Outcome, Verdict};
 
@@ -101,7 +98,7 @@ fn wall_clock_of(at: Instant) -> SystemTime {
 #[derive(Debug, Clone, Copy)]
 pub struct Upstream<'a> {
     /// The upstream's name.
-    pub name: &'a str,
+    pub name: &'a Arc<str>,
     /// The target of this attempt.
     pub addr: SocketAddr,
     /// 0 for the first attempt, then the retry's number.
@@ -113,7 +110,7 @@ pub struct Upstream<'a> {
 pub struct RequestTrace(Trace);
 
 enum Trace {
-    /// Not sampled: nothing is recorded, and the SDK is never asked for a span.
+    /// Not sampled: nothing is recorded.
     Unsampled(Unsampled),
     /// Sampled: its spans (boxed: most requests are not).
     Sampled(Box<Sampled>),
@@ -122,7 +119,6 @@ enum Trace {
 /// What an unsampled request passes on: the trace it belongs to (the trusted caller's, or a
 /// new one), the id standing for floodgate's part in it (the upstream's parent), and whether
 /// the caller's `tracestate` goes on with it.
-/// (Bytes, not `TraceId`'s `u128`: the context it sits in keeps its 8-byte alignment.)
 #[derive(Clone, Copy)]
 struct Unsampled {
     trace_id: [u8; 16],
@@ -130,15 +126,15 @@ struct Unsampled {
     continued: bool,
 }
 
-/// A sampled request's spans.
+/// A sampled request's spans: the server span until the end, the upstream exchange's from its
+/// first attempt; the admission's are queued as soon as they are complete.
 struct Sampled {
-    tracer: &'static SdkTracer,
-    /// Holds the server span: children are started in it.
-    cx: Context,
+    queue: &'static Queue,
+    server: SpanRecord,
     /// The upstream exchange's client span, from the first attempt to the end.
-    upstream: Option<Span>,
+    upstream: Option<SpanRecord>,
     /// The request's method (the server span's name is `{method} {route}`).
-    method: Method,
+    method: Cow<'static, str>,
 }
 
 impl RequestTrace {
@@ -155,26 +151,23 @@ impl RequestTrace {
         headers: &HeaderMap,
         tls: bool,
     ) -> Option<RequestTrace> {
-        let attributes = || {
-            let mut attributes = vec![
-                KeyValue::new("http.request.method", method_name(method)),
-                KeyValue::new("url.path", bounded(path)),
-                KeyValue::new("url.scheme", if tls { "https" } else { "http" }),
-                KeyValue::new("network.peer.address", peer.to_string()),
-            ];
+        let name = method_name(method);
+        let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name.clone())?;
+        if let Trace::Sampled(s) = &mut trace.0 {
+            let span = &mut s.server;
+            span.attrs.reserve(9);
+            span.push("http.request.method", name.clone());
+            span.push("url.path", bounded(path));
+            span.push("url.scheme", if tls { "https" } else { "http" });
+            span.push("network.peer.address", peer);
             if let Some(host) = headers
                 .get(http::header::HOST)
                 .and_then(|h| h.to_str().ok())
             {
                 let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-                attributes.push(KeyValue::new("server.address", bounded(host)));
+                span.push("server.address", bounded(host));
             }
-            attributes
-        };
-        let name = method_name(method);
-        let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name, attributes)?;
-        if let Trace::Sampled(s) = &mut trace.0 {
-            s.method = method.clone();
+            s.method = name;
         }
         Some(trace)
     }
@@ -188,79 +181,65 @@ impl RequestTrace {
         metadata: &HeaderMap,
         domain: &str,
     ) -> Option<RequestTrace> {
-        let attributes = || {
-            vec![
-                KeyValue::new("rpc.system", "grpc"),
-                KeyValue::new("rpc.service", RLS_SERVICE),
-                KeyValue::new("rpc.method", "ShouldRateLimit"),
-                KeyValue::new("network.peer.address", peer.to_string()),
-                KeyValue::new("floodgate.rls.domain", bounded(domain)),
-            ]
-        };
         let name = Cow::Borrowed(RLS_SPAN_NAME);
-        Self::begin(settings, trusted_proxies, peer, metadata, name, attributes)
+        let mut trace = Self::begin(settings, trusted_proxies, peer, metadata, name)?;
+        if let Trace::Sampled(s) = &mut trace.0 {
+            let span = &mut s.server;
+            span.push("rpc.system", "grpc");
+            span.push("rpc.service", RLS_SERVICE);
+            span.push("rpc.method", "ShouldRateLimit");
+            span.push("network.peer.address", peer);
+            span.push("floodgate.rls.domain", bounded(domain));
+        }
+        Some(trace)
     }
 
     /// The sampling decision first (parent-based: a trusted caller's sampled flag, else the
-    /// ratio in force), and only for a sampled request the SDK's server span.
+    /// ratio in force), and only for a sampled request the server span.
     fn begin(
         settings: &Settings,
         trusted_proxies: &[IpNet],
         peer: IpAddr,
         headers: &HeaderMap,
         name: Cow<'static, str>,
-        attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Option<RequestTrace> {
         let telemetry = super::tracer(settings)?;
         let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
-        // The caller's context is read only when it may be continued and was sent.
-        let parent = match trusted && headers.contains_key(propagation::TRACEPARENT) {
-            true => Some(propagation::extract(headers)),
+        // The caller's context is read only when it may be continued.
+        let remote = match trusted {
+            true => propagation::extract(headers),
             false => None,
         };
-        let remote = parent
-            .as_ref()
-            .map(|cx| cx.span().span_context().clone())
-            .filter(SpanContext::is_valid);
-        let unsampled = |trace_id: TraceId| {
+        let unsampled = |trace_id: [u8; 16]| {
             RequestTrace(Trace::Unsampled(Unsampled {
-                trace_id: trace_id.to_bytes(),
-                span_id: fastrand::u64(1..).to_be_bytes(),
+                trace_id,
+                span_id: span::new_span_id(),
                 continued: remote.is_some(),
             }))
         };
-        match &remote {
-            Some(sc) if !sc.is_sampled() => return Some(unsampled(sc.trace_id())),
-            Some(_) => {}
+        let trace_id = match &remote {
+            Some(r) if !r.sampled => return Some(unsampled(r.trace_id)),
+            Some(r) => r.trace_id,
             None => {
-                let trace_id = TraceId::from_bytes(fastrand::u128(1..).to_be_bytes());
+                let trace_id = fastrand::u128(1..).to_be_bytes();
                 if !telemetry.ratio.samples(trace_id) {
                     return Some(unsampled(trace_id));
                 }
+                trace_id
             }
+        };
+        let parent = remote.as_ref().map_or([0; 8], |r| r.span_id);
+        let mut server = SpanRecord::start(trace_id, parent, Name::Text(name), Kind::Server);
+        if let Some(r) = remote {
+            server.remote_parent = true;
+            server.trace_state = r.state.map(Arc::from);
         }
-        let tracer = &telemetry.tracer;
-        let parent = parent.unwrap_or_default();
-        // The SDK's sampler follows the decision made here (`ParentBased(AlwaysOn)`).
-        let span = tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Server)
-            .with_attributes(attributes())
-            .start_with_context(tracer, &parent);
         Some(RequestTrace(Trace::Sampled(Box::new(Sampled {
-            tracer,
-            cx: parent.with_span(span),
+            queue: &telemetry.queue,
+            server,
             upstream: None,
-            method: Method::GET,
+            method: Cow::Borrowed("GET"),
         }))))
-    }
-
-    /// The sampled request's spans, `None` for an unsampled one.
-    fn sampled(&self) -> Option<&Sampled> {
-        match &self.0 {
-            Trace::Sampled(s) => Some(s),
-            Trace::Unsampled(_) => None,
-        }
     }
 
     /// The RLS call is answered: `grpc_status` is the gRPC status code (0: OK), `overall` the
@@ -269,138 +248,121 @@ impl RequestTrace {
         let Trace::Sampled(s) = self.0 else {
             return;
         };
-        let server = s.cx.span();
-        if !server.is_recording() {
-            server.end();
-            return;
-        }
-        server.set_attribute(KeyValue::new(
-            "rpc.grpc.status_code",
-            i64::from(grpc_status),
-        ));
+        let Sampled {
+            queue, mut server, ..
+        } = *s;
+        server.set("rpc.grpc.status_code", i64::from(grpc_status));
         if let Some(code) = overall {
-            server.set_attribute(KeyValue::new("floodgate.rls.overall_code", code));
+            server.set("floodgate.rls.overall_code", code);
         }
         // UNAVAILABLE (a closed limit and a failing store) and INTERNAL are the service's
         // failures; INVALID_ARGUMENT is the caller's.
         if matches!(grpc_status, 13 | 14) {
-            server.set_status(Status::error("rate-limit service failure"));
+            server.error = Some(Cow::Borrowed("rate-limit service failure"));
         }
-        server.end();
+        server.end = span::now();
+        queue.send(server);
     }
 
     /// Whether the request is sampled: only then are its spans' details built (admission
     /// records its decision only for a recording trace).
     pub fn is_recording(&self) -> bool {
-        self.sampled().is_some_and(|s| s.cx.span().is_recording())
+        matches!(self.0, Trace::Sampled(_))
     }
 
     /// The trace id, for the access log.
     pub fn trace_id(&self) -> [u8; 16] {
         match &self.0 {
-            Trace::Sampled(s) => s.cx.span().span_context().trace_id().to_bytes(),
+            Trace::Sampled(s) => s.server.trace_id,
             Trace::Unsampled(u) => u.trace_id,
         }
     }
 
     /// What admission learned of the request: its route, client and caller.
-    pub fn identified(&self, route: Option<&str>, client_ip: IpAddr, key_id: Option<&str>) {
-        let Some(s) = self.sampled() else {
+    pub fn identified(
+        &mut self,
+        route: Option<&Arc<str>>,
+        client_ip: IpAddr,
+        key_id: Option<&str>,
+    ) {
+        let Trace::Sampled(s) = &mut self.0 else {
             return;
         };
-        let span = s.cx.span();
-        if !span.is_recording() {
-            return;
-        }
+        let span = &mut s.server;
         if let Some(route) = route {
             // The route's name: floodgate routes match prefixes, not templates.
-            span.set_attribute(KeyValue::new("http.route", route.to_owned()));
-            span.update_name(Cow::Owned(format!("{} {route}", s.method)));
+            span.set("http.route", route.clone());
+            span.name = Name::MethodRoute(s.method.clone(), route.clone());
         }
-        span.set_attribute(KeyValue::new("client.address", client_ip.to_string()));
+        span.set("client.address", client_ip);
         if let Some(id) = key_id {
-            span.set_attribute(KeyValue::new("floodgate.key_id", id.to_owned()));
+            span.set("floodgate.key_id", id.to_owned());
         }
     }
 
     /// Records the admission decision as a child span (with a `floodgate.rule` event per rule
     /// and a `floodgate.store` child for the store call); a refusal also goes on the server
     /// span.
-    pub fn admission(&self, d: &Decision) {
-        let Some(s) = self.sampled().filter(|s| s.cx.span().is_recording()) else {
+    pub fn admission(&mut self, d: &Decision) {
+        let Trace::Sampled(s) = &mut self.0 else {
             return;
         };
-        let mut attributes = vec![
-            KeyValue::new("floodgate.decision.result", d.result),
-            KeyValue::new("floodgate.rules", rule_names(&d.rules)),
-            KeyValue::new(
-                "floodgate.store.calls",
-                i64::from(u8::from(d.store.is_some())),
-            ),
-        ];
+        let start = span::nanos(d.start);
+        let end = span::nanos(d.end);
+        let name = Name::Text(Cow::Borrowed("floodgate.admission"));
+        let mut admission = s.server.child(name, Kind::Internal, Some(start));
+        admission.end = end;
+        admission.push("floodgate.decision.result", d.result);
+        admission.push("floodgate.rules", rule_names(&d.rules));
+        admission.push(
+            "floodgate.store.calls",
+            i64::from(u8::from(d.store.is_some())),
+        );
         if !d.decided_by.is_empty() {
             let key = if d.result == "slow" {
                 "floodgate.slowed_by"
             } else {
                 "floodgate.rejected_by"
             };
-            attributes.push(KeyValue::new(key, d.decided_by.clone()));
-            let server = s.cx.span();
-            server.set_attribute(KeyValue::new(key, d.decided_by.clone()));
-            server.set_attribute(KeyValue::new("floodgate.decision.result", d.result));
+            admission.set(key, d.decided_by.clone());
+            s.server.set(key, d.decided_by.clone());
+            s.server.set("floodgate.decision.result", d.result);
         }
         if !d.shadow_rejected.is_empty() {
-            attributes.push(KeyValue::new(
-                "floodgate.shadow_rejected",
-                d.shadow_rejected.clone(),
-            ));
+            admission.set("floodgate.shadow_rejected", d.shadow_rejected.clone());
         }
         if !d.delay.is_zero() {
-            attributes.push(KeyValue::new(
-                "floodgate.shaping.delay_ms",
-                d.delay.as_secs_f64() * 1000.0,
-            ));
+            admission.set("floodgate.shaping.delay_ms", d.delay.as_secs_f64() * 1000.0);
         }
-        let mut span = s
-            .tracer
-            .span_builder("floodgate.admission")
-            .with_kind(SpanKind::Internal)
-            .with_start_time(d.start)
-            .with_attributes(attributes)
-            .start_with_context(s.tracer, &s.cx);
-        for r in &d.rules {
-            span.add_event_with_timestamp(
-                "floodgate.rule",
-                d.end,
-                vec![
-                    KeyValue::new("floodgate.rule.name", r.name.to_string()),
-                    KeyValue::new(
+        admission.events = d
+            .rules
+            .iter()
+            .map(|r| Event {
+                name: "floodgate.rule",
+                time: end,
+                attrs: vec![
+                    ("floodgate.rule.name", Value::Shared(r.name.clone())),
+                    (
                         "floodgate.rule.result",
-                        if r.allowed { "allowed" } else { "rejected" },
+                        Value::from(if r.allowed { "allowed" } else { "rejected" }),
                     ),
-                    KeyValue::new("floodgate.rule.remaining", clamp(r.remaining)),
-                    KeyValue::new("floodgate.rule.limit", clamp(r.limit)),
+                    ("floodgate.rule.remaining", Value::Int(clamp(r.remaining))),
+                    ("floodgate.rule.limit", Value::Int(clamp(r.limit))),
                 ],
-            );
-        }
-        let admission = s.cx.with_span(span);
-        if let Some((start, took, failed)) = d.store {
-            let mut store = s
-                .tracer
-                .span_builder("floodgate.store")
-                .with_kind(SpanKind::Client)
-                .with_start_time(start)
-                .with_attributes(vec![
-                    KeyValue::new("db.system.name", "redis"),
-                    KeyValue::new("db.operation.name", "EVALSHA"),
-                ])
-                .start_with_context(s.tracer, &admission);
+            })
+            .collect();
+        if let Some((at, took, failed)) = d.store {
+            let name = Name::Text(Cow::Borrowed("floodgate.store"));
+            let mut store = admission.child(name, Kind::Client, Some(span::nanos(at)));
+            store.end = span::nanos(at + took);
+            store.push("db.system.name", "redis");
+            store.push("db.operation.name", "EVALSHA");
             if failed {
-                store.set_status(Status::error("store call failed; on_store_error decided"));
+                store.error = Some(Cow::Borrowed("store call failed; on_store_error decided"));
             }
-            store.end_with_timestamp(start + took);
+            s.queue.send(store);
         }
-        admission.span().end_with_timestamp(d.end);
+        s.queue.send(admission);
     }
 
     /// The upstream request of one attempt is about to go: starts (first attempt) or updates
@@ -409,48 +371,33 @@ impl RequestTrace {
         let s = match &mut self.0 {
             Trace::Sampled(s) => s,
             Trace::Unsampled(u) => {
-                let (trace_id, span_id) = (
-                    TraceId::from_bytes(u.trace_id),
-                    SpanId::from_bytes(u.span_id),
-                );
-                propagation::inject_unsampled(trace_id, span_id, u.continued, req);
+                propagation::inject(u.trace_id, u.span_id, false, u.continued, None, req);
                 return;
             }
         };
         let span = match &mut s.upstream {
             Some(span) => {
-                if span.is_recording() {
-                    span.set_attribute(KeyValue::new(
-                        "http.request.resend_count",
-                        up.attempt as i64,
-                    ));
-                }
+                span.set("http.request.resend_count", up.attempt as i64);
                 span
             }
             None => {
-                // Unsampled, it is still started: its id is the upstream's parent.
+                let method = method_name(&req.method);
                 let mut span = s
-                    .tracer
-                    .span_builder(method_name(&req.method))
-                    .with_kind(SpanKind::Client)
-                    .start_with_context(s.tracer, &s.cx);
-                if span.is_recording() {
-                    span.set_attributes([
-                        KeyValue::new("http.request.method", method_name(&req.method)),
-                        KeyValue::new("floodgate.upstream", up.name.to_owned()),
-                        // What the upstream receives (a route's rewrite changes it; the
-                        // server span's `url.path` is the client's).
-                        KeyValue::new("url.path", bounded(req.uri.path())),
-                    ]);
-                }
+                    .server
+                    .child(Name::Text(method.clone()), Kind::Client, None);
+                span.attrs.reserve(6);
+                span.push("http.request.method", method);
+                span.push("floodgate.upstream", up.name.clone());
+                // What the upstream receives (a route's rewrite changes it; the server span's
+                // `url.path` is the client's).
+                span.push("url.path", bounded(req.uri.path()));
                 s.upstream.insert(span)
             }
         };
-        if span.is_recording() {
-            span.set_attribute(KeyValue::new("server.address", up.addr.ip().to_string()));
-            span.set_attribute(KeyValue::new("server.port", i64::from(up.addr.port())));
-        }
-        propagation::inject(span.span_context(), req);
+        span.set("server.address", up.addr.ip());
+        span.set("server.port", i64::from(up.addr.port()));
+        let state = span.trace_state.as_deref();
+        propagation::inject(span.trace_id, span.span_id, true, false, state, req);
     }
 
     /// The upstream answered with `status`.
@@ -458,53 +405,48 @@ impl RequestTrace {
         let Trace::Sampled(s) = &mut self.0 else {
             return;
         };
-        if let Some(span) = s.upstream.as_mut().filter(|s| s.is_recording()) {
-            span.set_attribute(KeyValue::new(
-                "http.response.status_code",
-                i64::from(status),
-            ));
+        if let Some(span) = s.upstream.as_mut() {
+            span.set("http.response.status_code", i64::from(status));
             if status >= 500 {
-                span.set_status(Status::error(""));
+                span.error = Some(Cow::Borrowed(""));
             }
         }
     }
 
     /// The exchange is over: `status` was sent (0: none), `error` is Pingora's error type if
-    /// the exchange failed. Ends every span still open.
+    /// the exchange failed. Ends every span still open and queues them.
     pub fn finish(self, status: u16, error: Option<&str>) {
-        let Trace::Sampled(mut s) = self.0 else {
+        let Trace::Sampled(s) = self.0 else {
             return;
         };
-        if !s.cx.span().is_recording() {
-            if let Some(mut span) = s.upstream.take() {
-                span.end();
-            }
-            s.cx.span().end();
-            return;
-        }
-        if let Some(mut span) = s.upstream.take() {
+        let Sampled {
+            queue,
+            mut server,
+            upstream,
+            ..
+        } = *s;
+        let end = span::now();
+        if let Some(mut span) = upstream {
             if let Some(e) = error {
-                span.set_attribute(KeyValue::new("error.type", e.to_owned()));
-                span.set_status(Status::error(e.to_owned()));
+                span.set("error.type", e.to_owned());
+                span.error = Some(Cow::Owned(e.to_owned()));
             }
-            span.end();
+            span.end = end;
+            queue.send(span);
         }
-        let server = s.cx.span();
         if status > 0 {
-            server.set_attribute(KeyValue::new(
-                "http.response.status_code",
-                i64::from(status),
-            ));
+            server.set("http.response.status_code", i64::from(status));
         }
         if status >= 500 || (status == 0 && error.is_some()) {
             let why = error.unwrap_or("server error");
-            server.set_attribute(KeyValue::new("error.type", why.to_owned()));
-            server.set_status(Status::error(why.to_owned()));
+            server.set("error.type", why.to_owned());
+            server.error = Some(Cow::Owned(why.to_owned()));
         }
         // A 429 is the gateway working, not failing: its status stays unset (HTTP server
         // conventions: a 4xx is not a server span's error); `floodgate.rejected_by` names
         // the rule.
-        server.end();
+        server.end = end;
+        queue.send(server);
     }
 }
 

@@ -1,14 +1,12 @@
 //! The sampling decision: parent-based over a trace-id ratio that a reload can change. It is
 //! made before anything of a span is built ([`super::RequestTrace`]): an unsampled request
-//! gets no SDK object at all, only the ids propagation needs.
+//! builds no span at all, only the ids propagation needs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use opentelemetry::trace::TraceId;
-
-/// The ratio in force (`sample_ratio`, hot-reloaded): the SDK's own ratio sampler is fixed when
-/// the provider is built, and the decision is made before the SDK is asked for a span.
+/// The ratio in force (`sample_ratio`, hot-reloaded): the decision is made
+/// before anything of a span is built.
 #[derive(Debug, Clone)]
 pub(super) struct Ratio(Arc<AtomicU64>);
 
@@ -28,15 +26,15 @@ impl Ratio {
     }
 
     /// Whether a new trace is sampled at the ratio in force, drawn from the random `trace_id`
-    /// the trace would have unsampled (its low 63 bits against the ratio, as the SDK's
-    /// `TraceIdRatioBased` reads an id). A sampled trace gets its ids from the SDK.
-    pub(super) fn samples(&self, trace_id: TraceId) -> bool {
+    /// the trace would have unsampled (its low 63 bits against the ratio, as OpenTelemetry's
+    /// `TraceIdRatioBased` reads an id).
+    pub(super) fn samples(&self, trace_id: [u8; 16]) -> bool {
         let ratio = self.get();
         if ratio >= 1.0 {
             return true;
         }
         let bound = (ratio.max(0.0) * (1u64 << 63) as f64) as u64;
-        let low = u64::from_be_bytes(trace_id.to_bytes()[8..].try_into().unwrap_or_default());
+        let low = u64::from_be_bytes(trace_id[8..].try_into().unwrap_or_default());
         (low >> 1) < bound
     }
 }

@@ -1,0 +1,375 @@
+//! OTLP protobuf, written by hand: a batch of [`SpanRecord`]s becomes one
+//! `ExportTraceServiceRequest` (opentelemetry/proto/collector/trace/v1) in one buffer, handed
+//! to the transport as it is. No per-span message objects are built: the spans' fields go
+//! straight from the records to the wire, which is most of what made a sampled request dear when the
+//! OpenTelemetry SDK and its exporter did it. The same bytes are the body of an OTLP/HTTP
+//! export and the message of an OTLP/gRPC one. `tests` decodes them with the generated types
+//! of opentelemetry-proto to hold the encoding to the schema.
+
+use bytes::Bytes;
+
+use super::span::{Name, SpanRecord, Value};
+
+/// Protobuf wire types.
+const VARINT: u32 = 0;
+const I64: u32 = 1;
+const LEN: u32 = 2;
+const I32: u32 = 5;
+
+/// OTLP `Status.StatusCode.STATUS_CODE_ERROR`.
+const STATUS_ERROR: u64 = 2;
+/// OTLP `SpanFlags`: the span knows whether its parent is remote, and that it is.
+const HAS_IS_REMOTE: u32 = 0x100;
+const IS_REMOTE: u32 = 0x200;
+/// W3C trace flags: sampled (every exported span is).
+const SAMPLED: u32 = 0x01;
+
+/// The instrumentation scope's name on every span.
+pub(super) const SCOPE: &str = "floodgate";
+
+/// Writes export requests; holds the encoded resource and the buffer between batches.
+pub(super) struct Encoder {
+    /// The `Resource` message's body, encoded once.
+    resource: Vec<u8>,
+    /// The `InstrumentationScope` message's body, encoded once.
+    scope: Vec<u8>,
+    /// An address's text, between attributes.
+    text: String,
+}
+
+impl Encoder {
+    /// An encoder whose requests carry `resource` (key, value) attributes.
+    pub fn new<'a>(resource: impl IntoIterator<Item = (&'a str, &'a str)>) -> Encoder {
+        let mut text = String::new();
+        let mut body = Vec::new();
+        for (k, v) in resource {
+            tag(&mut body, 1, LEN);
+            key_value(&mut body, &mut text, k, &Value::from(v.to_owned()));
+        }
+        let mut scope = Vec::new();
+        string(&mut scope, 1, SCOPE);
+        Encoder {
+            resource: body,
+            scope,
+            text,
+        }
+    }
+
+    /// One `ExportTraceServiceRequest` of `spans`. The spans are written once, after room
+    /// left for the envelope, whose lengths are known only then; the envelope is written
+    /// into the end of that room, so no byte of a span is moved.
+    pub fn encode(&mut self, spans: &[SpanRecord]) -> Bytes {
+        let room = self.resource.len() + self.scope.len() + 6 * 10;
+        let mut b = Vec::with_capacity(room + 256 * spans.len());
+        b.resize(room, 0);
+        for s in spans {
+            nested(&mut b, 2, |b| span(b, &mut self.text, s));
+        }
+        let spans_len = b.len() - room;
+        // scope_spans = { scope = 1, spans = 2... }
+        let mut head = Vec::with_capacity(room);
+        let scope_spans = 1 + varint_len(self.scope.len()) + self.scope.len() + spans_len;
+        let resource_spans = 1
+            + varint_len(self.resource.len())
+            + self.resource.len()
+            + 1
+            + varint_len(scope_spans)
+            + scope_spans;
+        // ExportTraceServiceRequest { resource_spans = 1 { resource = 1, scope_spans = 2 } }
+        tag(&mut head, 1, LEN);
+        varint(&mut head, resource_spans as u64);
+        tag(&mut head, 1, LEN);
+        varint(&mut head, self.resource.len() as u64);
+        head.extend_from_slice(&self.resource);
+        tag(&mut head, 2, LEN);
+        varint(&mut head, scope_spans as u64);
+        tag(&mut head, 1, LEN);
+        varint(&mut head, self.scope.len() as u64);
+        head.extend_from_slice(&self.scope);
+        let start = room - head.len();
+        b[start..room].copy_from_slice(&head);
+        Bytes::from(b).slice(start..)
+    }
+}
+
+/// A `Span` message's body.
+fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
+    bytes(b, 1, &s.trace_id);
+    bytes(b, 2, &s.span_id);
+    if let Some(state) = s.trace_state.as_deref() {
+        string(b, 3, state);
+    }
+    if s.parent != [0; 8] {
+        bytes(b, 4, &s.parent);
+    }
+    match &s.name {
+        Name::Text(t) => string(b, 5, t),
+        Name::MethodRoute(method, route) => {
+            tag(b, 5, LEN);
+            varint(b, (method.len() + 1 + route.len()) as u64);
+            b.extend_from_slice(method.as_bytes());
+            b.push(b' ');
+            b.extend_from_slice(route.as_bytes());
+        }
+    }
+    tag(b, 6, VARINT);
+    varint(b, s.kind as u64);
+    fixed64(b, 7, s.start);
+    fixed64(b, 8, s.end.max(s.start));
+    for (k, v) in &s.attrs {
+        tag(b, 9, LEN);
+        key_value(b, text, k, v);
+    }
+    for e in &s.events {
+        nested(b, 11, |b| {
+            fixed64(b, 1, e.time);
+            string(b, 2, e.name);
+            for (k, v) in &e.attrs {
+                tag(b, 3, LEN);
+                key_value(b, text, k, v);
+            }
+        });
+    }
+    if let Some(message) = &s.error {
+        nested(b, 15, |b| {
+            if !message.is_empty() {
+                string(b, 2, message);
+            }
+            tag(b, 3, VARINT);
+            varint(b, STATUS_ERROR);
+        });
+    }
+    let remote = if s.remote_parent { IS_REMOTE } else { 0 };
+    tag(b, 16, I32);
+    b.extend_from_slice(&(SAMPLED | HAS_IS_REMOTE | remote).to_le_bytes());
+}
+
+/// A `KeyValue` message, length first (its tag is the caller's): `key = 1`, `value = 2` (an
+/// `AnyValue`). Its size is counted before it is written (an address is written as text
+/// into `text` first).
+fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
+    /// The `AnyValue` field and its payload.
+    enum Any<'a> {
+        Text(&'a [u8]),
+        Int(u64),
+        Double(f64),
+    }
+    let any = match value {
+        Value::Str(s) => Any::Text(s.as_bytes()),
+        Value::Shared(s) => Any::Text(s.as_bytes()),
+        // int64: a negative number is its two's complement, ten bytes.
+        Value::Int(n) => Any::Int(*n as u64),
+        Value::F64(x) => Any::Double(*x),
+        Value::Ip(ip) => {
+            text.clear();
+            crate::text::push_ip(text, *ip);
+            Any::Text(text.as_bytes())
+        }
+    };
+    let any_len = match any {
+        Any::Text(t) => 1 + varint_len(t.len()) + t.len(),
+        Any::Int(n) => 1 + varint_len_u64(n),
+        Any::Double(_) => 1 + 8,
+    };
+    let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
+    varint(b, kv_len as u64);
+    string(b, 1, key);
+    tag(b, 2, LEN);
+    varint(b, any_len as u64);
+    match any {
+        Any::Text(t) => bytes(b, 1, t),
+        Any::Int(n) => {
+            tag(b, 3, VARINT);
+            varint(b, n);
+        }
+        Any::Double(x) => {
+            tag(b, 4, I64);
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
+/// A length-delimited field whose body `f` writes: the body is written in place and moved
+/// right by its length's size once known (for the few small messages whose size is not
+/// counted first).
+fn nested(b: &mut Vec<u8>, field: u32, f: impl FnOnce(&mut Vec<u8>)) {
+    tag(b, field, LEN);
+    let at = b.len();
+    f(b);
+    let len = b.len() - at;
+    let mut prefix = [0u8; 10];
+    let n = varint_into(&mut prefix, len as u64);
+    b.resize(b.len() + n, 0);
+    b.copy_within(at..at + len, at + n);
+    b[at..at + n].copy_from_slice(&prefix[..n]);
+}
+
+fn string(b: &mut Vec<u8>, field: u32, s: &str) {
+    bytes(b, field, s.as_bytes());
+}
+
+fn bytes(b: &mut Vec<u8>, field: u32, v: &[u8]) {
+    tag(b, field, LEN);
+    varint(b, v.len() as u64);
+    b.extend_from_slice(v);
+}
+
+fn fixed64(b: &mut Vec<u8>, field: u32, v: u64) {
+    tag(b, field, I64);
+    b.extend_from_slice(&v.to_le_bytes());
+}
+
+fn tag(b: &mut Vec<u8>, field: u32, wire: u32) {
+    varint(b, u64::from(field << 3 | wire));
+}
+
+fn varint(b: &mut Vec<u8>, v: u64) {
+    if v < 0x80 {
+        b.push(v as u8);
+        return;
+    }
+    let mut out = [0u8; 10];
+    let n = varint_into(&mut out, v);
+    b.extend_from_slice(&out[..n]);
+}
+
+/// The size of `n` as a varint.
+fn varint_len(n: usize) -> usize {
+    varint_len_u64(n as u64)
+}
+
+fn varint_len_u64(n: u64) -> usize {
+    // 7 bits a byte, at least one.
+    (64 - (n | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// `v` as a base-128 varint into `out`; its length.
+fn varint_into(out: &mut [u8; 10], mut v: u64) -> usize {
+    let mut i = 0;
+    while v >= 0x80 {
+        out[i] = (v as u8) | 0x80;
+        v >>= 7;
+        i += 1;
+    }
+    out[i] = v as u8;
+    i + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::span::{Event, Kind, SpanRecord};
+    use super::*;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message as _;
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    fn text(v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+        match v.as_ref().and_then(|v| v.value.as_ref()) {
+            Some(Any::StringValue(s)) => s.clone(),
+            Some(Any::IntValue(i)) => format!("i{i}"),
+            Some(Any::DoubleValue(d)) => format!("d{d}"),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_batch_decodes_with_the_generated_types_field_for_field() {
+        let mut server = SpanRecord::start([7; 16], [9; 8], Name::Text("x".into()), Kind::Server);
+        server.remote_parent = true;
+        server.trace_state = Some(Arc::from("vendor=1"));
+        server.name = Name::MethodRoute(Cow::Borrowed("GET"), Arc::from("orders"));
+        server.start = 1_700_000_000_000_000_001;
+        server.end = server.start + 5;
+        server.set("url.path", "/orders/1");
+        server.set("http.response.status_code", 200i64);
+        server.set(
+            "network.peer.address",
+            "::1".parse::<std::net::IpAddr>().unwrap(),
+        );
+        server.set("neg", -3i64);
+        server.set("ms", 1.5f64);
+        server.set("http.response.status_code", 429i64);
+        server.error = Some(Cow::Borrowed("boom"));
+        let mut child = server.child(
+            Name::Text("floodgate.admission".into()),
+            Kind::Internal,
+            Some(3),
+        );
+        child.events.push(Event {
+            name: "floodgate.rule",
+            time: 4,
+            attrs: vec![("floodgate.rule.name", Value::Shared(Arc::from("r")))],
+        });
+        // A long value: lengths past one varint byte at every level.
+        child.set("long", "a".repeat(300));
+        let mut enc = Encoder::new([("service.name", "edge"), ("k", "v")]);
+        let wire = enc.encode(&[server.clone(), child.clone()]);
+        let req = ExportTraceServiceRequest::decode(&wire[..]).expect("decodes");
+        assert_eq!(req.resource_spans.len(), 1);
+        let rs = &req.resource_spans[0];
+        let res = rs.resource.as_ref().unwrap();
+        let res: Vec<(String, String)> = res
+            .attributes
+            .iter()
+            .map(|kv| (kv.key.clone(), text(&kv.value)))
+            .collect();
+        assert_eq!(
+            res,
+            [
+                ("service.name".into(), "edge".into()),
+                ("k".into(), "v".into())
+            ]
+        );
+        let ss = &rs.scope_spans[0];
+        assert_eq!(ss.scope.as_ref().unwrap().name, SCOPE);
+        let [s, c] = &ss.spans[..] else {
+            panic!("two spans: {:?}", ss.spans)
+        };
+        assert_eq!(s.trace_id, vec![7; 16]);
+        assert_eq!(s.span_id, server.span_id.to_vec());
+        assert_eq!(s.parent_span_id, vec![9; 8]);
+        assert_eq!(s.trace_state, "vendor=1");
+        assert_eq!(s.name, "GET orders");
+        assert_eq!(s.kind, 2);
+        assert_eq!(
+            (s.start_time_unix_nano, s.end_time_unix_nano),
+            (server.start, server.end)
+        );
+        assert_eq!(s.flags, 0x301);
+        let attrs: Vec<(String, String)> = s
+            .attributes
+            .iter()
+            .map(|kv| (kv.key.clone(), text(&kv.value)))
+            .collect();
+        assert_eq!(
+            attrs,
+            [
+                ("url.path".into(), "/orders/1".into()),
+                ("http.response.status_code".into(), "i429".into()),
+                ("network.peer.address".into(), "::1".into()),
+                ("neg".into(), "i-3".into()),
+                ("ms".into(), "d1.5".into()),
+            ]
+        );
+        let status = s.status.as_ref().unwrap();
+        assert_eq!((status.code, status.message.as_str()), (2, "boom"));
+        assert_eq!(c.parent_span_id, server.span_id.to_vec());
+        assert_eq!(c.trace_state, "vendor=1");
+        assert_eq!((c.kind, c.start_time_unix_nano), (1, 3));
+        assert_eq!(c.flags, 0x101);
+        assert_eq!(c.events[0].name, "floodgate.rule");
+        assert_eq!(c.events[0].time_unix_nano, 4);
+        assert_eq!(text(&c.events[0].attributes[0].value), "r");
+        assert_eq!(text(&c.attributes[0].value).len(), 300);
+        assert!(c.status.is_none());
+        // A second batch of the same spans is the same bytes again.
+        assert_eq!(enc.encode(&[server, child]), wire);
+        assert!(ExportTraceServiceRequest::decode(enc.encode(&[])).is_ok());
+        for n in [0u64, 1, 127, 128, 16_383, 16_384, u64::MAX] {
+            let mut out = [0u8; 10];
+            assert_eq!(varint_len_u64(n), varint_into(&mut out, n), "{n}");
+        }
+    }
+}
