@@ -114,8 +114,8 @@ fn tracestate(headers: &HeaderMap) -> Option<String> {
 /// Sets `traceparent` on the upstream request: trace `trace_id`, `span_id` as the parent, the
 /// sampled flag as `sampled`. The client's `tracestate` is replaced by `state` when `state` is
 /// given, kept when the trace is the caller's (`continued`), removed otherwise. Written into a
-/// buffer on the stack: the header value is the one allocation. Through Pingora's header
-/// methods, which keep its record of header-name spellings in step.
+/// buffer on the stack, under names parsed once: the header value is the one allocation.
+/// Through Pingora's header methods, which keep its record of header-name spellings in step.
 pub fn inject(
     trace_id: [u8; 16],
     span_id: [u8; 8],
@@ -124,10 +124,11 @@ pub fn inject(
     state: Option<&str>,
     req: &mut RequestHeader,
 ) {
+    use crate::wire::header_names as names;
     match state {
         Some(state) => {
             if let Ok(v) = HeaderValue::from_str(state) {
-                let _ = req.insert_header(TRACESTATE, v);
+                let _ = names::TRACESTATE.set_request(req, v);
             }
         }
         None if !continued => {
@@ -142,7 +143,7 @@ pub fn inject(
     hex_into(&span_id, &mut buf[36..52]);
     buf[52..].copy_from_slice(if sampled { b"-01" } else { b"-00" });
     if let Ok(v) = HeaderValue::from_bytes(&buf) {
-        let _ = req.insert_header(TRACEPARENT, v);
+        let _ = names::TRACEPARENT.set_request(req, v);
     }
 }
 

@@ -93,6 +93,10 @@ pub static ACCESS_CONTROL_ALLOW_CREDENTIALS: Known = Known::new(
 );
 /// `Vary`.
 pub static VARY: Known = Known::new("vary", "Vary");
+/// `traceparent` to the upstream (`[tracing]`).
+pub static TRACEPARENT: Known = Known::new("traceparent", "traceparent");
+/// `tracestate` to the upstream (`[tracing]`).
+pub static TRACESTATE: Known = Known::new("tracestate", "tracestate");
 
 #[cfg(test)]
 mod tests {
@@ -117,6 +121,8 @@ mod tests {
             &ACCESS_CONTROL_EXPOSE_HEADERS,
             &ACCESS_CONTROL_ALLOW_CREDENTIALS,
             &VARY,
+            &TRACEPARENT,
+            &TRACESTATE,
         ];
         v.extend(IDENTITY.iter());
         v
