@@ -126,8 +126,22 @@ impl Transport {
         match settings.protocol {
             Protocol::HttpProtobuf => {
                 let uri: http::Uri = settings.endpoint.parse().map_err(|e| format!("{e}"))?;
-                let tls = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+                let builder = hyper_rustls::HttpsConnectorBuilder::new();
+                let provider = rustls::crypto::ring::default_provider();
+                // The Mozilla roots are read (about 150 KiB of certificates) only for an
+                // https:// collector; a plain one gets an empty store it never uses.
+                let builder = match uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                    true => builder.with_provider_and_webpki_roots(provider),
+                    false => rustls::ClientConfig::builder_with_provider(provider.into())
+                        .with_safe_default_protocol_versions()
+                        .map(|c| {
+                            builder.with_tls_config(
+                                c.with_root_certificates(rustls::RootCertStore::empty())
+                                    .with_no_client_auth(),
+                            )
+                        }),
+                };
+                let tls = builder
                     .map_err(|e| e.to_string())?
                     .https_or_http()
                     .enable_http1()

@@ -94,6 +94,10 @@ impl Encoder {
 
 /// A `Span` message's body.
 fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
+    // Room for the fixed fields and the attributes at once: the writes below then never grow
+    // the buffer one by one.
+    let attrs: usize = s.attrs.iter().map(|(k, v)| k.len() + value_room(v)).sum();
+    b.reserve(128 + attrs + s.trace_state.as_deref().map_or(0, str::len));
     bytes(b, 1, &s.trace_id);
     bytes(b, 2, &s.span_id);
     if let Some(state) = s.trace_state.as_deref() {
@@ -142,6 +146,16 @@ fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
     let remote = if s.remote_parent { IS_REMOTE } else { 0 };
     tag(b, 16, I32);
     b.extend_from_slice(&(SAMPLED | HAS_IS_REMOTE | remote).to_le_bytes());
+}
+
+/// About what an attribute's value takes on the wire (with its key's and its own framing).
+fn value_room(v: &Value) -> usize {
+    16 + match v {
+        Value::Str(s) => s.len(),
+        Value::Shared(s) => s.len(),
+        Value::Int(_) | Value::F64(_) => 10,
+        Value::Ip(_) => 45,
+    }
 }
 
 /// A `KeyValue` message, length first (its tag is the caller's): `key = 1`, `value = 2` (an
@@ -204,25 +218,30 @@ fn nested(b: &mut Vec<u8>, field: u32, f: impl FnOnce(&mut Vec<u8>)) {
     b[at..at + n].copy_from_slice(&prefix[..n]);
 }
 
+#[inline(always)]
 fn string(b: &mut Vec<u8>, field: u32, s: &str) {
     bytes(b, field, s.as_bytes());
 }
 
+#[inline(always)]
 fn bytes(b: &mut Vec<u8>, field: u32, v: &[u8]) {
     tag(b, field, LEN);
     varint(b, v.len() as u64);
     b.extend_from_slice(v);
 }
 
+#[inline(always)]
 fn fixed64(b: &mut Vec<u8>, field: u32, v: u64) {
     tag(b, field, I64);
     b.extend_from_slice(&v.to_le_bytes());
 }
 
+#[inline(always)]
 fn tag(b: &mut Vec<u8>, field: u32, wire: u32) {
     varint(b, u64::from(field << 3 | wire));
 }
 
+#[inline(always)]
 fn varint(b: &mut Vec<u8>, v: u64) {
     if v < 0x80 {
         b.push(v as u8);
@@ -234,16 +253,19 @@ fn varint(b: &mut Vec<u8>, v: u64) {
 }
 
 /// The size of `n` as a varint.
+#[inline(always)]
 fn varint_len(n: usize) -> usize {
     varint_len_u64(n as u64)
 }
 
+#[inline(always)]
 fn varint_len_u64(n: u64) -> usize {
     // 7 bits a byte, at least one.
     (64 - (n | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// `v` as a base-128 varint into `out`; its length.
+#[inline(always)]
 fn varint_into(out: &mut [u8; 10], mut v: u64) -> usize {
     let mut i = 0;
     while v >= 0x80 {
