@@ -16,7 +16,10 @@ Systems: pingora-bare (benches/load/bare_proxy.rs), pingora-contract (`--contrac
 everything: benches/load/run.py's fg-local), fg-global1 (not run by default: the same rule
 global, on a redis-server this script starts; with --connections 1 every request makes its
 own call, none shares a coalesced one), fg-429 (not run by default: every request over
-its limit, answered 429 at the edge) and pingora-429 (`--reject`, its floor). The floodgate config is the load bench's:
+its limit, answered 429 at the edge) and pingora-429 (`--reject`, its floor); not by
+default either: fg-trace-0.01 and fg-trace-1 (fg-none with `[tracing]` at those sample ratios,
+exporting to benches/load/otlp_sink.py started here; the export thread's instructions count
+with the rest, and the OTLP bytes the sink received per request are reported). The floodgate config is the load bench's:
 `threads = 1`, `access_log = false`, one route `match = {}`, `auth = "none"`.
 
     python3 benches/instructions/run.py --floodgate target/release/floodgate \
