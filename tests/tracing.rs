@@ -197,6 +197,20 @@ impl Drop for Collector {
 /// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf bodies) on a plain socket; the task
 /// ends with the test's runtime.
 async fn http_collector() -> (SocketAddr, Received) {
+    http_collector_answering(Answer::Empty).await
+}
+
+/// How an OTLP/HTTP receiver answers an export.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// `200` with an empty body, the connection kept alive.
+    Empty,
+    /// `200` with a chunked body that never ends (a broken or hostile collector).
+    Endless,
+}
+
+/// [`http_collector`] answering as `answer` says.
+async fn http_collector_answering(answer: Answer) -> (SocketAddr, Received) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let received = Received::default();
@@ -236,6 +250,18 @@ async fn http_collector() -> (SocketAddr, Received) {
                         if let Ok(req) = ExportTraceServiceRequest::decode(&body[..]) {
                             r.take(req);
                         }
+                    }
+                    if let Answer::Endless = answer {
+                        let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ntransfer-encoding: chunked\r\n\r\n";
+                        let mut chunk = b"4000\r\n".to_vec();
+                        chunk.extend(std::iter::repeat_n(b'x', 0x4000));
+                        chunk.extend_from_slice(b"\r\n");
+                        if conn.write_all(head).await.is_err() {
+                            return;
+                        }
+                        // Until the exporter lets go of the connection.
+                        while conn.write_all(&chunk).await.is_ok() {}
+                        return;
                     }
                     let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                     if conn.write_all(ok).await.is_err() {
@@ -578,6 +604,39 @@ async fn spans_go_to_an_otlp_http_endpoint_by_its_path() {
         .server_span("the server span over OTLP/HTTP", TRACE)
         .await;
     assert_eq!(server.service, "floodgate", "the default service name");
+}
+
+#[tokio::test]
+async fn a_collector_whose_answer_never_ends_holds_no_export() {
+    let api = OrdersApi::start("orders-1");
+    let (addr, received) = http_collector_answering(Answer::Endless).await;
+    let gw = start(
+        &api,
+        "",
+        &format!(
+            "otlp_endpoint = \"http://{addr}/v1/traces\"\nsample_ratio = 1.0\nexport_timeout = \"60s\""
+        ),
+        "",
+    );
+    // Each request's two spans go in an export of their own (50 ms apart): the second export
+    // happens within the test only if the first stopped reading its endless answer at the
+    // cap, not at the minute's timeout.
+    let spans = || received.spans().len();
+    all_answered(&gw, 1).await;
+    eventually(Duration::from_secs(10), "the first export", || async {
+        (spans() >= 2).then_some(())
+    })
+    .await;
+    all_answered(&gw, 1).await;
+    eventually(Duration::from_secs(10), "a second export", || async {
+        (spans() >= 4).then_some(())
+    })
+    .await;
+    assert_eq!(
+        dropped(&gw).await,
+        Some(0.0),
+        "an answer past the cap is no failure"
+    );
 }
 
 /// Sends `n` requests and asserts each gets the echo's 200 with its own path.
