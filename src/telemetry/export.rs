@@ -291,11 +291,21 @@ fn next_delay(
     Duration::from_secs_f64(fill.min(schedule_delay.as_secs_f64())).max(MIN_DELAY)
 }
 
-/// Moves up to `max` queued spans into `batch`; true when the queue is closed.
+/// Most bytes one export carries (about: spans are measured before they are encoded): the
+/// default limit of a collector's OTLP/gRPC receiver is 4 MiB, and a request past it would be
+/// refused whole. A `max_export_batch_size` of large spans is sent in several exports.
+const MAX_EXPORT_BYTES: usize = 3 * 1024 * 1024;
+
+/// Moves up to `max` queued spans into `batch`, fewer when they reach [`MAX_EXPORT_BYTES`];
+/// true when the queue is closed.
 fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) -> bool {
-    while batch.len() < max {
+    let mut bytes = 0;
+    while batch.len() < max && bytes < MAX_EXPORT_BYTES {
         match rx.try_recv() {
-            Ok(span) => batch.push(span),
+            Ok(span) => {
+                bytes += super::otlp::room(&span);
+                batch.push(span);
+            }
             Err(TryRecvError::Empty) => return false,
             Err(TryRecvError::Disconnected) => return true,
         }
@@ -306,6 +316,39 @@ fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_stops_at_its_count_or_its_bytes() {
+        let (tx, mut rx) = mpsc::channel(64);
+        let span = |path: usize| {
+            let mut s = SpanRecord::start(
+                [1; 16],
+                [0; 8],
+                super::super::span::Name::Text("GET".into()),
+                super::super::span::Kind::Server,
+            );
+            s.push("url.path", "/".repeat(path));
+            s
+        };
+        for _ in 0..10 {
+            tx.try_send(span(10)).unwrap();
+        }
+        let mut batch = Vec::new();
+        assert!(!take(&mut rx, &mut batch, 4));
+        assert_eq!(batch.len(), 4, "the count");
+        // Spans of 1 MiB each: three fill an export, whatever the count allows.
+        let (tx, mut rx) = mpsc::channel(64);
+        for _ in 0..5 {
+            tx.try_send(span(1 << 20)).unwrap();
+        }
+        batch.clear();
+        assert!(!take(&mut rx, &mut batch, 512));
+        assert_eq!(batch.len(), 3, "the bytes");
+        drop(tx);
+        batch.clear();
+        assert!(take(&mut rx, &mut batch, 512), "closed once drained");
+        assert_eq!(batch.len(), 2);
+    }
 
     #[test]
     fn a_busy_queue_is_taken_before_a_quarter_of_it_fills() {

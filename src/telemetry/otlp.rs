@@ -92,12 +92,28 @@ impl Encoder {
     }
 }
 
+/// About the bytes `s` takes encoded (a little more: room for its framing).
+pub(super) fn room(s: &SpanRecord) -> usize {
+    let attrs: usize = s.attrs.iter().map(|(k, v)| k.len() + value_room(v)).sum();
+    let events: usize = s
+        .events
+        .iter()
+        .map(|e| {
+            32 + e
+                .attrs
+                .iter()
+                .map(|(k, v)| k.len() + value_room(v))
+                .sum::<usize>()
+        })
+        .sum();
+    128 + attrs + events + s.trace_state.as_deref().map_or(0, str::len)
+}
+
 /// A `Span` message's body.
 fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
     // Room for the fixed fields and the attributes at once: the writes below then never grow
     // the buffer one by one.
-    let attrs: usize = s.attrs.iter().map(|(k, v)| k.len() + value_room(v)).sum();
-    b.reserve(128 + attrs + s.trace_state.as_deref().map_or(0, str::len));
+    b.reserve(room(s));
     bytes(b, 1, &s.trace_id);
     bytes(b, 2, &s.span_id);
     if let Some(state) = s.trace_state.as_deref() {
