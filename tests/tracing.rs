@@ -417,6 +417,10 @@ async fn a_trusted_callers_trace_is_continued_and_the_upstream_gets_floodgates_s
         "{:?}",
         server.resource
     );
+    let resource = |k: &str| server.resource.get(k).map(String::as_str);
+    assert_eq!(resource("telemetry.sdk.name"), Some("floodgate"));
+    assert_eq!(resource("telemetry.sdk.language"), Some("rust"));
+    assert_eq!(resource("service.version"), Some(env!("CARGO_PKG_VERSION")));
 
     // The request id and the trace id on one access line.
     let line = eventually(Duration::from_secs(10), "the access line", || {
