@@ -91,20 +91,32 @@ pub fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
-/// Appends an IP address as `Display` writes it, an IPv4 one through the digit writer the rest
-/// of the request path uses (`core::fmt`'s padding support costs more than the digits: ~1,600
-/// instructions an address, a tenth of that here). IPv6 goes through `Display` (its `::`
-/// compression is not worth redoing).
+/// Appends an IP address as `Display` writes it, an IPv4 one digit by digit into a buffer on
+/// the stack and appended in one copy (`core::fmt`'s padding support costs more than the
+/// digits: ~1,600 instructions an address; four itoa calls and pushes still ~220; this about a
+/// quarter of that). IPv6 goes through `Display` (its `::` compression is not worth redoing).
 pub fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     match ip {
         std::net::IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            let mut digits = itoa::Buffer::new();
-            out.push_str(digits.format(a));
-            for octet in [b, c, d] {
-                out.push('.');
-                out.push_str(digits.format(octet));
+            let mut text = [0u8; 15];
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text[n] = b'.';
+                    n += 1;
+                }
+                if octet >= 100 {
+                    text[n] = b'0' + octet / 100;
+                    n += 1;
+                }
+                if octet >= 10 {
+                    text[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                text[n] = b'0' + octet % 10;
+                n += 1;
             }
+            push_ascii(out, &text[..n]);
         }
         std::net::IpAddr::V6(v6) => {
             use std::fmt::Write as _;
@@ -116,7 +128,7 @@ pub fn push_ip(out: &mut String, ip: std::net::IpAddr) {
 /// Appends digits, which are ASCII, in one copy: extending a `String` char by char encodes and
 /// checks room for each (twice the instructions of the digits' own arithmetic).
 fn push_ascii(out: &mut String, digits: &[u8]) {
-    // Only the hex writer above calls this, with ASCII digits; should that ever change,
+    // Only the hex and address writers above call this, with ASCII digits; should that change,
     // nothing is appended rather than invalid UTF-8.
     if let Ok(text) = std::str::from_utf8(digits) {
         out.push_str(text);
@@ -135,6 +147,7 @@ mod tests {
             "127.0.0.1",
             "255.255.255.255",
             "10.20.3.40",
+            "100.9.99.109",
             "::1",
             "2001:db8::7",
         ] {
@@ -142,6 +155,18 @@ mod tests {
             let mut out = String::from("x=");
             push_ip(&mut out, ip);
             assert_eq!(out, format!("x={ip}"));
+        }
+    }
+
+    #[test]
+    fn every_octet_is_written_as_display_writes_it() {
+        for o in 0..=255u8 {
+            for ip in [[o, 0, 9, o], [1, o, o, 200]] {
+                let ip = std::net::IpAddr::from(ip);
+                let mut out = String::new();
+                push_ip(&mut out, ip);
+                assert_eq!(out, ip.to_string());
+            }
         }
     }
 
