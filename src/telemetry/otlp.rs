@@ -16,6 +16,14 @@ const I64: u32 = 1;
 const LEN: u32 = 2;
 const I32: u32 = 5;
 
+/// The tags of `KeyValue.key` (1, bytes), `KeyValue.value` (2, message), and of
+/// `AnyValue.string_value` (1, bytes), `.int_value` (3, varint), `.double_value` (4, 64-bit).
+const KEY: u8 = 1 << 3 | LEN as u8;
+const VALUE: u8 = 2 << 3 | LEN as u8;
+const ANY_STRING: u8 = 1 << 3 | LEN as u8;
+const ANY_INT: u8 = 3 << 3 | VARINT as u8;
+const ANY_DOUBLE: u8 = 4 << 3 | I64 as u8;
+
 /// OTLP `Status.StatusCode.STATUS_CODE_ERROR`.
 const STATUS_ERROR: u64 = 2;
 /// OTLP `SpanFlags`: the span knows whether its parent is remote, and that it is.
@@ -202,19 +210,35 @@ fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
         Any::Double(_) => 1 + 8,
     };
     let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
-    varint(b, kv_len as u64);
-    string(b, 1, key);
-    tag(b, 2, LEN);
-    varint(b, any_len as u64);
+    // The framing goes through a buffer on the stack: three copies into `b` per attribute
+    // rather than one per field.
+    let mut head = [0u8; 32];
+    let mut n = varint_at(&mut head, kv_len as u64);
+    head[n] = KEY;
+    n += 1;
+    n += varint_at(&mut head[n..], key.len() as u64);
+    b.extend_from_slice(&head[..n]);
+    b.extend_from_slice(key.as_bytes());
+    head[0] = VALUE;
+    n = 1 + varint_at(&mut head[1..], any_len as u64);
     match any {
-        Any::Text(t) => bytes(b, 1, t),
-        Any::Int(n) => {
-            tag(b, 3, VARINT);
-            varint(b, n);
+        Any::Text(t) => {
+            head[n] = ANY_STRING;
+            n += 1;
+            n += varint_at(&mut head[n..], t.len() as u64);
+            b.extend_from_slice(&head[..n]);
+            b.extend_from_slice(t);
+        }
+        Any::Int(v) => {
+            head[n] = ANY_INT;
+            n += 1;
+            n += varint_at(&mut head[n..], v);
+            b.extend_from_slice(&head[..n]);
         }
         Any::Double(x) => {
-            tag(b, 4, I64);
-            b.extend_from_slice(&x.to_le_bytes());
+            head[n] = ANY_DOUBLE;
+            head[n + 1..n + 9].copy_from_slice(&x.to_le_bytes());
+            b.extend_from_slice(&head[..n + 9]);
         }
     }
 }
@@ -280,9 +304,9 @@ fn varint_len_u64(n: u64) -> usize {
     (64 - (n | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-/// `v` as a base-128 varint into `out`; its length.
+/// `v` as a base-128 varint at the start of `out` (room for ten bytes); its length.
 #[inline(always)]
-fn varint_into(out: &mut [u8; 10], mut v: u64) -> usize {
+fn varint_at(out: &mut [u8], mut v: u64) -> usize {
     let mut i = 0;
     while v >= 0x80 {
         out[i] = (v as u8) | 0x80;
@@ -291,6 +315,12 @@ fn varint_into(out: &mut [u8; 10], mut v: u64) -> usize {
     }
     out[i] = v as u8;
     i + 1
+}
+
+/// `v` as a base-128 varint into `out`; its length.
+#[inline(always)]
+fn varint_into(out: &mut [u8; 10], v: u64) -> usize {
+    varint_at(out, v)
 }
 
 #[cfg(test)]
