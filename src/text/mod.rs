@@ -91,32 +91,27 @@ pub fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
-/// Appends an IP address as `Display` writes it, an IPv4 one digit by digit into a buffer on
-/// the stack and appended in one copy (`core::fmt`'s padding support costs more than the
-/// digits: ~1,600 instructions an address; four itoa calls and pushes still ~220; this about a
-/// quarter of that). IPv6 goes through `Display` (its `::` compression is not worth redoing).
+/// Appends an IP address as `Display` writes it, an IPv4 one digit by digit (`core::fmt`'s
+/// padding support costs more than the digits: ~1,600 instructions an address; itoa's digits
+/// through `push_str`, or a buffer checked by `from_utf8`, still ~210, most of it the UTF-8
+/// check of a few bytes). IPv6 goes through `Display` (its `::` compression is not worth
+/// redoing).
 pub fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     match ip {
         std::net::IpAddr::V4(v4) => {
-            let mut text = [0u8; 15];
-            let mut n = 0;
+            out.reserve(15);
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    text[n] = b'.';
-                    n += 1;
+                    out.push('.');
                 }
                 if octet >= 100 {
-                    text[n] = b'0' + octet / 100;
-                    n += 1;
+                    out.push(char::from(b'0' + octet / 100));
                 }
                 if octet >= 10 {
-                    text[n] = b'0' + octet / 10 % 10;
-                    n += 1;
+                    out.push(char::from(b'0' + octet / 10 % 10));
                 }
-                text[n] = b'0' + octet % 10;
-                n += 1;
+                out.push(char::from(b'0' + octet % 10));
             }
-            push_ascii(out, &text[..n]);
         }
         std::net::IpAddr::V6(v6) => {
             use std::fmt::Write as _;
@@ -128,7 +123,7 @@ pub fn push_ip(out: &mut String, ip: std::net::IpAddr) {
 /// Appends digits, which are ASCII, in one copy: extending a `String` char by char encodes and
 /// checks room for each (twice the instructions of the digits' own arithmetic).
 fn push_ascii(out: &mut String, digits: &[u8]) {
-    // Only the hex and address writers above call this, with ASCII digits; should that change,
+    // Only the hex writer above calls this, with ASCII digits; should that ever change,
     // nothing is appended rather than invalid UTF-8.
     if let Ok(text) = std::str::from_utf8(digits) {
         out.push_str(text);
