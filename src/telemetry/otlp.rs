@@ -174,12 +174,14 @@ fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
 
 /// About what an attribute's value takes on the wire (with its key's and its own framing).
 fn value_room(v: &Value) -> usize {
-    16 + match v {
-        Value::Str(s) => s.len(),
-        Value::Shared(s) => s.len(),
-        Value::Int(_) | Value::F64(_) => 10,
-        Value::Ip(_) => 45,
-    }
+    // Two heads, each copied whole before its tail is cut.
+    2 * HEAD
+        + match v {
+            Value::Str(s) => s.len(),
+            Value::Shared(s) => s.len(),
+            Value::Int(_) | Value::F64(_) => 10,
+            Value::Ip(_) => 45,
+        }
 }
 
 /// A `KeyValue` message, length first (its tag is the caller's): `key = 1`, `value = 2` (an
@@ -212,12 +214,12 @@ fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
     let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
     // The framing goes through a buffer on the stack: three copies into `b` per attribute
     // rather than one per field.
-    let mut head = [0u8; 32];
+    let mut head = [0u8; HEAD];
     let mut n = varint_at(&mut head, kv_len as u64);
     head[n] = KEY;
     n += 1;
     n += varint_at(&mut head[n..], key.len() as u64);
-    b.extend_from_slice(&head[..n]);
+    put_head(b, &head, n);
     b.extend_from_slice(key.as_bytes());
     head[0] = VALUE;
     n = 1 + varint_at(&mut head[1..], any_len as u64);
@@ -226,21 +228,33 @@ fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
             head[n] = ANY_STRING;
             n += 1;
             n += varint_at(&mut head[n..], t.len() as u64);
-            b.extend_from_slice(&head[..n]);
+            put_head(b, &head, n);
             b.extend_from_slice(t);
         }
         Any::Int(v) => {
             head[n] = ANY_INT;
             n += 1;
             n += varint_at(&mut head[n..], v);
-            b.extend_from_slice(&head[..n]);
+            put_head(b, &head, n);
         }
         Any::Double(x) => {
             head[n] = ANY_DOUBLE;
             head[n + 1..n + 9].copy_from_slice(&x.to_le_bytes());
-            b.extend_from_slice(&head[..n + 9]);
+            put_head(b, &head, n + 9);
         }
     }
+}
+
+/// Room for an attribute's framing: two varints of at most ten bytes and two tags.
+const HEAD: usize = 32;
+
+/// Appends the first `n` bytes of `head`: the whole fixed-size array is copied (two vector
+/// moves, where a copy of `n` bytes is a call into libc's `memcpy`) and the tail cut off.
+#[inline(always)]
+fn put_head(b: &mut Vec<u8>, head: &[u8; HEAD], n: usize) {
+    let len = b.len();
+    b.extend_from_slice(head);
+    b.truncate(len + n);
 }
 
 /// A length-delimited field whose body `f` writes: the body is written in place and moved
