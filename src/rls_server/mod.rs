@@ -78,8 +78,8 @@ impl Rls {
         let settings = cfg.tracing.as_ref()?;
         let mut headers = http::HeaderMap::new();
         for name in [
-            crate::telemetry::propagation::TRACEPARENT,
-            crate::telemetry::propagation::TRACESTATE,
+            crate::telemetry::propagation::TRACEPARENT.name(),
+            crate::telemetry::propagation::TRACESTATE.name(),
         ] {
             for v in request.metadata().get_all(name.as_str()).iter() {
                 if let Ok(v) = http::HeaderValue::from_bytes(v.as_bytes()) {

@@ -119,6 +119,11 @@ type HttpClient = hyper_util::client::legacy::Client<
     Full<Bytes>,
 >;
 
+/// Whether the collector is reached over TLS (verified against the Mozilla roots).
+fn is_https(uri: &http::Uri) -> bool {
+    uri.scheme() == Some(&http::uri::Scheme::HTTPS)
+}
+
 impl Transport {
     /// The transport `settings` name (built inside the export thread's runtime: the gRPC
     /// channel needs one). Connections are made on first use.
@@ -130,7 +135,7 @@ impl Transport {
                 let provider = rustls::crypto::ring::default_provider();
                 // The Mozilla roots are read (about 150 KiB of certificates) only for an
                 // https:// collector; a plain one gets an empty store it never uses.
-                let builder = match uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                let builder = match is_https(&uri) {
                     true => builder.with_provider_and_webpki_roots(provider),
                     false => rustls::ClientConfig::builder_with_provider(provider.into())
                         .with_safe_default_protocol_versions()
@@ -162,7 +167,7 @@ impl Transport {
                         .map_err(|e| e.to_string())?
                         .connect_timeout(settings.export_timeout)
                         .timeout(settings.export_timeout);
-                if settings.endpoint.starts_with("https://") {
+                if is_https(endpoint.uri()) {
                     endpoint = endpoint
                         .tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots())
                         .map_err(|e| e.to_string())?;

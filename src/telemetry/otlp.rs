@@ -266,7 +266,7 @@ fn nested(b: &mut Vec<u8>, field: u32, f: impl FnOnce(&mut Vec<u8>)) {
     f(b);
     let len = b.len() - at;
     let mut prefix = [0u8; 10];
-    let n = varint_into(&mut prefix, len as u64);
+    let n = varint_at(&mut prefix, len as u64);
     b.resize(b.len() + n, 0);
     b.copy_within(at..at + len, at + n);
     b[at..at + n].copy_from_slice(&prefix[..n]);
@@ -302,7 +302,7 @@ fn varint(b: &mut Vec<u8>, v: u64) {
         return;
     }
     let mut out = [0u8; 10];
-    let n = varint_into(&mut out, v);
+    let n = varint_at(&mut out, v);
     b.extend_from_slice(&out[..n]);
 }
 
@@ -331,12 +331,6 @@ fn varint_at(out: &mut [u8], mut v: u64) -> usize {
     i + 1
 }
 
-/// `v` as a base-128 varint into `out`; its length.
-#[inline(always)]
-fn varint_into(out: &mut [u8; 10], v: u64) -> usize {
-    varint_at(out, v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::span::{Event, Kind, SpanRecord};
@@ -354,6 +348,12 @@ mod tests {
             Some(Any::DoubleValue(d)) => format!("d{d}"),
             other => format!("{other:?}"),
         }
+    }
+
+    fn pairs(kvs: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> Vec<(String, String)> {
+        kvs.iter()
+            .map(|kv| (kv.key.clone(), text(&kv.value)))
+            .collect()
     }
 
     #[test]
@@ -392,13 +392,8 @@ mod tests {
         assert_eq!(req.resource_spans.len(), 1);
         let rs = &req.resource_spans[0];
         let res = rs.resource.as_ref().unwrap();
-        let res: Vec<(String, String)> = res
-            .attributes
-            .iter()
-            .map(|kv| (kv.key.clone(), text(&kv.value)))
-            .collect();
         assert_eq!(
-            res,
+            pairs(&res.attributes),
             [
                 ("service.name".into(), "edge".into()),
                 ("k".into(), "v".into())
@@ -420,13 +415,8 @@ mod tests {
             (server.start, server.end)
         );
         assert_eq!(s.flags, 0x301);
-        let attrs: Vec<(String, String)> = s
-            .attributes
-            .iter()
-            .map(|kv| (kv.key.clone(), text(&kv.value)))
-            .collect();
         assert_eq!(
-            attrs,
+            pairs(&s.attributes),
             [
                 ("url.path".into(), "/orders/1".into()),
                 ("http.response.status_code".into(), "i429".into()),
@@ -451,7 +441,7 @@ mod tests {
         assert!(ExportTraceServiceRequest::decode(enc.encode(&[])).is_ok());
         for n in [0u64, 1, 127, 128, 16_383, 16_384, u64::MAX] {
             let mut out = [0u8; 10];
-            assert_eq!(varint_len_u64(n), varint_into(&mut out, n), "{n}");
+            assert_eq!(varint_len_u64(n), varint_at(&mut out, n), "{n}");
         }
     }
 }

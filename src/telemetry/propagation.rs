@@ -1,12 +1,9 @@
 //! W3C trace context (`traceparent`, `tracestate`) in and out of HTTP headers.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use pingora::http::RequestHeader;
 
-/// `traceparent`.
-pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-/// `tracestate`.
-pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub use crate::wire::header_names::{TRACEPARENT, TRACESTATE};
 
 /// Longest `tracestate` continued (W3C: a vendor may cut one past 512 bytes).
 const MAX_TRACESTATE: usize = 512;
@@ -29,7 +26,7 @@ pub struct Remote {
 /// The context a request continues: `None` (a new trace) when it has no `traceparent`, an
 /// invalid one, or more than one (W3C says to start a new trace then).
 pub fn extract(headers: &HeaderMap) -> Option<Remote> {
-    let mut all = headers.get_all(TRACEPARENT).iter();
+    let mut all = headers.get_all(TRACEPARENT.name()).iter();
     let first = all.next()?;
     if all.next().is_some() {
         return None;
@@ -82,7 +79,7 @@ fn hex<const N: usize>(s: &[u8]) -> Option<[u8; N]> {
 fn tracestate(headers: &HeaderMap) -> Option<String> {
     let mut out = String::new();
     let mut members = 0;
-    for line in headers.get_all(TRACESTATE) {
+    for line in headers.get_all(TRACESTATE.name()) {
         for member in line.to_str().ok()?.split(',') {
             let member = member.trim_matches([' ', '\t']);
             if member.is_empty() {
@@ -124,15 +121,14 @@ pub fn inject(
     state: Option<&str>,
     req: &mut RequestHeader,
 ) {
-    use crate::wire::header_names as names;
     match state {
         Some(state) => {
             if let Ok(v) = HeaderValue::from_str(state) {
-                let _ = names::TRACESTATE.set_request(req, v);
+                let _ = TRACESTATE.set_request(req, v);
             }
         }
         None if !continued => {
-            req.remove_header(&TRACESTATE);
+            req.remove_header(TRACESTATE.name());
         }
         None => {}
     }
@@ -143,7 +139,7 @@ pub fn inject(
     hex_into(&span_id, &mut buf[36..52]);
     buf[52..].copy_from_slice(if sampled { b"-01" } else { b"-00" });
     if let Ok(v) = HeaderValue::from_bytes(&buf) {
-        let _ = names::TRACEPARENT.set_request(req, v);
+        let _ = TRACEPARENT.set_request(req, v);
     }
 }
 
@@ -159,13 +155,14 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::header_names::Known;
 
     const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-    fn headers(lines: &[(&HeaderName, &str)]) -> HeaderMap {
+    fn headers(lines: &[(&Known, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (name, v) in lines {
-            h.append((*name).clone(), HeaderValue::from_str(v).unwrap());
+            h.append(name.name().clone(), HeaderValue::from_str(v).unwrap());
         }
         h
     }
@@ -220,25 +217,26 @@ mod tests {
     #[test]
     fn inject_writes_the_ids_and_settles_the_clients_tracestate() {
         let mut out = RequestHeader::build("GET", b"/", None).unwrap();
-        out.insert_header(TRACESTATE, "vendor=1").unwrap();
+        out.insert_header(TRACESTATE.name().clone(), "vendor=1")
+            .unwrap();
         let (trace, span) = ([0x0a; 16], [0xb7; 8]);
         inject(trace, span, false, true, None, &mut out);
         assert_eq!(
-            out.headers.get(TRACEPARENT).unwrap(),
+            out.headers.get(TRACEPARENT.name()).unwrap(),
             "00-0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a-b7b7b7b7b7b7b7b7-00"
         );
-        assert_eq!(out.headers.get(TRACESTATE).unwrap(), "vendor=1");
+        assert_eq!(out.headers.get(TRACESTATE.name()).unwrap(), "vendor=1");
         inject(trace, span, true, true, Some("mine=2"), &mut out);
         assert!(out
             .headers
-            .get(TRACEPARENT)
+            .get(TRACEPARENT.name())
             .unwrap()
             .to_str()
             .unwrap()
             .ends_with("-01"));
-        assert_eq!(out.headers.get(TRACESTATE).unwrap(), "mine=2");
+        assert_eq!(out.headers.get(TRACESTATE.name()).unwrap(), "mine=2");
         // A new trace (not a caller's) passes on no tracestate of the client's.
         inject(trace, span, false, false, None, &mut out);
-        assert!(out.headers.get(TRACESTATE).is_none());
+        assert!(out.headers.get(TRACESTATE.name()).is_none());
     }
 }

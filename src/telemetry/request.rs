@@ -133,7 +133,8 @@ struct Sampled {
     server: SpanRecord,
     /// The upstream exchange's client span, from the first attempt to the end.
     upstream: Option<SpanRecord>,
-    /// The request's method (the server span's name is `{method} {route}`).
+    /// The server span's first name: a proxied request's method, to which its route is
+    /// joined once known (`{method} {route}`).
     method: Cow<'static, str>,
 }
 
@@ -156,7 +157,7 @@ impl RequestTrace {
         if let Trace::Sampled(s) = &mut trace.0 {
             let span = &mut s.server;
             span.attrs.reserve(9);
-            span.push("http.request.method", name.clone());
+            span.push("http.request.method", name);
             span.push("url.path", bounded(path));
             span.push("url.scheme", if tls { "https" } else { "http" });
             span.push("network.peer.address", peer);
@@ -167,7 +168,6 @@ impl RequestTrace {
                 let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
                 span.push("server.address", bounded(host));
             }
-            s.method = name;
         }
         Some(trace)
     }
@@ -229,7 +229,8 @@ impl RequestTrace {
             }
         };
         let parent = remote.as_ref().map_or([0; 8], |r| r.span_id);
-        let mut server = SpanRecord::start(trace_id, parent, Name::Text(name), Kind::Server);
+        let mut server =
+            SpanRecord::start(trace_id, parent, Name::Text(name.clone()), Kind::Server);
         if let Some(r) = remote {
             server.remote_parent = true;
             server.trace_state = r.state.map(Arc::from);
@@ -238,7 +239,7 @@ impl RequestTrace {
             queue: &telemetry.queue,
             server,
             upstream: None,
-            method: Cow::Borrowed("GET"),
+            method: name,
         }))))
     }
 
