@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ORDERS_LISTEN ?= 127.0.0.1:9000
 CONFIG ?= gateway.toml
 
-.PHONY: run test deps deps-build lint vendor-check vendor-test check-config bench bench-idle bench-deps
+.PHONY: run test deps deps-build lint vendor-check vendor-test check-config bench bench-pairs bench-idle bench-deps
 .PHONY: bench-rls bench-limitador bench-protect bench-instructions bench-stock bench-patches bench-scale
 
 ## Build and start the demo Orders API and the gateway (memory store). Ctrl-C stops both.
@@ -72,16 +72,26 @@ check-config:
 	$(CARGO) run --quiet --bin floodgate -- check -c $(CONFIG)
 
 ## Load benchmark (docs/benchmarks.md): wrk, nginx, Envoy and redis-server on loopback, about 25
-## minutes, then the memory per connection (bench-idle), configs at scale (bench-scale), then the
-## rate-limit service against Limitador (bench-rls). Writes target/bench/results.md, results.json,
+## minutes, then the targets side by side (bench-pairs), the memory per connection
+## (bench-idle), configs at scale (bench-scale), then the rate-limit service against Limitador
+## (bench-rls). Writes target/bench/results.md, results.json,
 ## idle.md, idle.json, scale.md, scale.json, rls.md and rls.json. BENCH_ARGS passes options
 ## (`python3 benches/load/run.py --help`), e.g. BENCH_ARGS="--rounds 1 --duration 3".
 bench: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/load/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(BENCH_ARGS)
+	$(MAKE) --no-print-directory bench-pairs
 	python3 benches/idle/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(IDLE_ARGS)
 	python3 benches/scale/run.py --floodgate target/release/floodgate --out target/bench $(SCALE_ARGS)
 	$(MAKE) --no-print-directory bench-rls
+
+## The throughput targets judged side by side (docs/benchmarks.md, "Side by side"): each pair
+## of systems loaded at the same time on one core, each in a CPU cgroup of its own (root), about
+## 8 minutes. Writes target/bench/side-by-side.md and side-by-side.json. PAIRS_ARGS passes
+## options, e.g. PAIRS_ARGS="--only fg-none fg-trace-0.01 fg-trace-1 --no-redis --no-envoy".
+bench-pairs: bench-deps
+	$(CARGO) build --release --bin floodgate --bin bare-proxy
+	python3 benches/load/run.py --side-by-side --rounds 5 --duration 5 --connections 32 --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(PAIRS_ARGS)
 
 ## Memory per client connection alone (docs/benchmarks.md): floodgate, bare Pingora, nginx and
 ## Envoy holding 4,000 idle and 4,000 mid-request connections, about 4 minutes. Writes

@@ -91,6 +91,7 @@ ROOT = HERE.parents[1]
 WRK_LUA = HERE / "wrk.lua"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402  (benches/common.py: ports, /proc, Redis INFO, clean-up)
+import side_by_side  # noqa: E402  (benches/load/side_by_side.py: --side-by-side)
 
 
 log = common.logger("bench")
@@ -349,12 +350,17 @@ class Bench:
         self.variants = variants(getattr(args, "variant", None), "--variant", "a floodgate binary")
         self.bare_variants = variants(getattr(args, "bare_variant", None), "--bare-variant",
                                       "a bare-proxy binary")
+        # --side-by-side: each gateway in a CPU cgroup of its own, with an upstream of its own.
+        self.groups = side_by_side.CpuGroups(str(os.getpid())) if getattr(args, "side_by_side", False) else None
 
     # ---- processes ----------------------------------------------------------------------
 
-    def spawn(self, name: str, argv: list[str], env: dict | None = None, cpus: str | None = None) -> subprocess.Popen:
+    def spawn(self, name: str, argv: list[str], env: dict | None = None, cpus: str | None = None,
+              group: str | None = None) -> subprocess.Popen:
         if self.pin:
             argv = ["taskset", "-c", cpus or self.server_cpus] + argv
+        if self.groups and group:
+            argv = self.groups.wrap(group, argv)
         logf = open(self.tmp / f"{name}.log", "wb")
         p = subprocess.Popen(
             argv,
@@ -394,6 +400,8 @@ class Bench:
                     pass
                 p.wait()
         self.procs.clear()
+        if self.groups:
+            self.groups.remove()
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -421,10 +429,21 @@ class Bench:
         return common.nginx_conf(d, port, locations, 1 if name == "upstream" else self.args.threads,
                                  http_extra, worker_connections)
 
-    def start_nginx(self, name: str, conf: Path, port: int) -> subprocess.Popen:
-        p = self.spawn(name, [self.nginx, "-p", str(conf.parent), "-e", str(conf.parent / "error.log"), "-c", str(conf)])
+    def start_nginx(self, name: str, conf: Path, port: int, group: str | None = None) -> subprocess.Popen:
+        p = self.spawn(name, [self.nginx, "-p", str(conf.parent), "-e", str(conf.parent / "error.log"), "-c", str(conf)],
+                       group=group)
         self.wait_http(name, p, port)
         return p
+
+    def upstream_of(self, name: str, shared: int) -> int:
+        """The upstream port of gateway `name`: the shared upstream, or with --side-by-side an
+        nginx of its own in its cgroup (it shares the gateway's half of the core)."""
+        if not self.groups:
+            return shared
+        port = free_port()
+        conf = self.nginx_conf(f"upstream-{name}", port, 'location / { return 200 "ok"; }')
+        self.start_nginx(f"upstream-{name}", conf, port, group=name)
+        return port
 
     # ---- envoy ----------------------------------------------------------------------------
 
@@ -582,6 +601,7 @@ auth = "{auth}"
                         auth: str = "none", route: str = "match = {}",
                         server: str = "") -> tuple[subprocess.Popen, int, int]:
         exe = binary or self.floodgate
+        upstream = self.upstream_of(name, upstream)
         port, admin = free_port(), free_port()
         conf = self.floodgate_conf(name, port, admin, upstream, rules, store, access_log_on, auth,
                                    route, server)
@@ -596,7 +616,7 @@ auth = "{auth}"
             k, _, v = kv.partition("=")
             env[k] = v
         p = self.spawn(name, [exe, "-c", str(conf), "--pid-file", str(self.tmp / f"{name}.pid"),
-                              "--upgrade-sock", str(self.tmp / f"{name}.sock")], env=env)
+                              "--upgrade-sock", str(self.tmp / f"{name}.sock")], env=env, group=name)
         self.wait_http(name, p, admin, "/healthz")
         return p, port, admin
 
@@ -946,8 +966,9 @@ auth = "{auth}"
             return
         port = free_port()
         p = self.spawn(name, [self.bare_proxy, "--listen", f"127.0.0.1:{port}",
-                              "--upstream", f"127.0.0.1:{upstream}", "--threads", str(self.args.threads)]
-                       + (["--reject"] if reject else []) + (["--contract"] if contract else []))
+                              "--upstream", f"127.0.0.1:{self.upstream_of(name, upstream)}",
+                              "--threads", str(self.args.threads)]
+                       + (["--reject"] if reject else []) + (["--contract"] if contract else []), group=name)
         self.wait_http(name, p, port)
         base = "nginx-429" if reject else "pingora-bare" if contract else "upstream"
         self.add(System(name, title, port, p.pid, "pingora", baseline=base,
@@ -958,9 +979,10 @@ auth = "{auth}"
         # round and reported against it.
         for vname, vpath in self.bare_variants:
             vport = free_port()
+            vup = self.upstream_of(f"{name}@{vname}", upstream)
             vp = self.spawn(f"{name}@{vname}", [vpath, "--listen", f"127.0.0.1:{vport}",
-                                                "--upstream", f"127.0.0.1:{upstream}",
-                                                "--threads", str(self.args.threads)])
+                                                "--upstream", f"127.0.0.1:{vup}",
+                                                "--threads", str(self.args.threads)], group=f"{name}@{vname}")
             self.wait_http(f"{name}@{vname}", vp, vport)
             self.add(System(f"{name}@{vname}", f"{title} [variant {vname}: {vpath}]", vport, vp.pid,
                             "pingora", baseline=name))
@@ -1322,6 +1344,10 @@ auth = "{auth}"
         w("")
         w("### Targets")
         w("")
+        w("Throughput ratios are judged round by round, one system after the other: the machine's "
+          "swings between rounds are in them. `--side-by-side` (`make bench-pairs`) judges the same "
+          "pairs loaded at once, without those swings (side-by-side.md).")
+        w("")
         for t in self.targets(S, H):
             w(f"- {t}")
         if self.notes:
@@ -1501,11 +1527,41 @@ auth = "{auth}"
                 self.notes.append(f"{os.path.relpath(self.bare_proxy, ROOT)} was rebuilt or removed during the "
                                   "run (the bare proxy measured was started before).")
 
+    def side_by_side(self) -> int:
+        """--side-by-side: the pairs measured at once (benches/load/side_by_side.py); writes
+        OUT/side-by-side.md and side-by-side.json."""
+        a = self.args
+        pairs = side_by_side.pairs_of(self, a.pair)
+        if not pairs:
+            raise SystemExit("--side-by-side: no pair of measured systems (--only, --pair A/B)")
+        conns = self.conns[0]
+        results = side_by_side.measure(self, pairs, a.rounds, a.duration, conns, log)
+        self.check_binary()
+        m = self.machine()
+        head = (f"Measured {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} on {m['cpus']} × {m['cpu_model']}, "
+                f"Linux {m['kernel']}; load average {' '.join(m['loadavg_start'])} at the start, "
+                f"{' '.join(m['loadavg_end'])} at the end. floodgate: {m['floodgate']}; bare proxy: {m['bare_proxy']}.")
+        report = side_by_side.report(results, a, conns, head)
+        if self.notes:
+            report += "\n### Notes\n\n" + "".join(f"- {n}\n" for n in self.notes)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "side-by-side.md").write_text(report)
+        data = {"args": vars(a), "machine": m, "notes": self.notes,
+                "pairs": [{"system": x, "against": y, "runs": r} for (x, y), r in results.items()]}
+        (out / "side-by-side.json").write_text(json.dumps(data, indent=1))
+        print()
+        print(report)
+        log(f"written {out / 'side-by-side.md'} and {out / 'side-by-side.json'}")
+        return 0
+
     def run(self) -> int:
         a = self.args
         self.load_start = open("/proc/loadavg").read().split()[:3]
         self.setup()
         self.probe()
+        if self.groups:
+            return self.side_by_side()
         if not a.skip_max:
             self.max_load()
         if not a.skip_half and not a.skip_max:
@@ -1581,6 +1637,14 @@ def main() -> int:
                    help="also run pingora-bare with the bare-proxy binary PATH, as system "
                         "pingora-bare@NAME right after it in each round, its ratio taken against "
                         "pingora-bare (benches/patches: one build per patch; repeatable)")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="measure pairs of systems at the same time on the servers' CPU, each in a CPU "
+                        "cgroup of its own with its own upstream (root; benches/load/side_by_side.py): the "
+                        "target pairs among the systems run, each --variant against its base, and --pair; "
+                        "--rounds runs of --duration s per pair at the first of --connections. Writes "
+                        "OUT/side-by-side.md and side-by-side.json instead of results.*")
+    p.add_argument("--pair", action="append", metavar="A/B",
+                   help="with --side-by-side, also measure system A against system B (repeatable)")
     p.add_argument("--floodgate-env", action="append", metavar="KEY=VALUE",
                    help="extra environment of the gateways (e.g. LD_PRELOAD=... to try an allocator)")
     args = p.parse_args()
