@@ -234,7 +234,7 @@ async fn run(settings: Settings, mut rx: Receiver<SpanRecord>, wake: Arc<Notify>
         woke = Instant::now();
         let mut taken = 0usize;
         loop {
-            let closed = take(&mut rx, &mut batch, batch_size);
+            let (closed, room) = take(&mut rx, &mut batch, batch_size);
             if batch.is_empty() {
                 if closed {
                     return;
@@ -243,7 +243,7 @@ async fn run(settings: Settings, mut rx: Receiver<SpanRecord>, wake: Arc<Notify>
             }
             let count = batch.len() as u64;
             taken += batch.len();
-            let body = encoder.encode(&batch);
+            let body = encoder.encode(&batch, room);
             batch.clear();
             let failure = match transport.as_mut() {
                 None => Some("no exporter".to_string()),
@@ -302,8 +302,8 @@ fn next_delay(
 const MAX_EXPORT_BYTES: usize = 3 * 1024 * 1024;
 
 /// Moves up to `max` queued spans into `batch`, fewer when they reach [`MAX_EXPORT_BYTES`];
-/// true when the queue is closed.
-fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) -> bool {
+/// whether the queue is closed, and the spans' encoded size ([`super::otlp::room`]'s sum).
+fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) -> (bool, usize) {
     let mut bytes = 0;
     while batch.len() < max && bytes < MAX_EXPORT_BYTES {
         match rx.try_recv() {
@@ -311,11 +311,11 @@ fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) 
                 bytes += super::otlp::room(&span);
                 batch.push(span);
             }
-            Err(TryRecvError::Empty) => return false,
-            Err(TryRecvError::Disconnected) => return true,
+            Err(TryRecvError::Empty) => return (false, bytes),
+            Err(TryRecvError::Disconnected) => return (true, bytes),
         }
     }
-    false
+    (false, bytes)
 }
 
 #[cfg(test)]
@@ -339,7 +339,7 @@ mod tests {
             tx.try_send(span(10)).unwrap();
         }
         let mut batch = Vec::new();
-        assert!(!take(&mut rx, &mut batch, 4));
+        assert!(!take(&mut rx, &mut batch, 4).0);
         assert_eq!(batch.len(), 4, "the count");
         // Spans of 1 MiB each: three fill an export, whatever the count allows.
         let (tx, mut rx) = mpsc::channel(64);
@@ -347,11 +347,11 @@ mod tests {
             tx.try_send(span(1 << 20)).unwrap();
         }
         batch.clear();
-        assert!(!take(&mut rx, &mut batch, 512));
+        assert!(!take(&mut rx, &mut batch, 512).0);
         assert_eq!(batch.len(), 3, "the bytes");
         drop(tx);
         batch.clear();
-        assert!(take(&mut rx, &mut batch, 512), "closed once drained");
+        assert!(take(&mut rx, &mut batch, 512).0, "closed once drained");
         assert_eq!(batch.len(), 2);
     }
 

@@ -63,15 +63,17 @@ impl Encoder {
         }
     }
 
-    /// One `ExportTraceServiceRequest` of `spans`. The spans are written once, after room
-    /// left for the envelope, whose lengths are known only then; the envelope is written
-    /// into the end of that room, so no byte of a span is moved.
-    pub fn encode(&mut self, spans: &[SpanRecord]) -> Bytes {
+    /// One `ExportTraceServiceRequest` of `spans`, whose [`room`]s add up to `spans_room`
+    /// (the exporter counted them when it took the spans: the buffer is allocated once, at
+    /// its final size). The spans are written once, after room left for the envelope, whose
+    /// lengths are known only then; the envelope is written into the end of that room, so no
+    /// byte of a span is moved.
+    pub fn encode(&mut self, spans: &[SpanRecord], spans_room: usize) -> Bytes {
         let room = self.resource.len() + self.scope.len() + 6 * 10;
-        let mut b = Vec::with_capacity(room + 256 * spans.len());
+        let mut b = Vec::with_capacity(room + spans_room);
         b.resize(room, 0);
         for s in spans {
-            nested(&mut b, 2, |b| span(b, &mut self.text, s));
+            nested(&mut b, 2, 2, |b| span(b, &mut self.text, s));
         }
         let spans_len = b.len() - room;
         // scope_spans = { scope = 1, spans = 2... }
@@ -100,7 +102,8 @@ impl Encoder {
     }
 }
 
-/// About the bytes `s` takes encoded (a little more: room for its framing).
+/// About the bytes `s` takes encoded, framed as one of a request's spans (a little more: room
+/// for its framing).
 pub(super) fn room(s: &SpanRecord) -> usize {
     let attrs: usize = s.attrs.iter().map(|(k, v)| k.len() + value_room(v)).sum();
     let events: usize = s
@@ -119,9 +122,6 @@ pub(super) fn room(s: &SpanRecord) -> usize {
 
 /// A `Span` message's body.
 fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
-    // Room for the fixed fields and the attributes at once: the writes below then never grow
-    // the buffer one by one.
-    b.reserve(room(s));
     bytes(b, 1, &s.trace_id);
     bytes(b, 2, &s.span_id);
     if let Some(state) = s.trace_state.as_deref() {
@@ -149,7 +149,7 @@ fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
         key_value(b, text, k, v);
     }
     for e in &s.events {
-        nested(b, 11, |b| {
+        nested(b, 11, 1, |b| {
             fixed64(b, 1, e.time);
             string(b, 2, e.name);
             for (k, v) in &e.attrs {
@@ -159,7 +159,7 @@ fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
         });
     }
     if let Some(message) = &s.error {
-        nested(b, 15, |b| {
+        nested(b, 15, 1, |b| {
             if !message.is_empty() {
                 string(b, 2, message);
             }
@@ -212,6 +212,31 @@ fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
         Any::Double(_) => 1 + 8,
     };
     let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
+    if kv_len < 0x80 {
+        // Nearly every attribute: each length fits in one byte, and the framing is written
+        // as it is, no varint computed.
+        b.extend_from_slice(&[kv_len as u8, KEY, key.len() as u8]);
+        b.extend_from_slice(key.as_bytes());
+        match any {
+            Any::Text(t) => {
+                b.extend_from_slice(&[VALUE, any_len as u8, ANY_STRING, t.len() as u8]);
+                b.extend_from_slice(t);
+            }
+            Any::Int(v) => {
+                let mut head = [0u8; HEAD];
+                head[..3].copy_from_slice(&[VALUE, any_len as u8, ANY_INT]);
+                let n = 3 + varint_at(&mut head[3..], v);
+                put_head(b, &head, n);
+            }
+            Any::Double(x) => {
+                let mut head = [0u8; 11];
+                head[..3].copy_from_slice(&[VALUE, any_len as u8, ANY_DOUBLE]);
+                head[3..].copy_from_slice(&x.to_le_bytes());
+                b.extend_from_slice(&head);
+            }
+        }
+        return;
+    }
     // The framing goes through a buffer on the stack: three copies into `b` per attribute
     // rather than one per field.
     let mut head = [0u8; HEAD];
@@ -257,18 +282,25 @@ fn put_head(b: &mut Vec<u8>, head: &[u8; HEAD], n: usize) {
     b.truncate(len + n);
 }
 
-/// A length-delimited field whose body `f` writes: the body is written in place and moved
-/// right by its length's size once known (for the few small messages whose size is not
-/// counted first).
-fn nested(b: &mut Vec<u8>, field: u32, f: impl FnOnce(&mut Vec<u8>)) {
+/// A length-delimited field whose body `f` writes in place, after `guess` bytes left for its
+/// length (a span's body takes two: 128 bytes to 16 KiB); the body is moved only when its
+/// length's size turns out another.
+fn nested(b: &mut Vec<u8>, field: u32, guess: usize, f: impl FnOnce(&mut Vec<u8>)) {
     tag(b, field, LEN);
     let at = b.len();
+    b.resize(at + guess, 0);
     f(b);
-    let len = b.len() - at;
+    let len = b.len() - at - guess;
     let mut prefix = [0u8; 10];
     let n = varint_at(&mut prefix, len as u64);
-    b.resize(b.len() + n, 0);
-    b.copy_within(at..at + len, at + n);
+    if n != guess {
+        let body = at + guess;
+        if n > guess {
+            b.resize(b.len() + n - guess, 0);
+        }
+        b.copy_within(body..body + len, at + n);
+        b.truncate(at + n + len);
+    }
     b[at..at + n].copy_from_slice(&prefix[..n]);
 }
 
@@ -357,6 +389,20 @@ mod tests {
     }
 
     #[test]
+    fn a_nested_field_is_framed_alike_whatever_room_its_length_was_given() {
+        for len in [0, 5, 127, 128, 200, 16_383, 16_384, 20_000] {
+            let body: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut want = vec![0xee];
+            bytes(&mut want, 3, &body);
+            for guess in [1, 2] {
+                let mut got = vec![0xee];
+                nested(&mut got, 3, guess, |b| b.extend_from_slice(&body));
+                assert_eq!(got, want, "{len} bytes, {guess} left for the length");
+            }
+        }
+    }
+
+    #[test]
     fn a_batch_decodes_with_the_generated_types_field_for_field() {
         let mut server = SpanRecord::start([7; 16], [9; 8], Name::Text("x".into()), Kind::Server);
         server.remote_parent = true;
@@ -387,7 +433,8 @@ mod tests {
         // A long value: lengths past one varint byte at every level.
         child.set("long", "a".repeat(300));
         let mut enc = Encoder::new([("service.name", "edge"), ("k", "v")]);
-        let wire = enc.encode(&[server.clone(), child.clone()]);
+        let spans = [server.clone(), child.clone()];
+        let wire = enc.encode(&spans, spans.iter().map(room).sum());
         let req = ExportTraceServiceRequest::decode(&wire[..]).expect("decodes");
         assert_eq!(req.resource_spans.len(), 1);
         let rs = &req.resource_spans[0];
@@ -437,8 +484,9 @@ mod tests {
         assert_eq!(text(&c.attributes[0].value).len(), 300);
         assert!(c.status.is_none());
         // A second batch of the same spans is the same bytes again.
-        assert_eq!(enc.encode(&[server, child]), wire);
-        assert!(ExportTraceServiceRequest::decode(enc.encode(&[])).is_ok());
+        // A room too small is a hint only: the buffer grows.
+        assert_eq!(enc.encode(&spans, 0), wire);
+        assert!(ExportTraceServiceRequest::decode(enc.encode(&[], 0)).is_ok());
         for n in [0u64, 1, 127, 128, 16_383, 16_384, u64::MAX] {
             let mut out = [0u8; 10];
             assert_eq!(varint_len_u64(n), varint_at(&mut out, n), "{n}");

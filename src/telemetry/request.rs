@@ -152,13 +152,14 @@ impl RequestTrace {
         headers: &HeaderMap,
         tls: bool,
     ) -> Option<RequestTrace> {
-        let name = method_name(method);
-        let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name.clone())?;
+        let name = || method_name(method);
+        let mut trace = Self::begin(settings, trusted_proxies, peer, headers, name)?;
         if let Trace::Sampled(s) = &mut trace.0 {
             let span = &mut s.server;
             span.attrs.reserve(9);
-            span.push("http.request.method", name);
-            span.push("url.path", bounded(path));
+            span.push("http.request.method", s.method.clone());
+            // Shared: the client span's `url.path` is the same text unless a rewrite changed it.
+            span.push("url.path", Arc::<str>::from(bounded(path)));
             span.push("url.scheme", if tls { "https" } else { "http" });
             span.push("network.peer.address", peer);
             if let Some(host) = headers
@@ -166,7 +167,7 @@ impl RequestTrace {
                 .and_then(|h| h.to_str().ok())
             {
                 let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-                span.push("server.address", bounded(host));
+                span.push("server.address", bounded(host).to_owned());
             }
         }
         Some(trace)
@@ -181,7 +182,7 @@ impl RequestTrace {
         metadata: &HeaderMap,
         domain: &str,
     ) -> Option<RequestTrace> {
-        let name = Cow::Borrowed(RLS_SPAN_NAME);
+        let name = || Cow::Borrowed(RLS_SPAN_NAME);
         let mut trace = Self::begin(settings, trusted_proxies, peer, metadata, name)?;
         if let Trace::Sampled(s) = &mut trace.0 {
             let span = &mut s.server;
@@ -189,19 +190,19 @@ impl RequestTrace {
             span.push("rpc.service", RLS_SERVICE);
             span.push("rpc.method", "ShouldRateLimit");
             span.push("network.peer.address", peer);
-            span.push("floodgate.rls.domain", bounded(domain));
+            span.push("floodgate.rls.domain", bounded(domain).to_owned());
         }
         Some(trace)
     }
 
     /// The sampling decision first (parent-based: a trusted caller's sampled flag, else the
-    /// ratio in force), and only for a sampled request the server span.
+    /// ratio in force), and only for a sampled request the server span, named by `name`.
     fn begin(
         settings: &Settings,
         trusted_proxies: &[IpNet],
         peer: IpAddr,
         headers: &HeaderMap,
-        name: Cow<'static, str>,
+        name: impl FnOnce() -> Cow<'static, str>,
     ) -> Option<RequestTrace> {
         let telemetry = super::tracer(settings)?;
         let trusted = settings.trust_incoming || trusted_proxies.iter().any(|n| n.contains(&peer));
@@ -229,6 +230,8 @@ impl RequestTrace {
             }
         };
         let parent = remote.as_ref().map_or([0; 8], |r| r.span_id);
+        // The name only now: an unsampled request needs none.
+        let name = name();
         let mut server =
             SpanRecord::start(trace_id, parent, Name::Text(name.clone()), Kind::Server);
         if let Some(r) = remote {
@@ -379,6 +382,8 @@ impl RequestTrace {
         let span = match &mut s.upstream {
             Some(span) => {
                 span.set("http.request.resend_count", up.attempt as i64);
+                span.set("server.address", up.addr.ip());
+                span.set("server.port", i64::from(up.addr.port()));
                 span
             }
             None => {
@@ -390,13 +395,18 @@ impl RequestTrace {
                 span.push("http.request.method", method);
                 span.push("floodgate.upstream", up.name.clone());
                 // What the upstream receives (a route's rewrite changes it; the server span's
-                // `url.path` is the client's).
-                span.push("url.path", bounded(req.uri.path()));
+                // `url.path` is the client's): the server span's text when it is the same.
+                let path = bounded(req.uri.path());
+                let same = s.server.attrs.iter().find_map(|(k, v)| match v {
+                    Value::Shared(p) if *k == "url.path" && &**p == path => Some(p.clone()),
+                    _ => None,
+                });
+                span.push("url.path", same.unwrap_or_else(|| Arc::from(path)));
+                span.push("server.address", up.addr.ip());
+                span.push("server.port", i64::from(up.addr.port()));
                 s.upstream.insert(span)
             }
         };
-        span.set("server.address", up.addr.ip());
-        span.set("server.port", i64::from(up.addr.port()));
         let state = span.trace_state.as_deref();
         propagation::inject(span.trace_id, span.span_id, true, false, state, req);
     }
@@ -481,15 +491,15 @@ const RLS_SPAN_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldR
 
 /// `s`, cut to at most [`MAX_VALUE`] bytes (at a character boundary): a client's path or host
 /// must not make a span, and a queued batch, as large as it likes.
-fn bounded(s: &str) -> String {
+fn bounded(s: &str) -> &str {
     if s.len() <= MAX_VALUE {
-        return s.to_owned();
+        return s;
     }
     let mut end = MAX_VALUE;
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    s[..end].to_owned()
+    &s[..end]
 }
 
 /// Longest attribute value taken from a request.
