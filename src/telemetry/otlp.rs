@@ -6,6 +6,8 @@
 //! export and the message of an OTLP/gRPC one. `tests` decodes them with the generated types
 //! of opentelemetry-proto to hold the encoding to the schema.
 
+use std::net::IpAddr;
+
 use bytes::Bytes;
 
 use super::span::{Name, SpanRecord, Value};
@@ -41,25 +43,44 @@ pub(super) struct Encoder {
     resource: Vec<u8>,
     /// The `InstrumentationScope` message's body, encoded once.
     scope: Vec<u8>,
-    /// An address's text, between attributes.
+    /// The last address written as text.
+    ip: IpText,
+}
+
+/// An address as text, kept for the next attribute of the same address (a request's client
+/// and peer addresses are usually one).
+#[derive(Default)]
+struct IpText {
+    ip: Option<IpAddr>,
     text: String,
+}
+
+impl IpText {
+    fn of(&mut self, ip: IpAddr) -> &[u8] {
+        if self.ip != Some(ip) {
+            self.text.clear();
+            crate::text::push_ip(&mut self.text, ip);
+            self.ip = Some(ip);
+        }
+        self.text.as_bytes()
+    }
 }
 
 impl Encoder {
     /// An encoder whose requests carry `resource` (key, value) attributes.
     pub fn new<'a>(resource: impl IntoIterator<Item = (&'a str, &'a str)>) -> Encoder {
-        let mut text = String::new();
+        let mut ip = IpText::default();
         let mut body = Vec::new();
         for (k, v) in resource {
             tag(&mut body, 1, LEN);
-            key_value(&mut body, &mut text, k, &Value::from(v.to_owned()));
+            key_value(&mut body, &mut ip, k, &Value::from(v.to_owned()));
         }
         let mut scope = Vec::new();
         string(&mut scope, 1, SCOPE);
         Encoder {
             resource: body,
             scope,
-            text,
+            ip,
         }
     }
 
@@ -73,7 +94,7 @@ impl Encoder {
         let mut b = Vec::with_capacity(room + spans_room);
         b.resize(room, 0);
         for s in spans {
-            nested(&mut b, 2, 2, |b| span(b, &mut self.text, s));
+            nested(&mut b, 2, 2, |b| span(b, &mut self.ip, s));
         }
         let spans_len = b.len() - room;
         // scope_spans = { scope = 1, spans = 2... }
@@ -121,7 +142,7 @@ pub(super) fn room(s: &SpanRecord) -> usize {
 }
 
 /// A `Span` message's body.
-fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
+fn span(b: &mut Vec<u8>, ip: &mut IpText, s: &SpanRecord) {
     bytes(b, 1, &s.trace_id);
     bytes(b, 2, &s.span_id);
     if let Some(state) = s.trace_state.as_deref() {
@@ -146,7 +167,7 @@ fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
     fixed64(b, 8, s.end.max(s.start));
     for (k, v) in &s.attrs {
         tag(b, 9, LEN);
-        key_value(b, text, k, v);
+        key_value(b, ip, k, v);
     }
     for e in &s.events {
         nested(b, 11, 1, |b| {
@@ -154,7 +175,7 @@ fn span(b: &mut Vec<u8>, text: &mut String, s: &SpanRecord) {
             string(b, 2, e.name);
             for (k, v) in &e.attrs {
                 tag(b, 3, LEN);
-                key_value(b, text, k, v);
+                key_value(b, ip, k, v);
             }
         });
     }
@@ -186,8 +207,8 @@ fn value_room(v: &Value) -> usize {
 
 /// A `KeyValue` message, length first (its tag is the caller's): `key = 1`, `value = 2` (an
 /// `AnyValue`). Its size is counted before it is written (an address is written as text
-/// into `text` first).
-fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
+/// into `ip` first).
+fn key_value(b: &mut Vec<u8>, ip: &mut IpText, key: &str, value: &Value) {
     /// The `AnyValue` field and its payload.
     enum Any<'a> {
         Text(&'a [u8]),
@@ -200,43 +221,49 @@ fn key_value(b: &mut Vec<u8>, text: &mut String, key: &str, value: &Value) {
         // int64: a negative number is its two's complement, ten bytes.
         Value::Int(n) => Any::Int(*n as u64),
         Value::F64(x) => Any::Double(*x),
-        Value::Ip(ip) => {
-            text.clear();
-            crate::text::push_ip(text, *ip);
-            Any::Text(text.as_bytes())
-        }
+        Value::Ip(addr) => Any::Text(ip.of(*addr)),
     };
-    let any_len = match any {
-        Any::Text(t) => 1 + varint_len(t.len()) + t.len(),
-        Any::Int(n) => 1 + varint_len_u64(n),
-        Any::Double(_) => 1 + 8,
-    };
-    let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
-    if kv_len < 0x80 {
-        // Nearly every attribute: each length fits in one byte, and the framing is written
-        // as it is, no varint computed.
-        b.extend_from_slice(&[kv_len as u8, KEY, key.len() as u8]);
+    // The KeyValue's size were every length one byte: `KEY`, key length, key, `VALUE`,
+    // value length, and the `AnyValue` (its tag and payload).
+    let short = 4
+        + key.len()
+        + match any {
+            Any::Text(t) => 2 + t.len(),
+            Any::Int(n) => 1 + varint_len_u64(n),
+            Any::Double(_) => 1 + 8,
+        };
+    if short < 0x80 {
+        // Nearly every attribute: every length is under 128, so each is the one byte
+        // written as it is (no varint computed).
+        let any_len = (short - 4 - key.len()) as u8;
+        b.extend_from_slice(&[short as u8, KEY, key.len() as u8]);
         b.extend_from_slice(key.as_bytes());
         match any {
             Any::Text(t) => {
-                b.extend_from_slice(&[VALUE, any_len as u8, ANY_STRING, t.len() as u8]);
+                b.extend_from_slice(&[VALUE, any_len, ANY_STRING, t.len() as u8]);
                 b.extend_from_slice(t);
             }
             Any::Int(v) => {
                 let mut head = [0u8; HEAD];
-                head[..3].copy_from_slice(&[VALUE, any_len as u8, ANY_INT]);
+                head[..3].copy_from_slice(&[VALUE, any_len, ANY_INT]);
                 let n = 3 + varint_at(&mut head[3..], v);
                 put_head(b, &head, n);
             }
             Any::Double(x) => {
                 let mut head = [0u8; 11];
-                head[..3].copy_from_slice(&[VALUE, any_len as u8, ANY_DOUBLE]);
+                head[..3].copy_from_slice(&[VALUE, any_len, ANY_DOUBLE]);
                 head[3..].copy_from_slice(&x.to_le_bytes());
                 b.extend_from_slice(&head);
             }
         }
         return;
     }
+    let any_len = match any {
+        Any::Text(t) => 1 + varint_len(t.len()) + t.len(),
+        Any::Int(n) => 1 + varint_len_u64(n),
+        Any::Double(_) => 1 + 8,
+    };
+    let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
     // The framing goes through a buffer on the stack: three copies into `b` per attribute
     // rather than one per field.
     let mut head = [0u8; HEAD];
@@ -416,6 +443,10 @@ mod tests {
             "network.peer.address",
             "::1".parse::<std::net::IpAddr>().unwrap(),
         );
+        // Addresses one after another: the text kept for the last one is not reused for
+        // another.
+        server.set("client.address", IpAddr::from([10, 0, 0, 7]));
+        server.set("server.address", IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]));
         server.set("neg", -3i64);
         server.set("ms", 1.5f64);
         server.set("http.response.status_code", 429i64);
@@ -468,6 +499,8 @@ mod tests {
                 ("url.path".into(), "/orders/1".into()),
                 ("http.response.status_code".into(), "i429".into()),
                 ("network.peer.address".into(), "::1".into()),
+                ("client.address".into(), "10.0.0.7".into()),
+                ("server.address".into(), "::1".into()),
                 ("neg".into(), "i-3".into()),
                 ("ms".into(), "d1.5".into()),
             ]

@@ -292,15 +292,16 @@ impl RequestTrace {
         let Trace::Sampled(s) = &mut self.0 else {
             return;
         };
+        // Once per request (the proxy identifies a request once): pushed, no search.
         let span = &mut s.server;
         if let Some(route) = route {
             // The route's name: floodgate routes match prefixes, not templates.
-            span.set("http.route", route.clone());
+            span.push("http.route", route.clone());
             span.name = Name::MethodRoute(s.method.clone(), route.clone());
         }
-        span.set("client.address", client_ip);
+        span.push("client.address", client_ip);
         if let Some(id) = key_id {
-            span.set("floodgate.key_id", id.to_owned());
+            span.push("floodgate.key_id", id.to_owned());
         }
     }
 
@@ -439,18 +440,19 @@ impl RequestTrace {
         let end = span::now();
         if let Some(mut span) = upstream {
             if let Some(e) = error {
-                span.set("error.type", e.to_owned());
+                span.push("error.type", e.to_owned());
                 span.error = Some(Cow::Owned(e.to_owned()));
             }
             span.end = end;
             queue.send(span);
         }
+        // Only set here: pushed, no search.
         if status > 0 {
-            server.set("http.response.status_code", i64::from(status));
+            server.push("http.response.status_code", i64::from(status));
         }
         if status >= 500 || (status == 0 && error.is_some()) {
             let why = error.unwrap_or("server error");
-            server.set("error.type", why.to_owned());
+            server.push("error.type", why.to_owned());
             server.error = Some(Cow::Owned(why.to_owned()));
         }
         // A 429 is the gateway working, not failing: its status stays unset (HTTP server
