@@ -15,6 +15,13 @@ cgroups, the two gateways would get equal CPU time whatever their upstream costs
 helper thread of a gateway, such as the trace exporter, would get a share of its own: the
 ratio would not be the one the sequential run measures.)
 
+What it does not make alike: the two gateways take turns on one core and share its caches, so
+a system with the larger code and data pays more for each turn; between two configs of one
+binary (tracing, routing, the access log) that stays within the A/A resolution, between
+floodgate and the bare proxy it may not (fg-none / pingora-bare measured 0.84x side by side,
+0.87-0.89x in sequential runs). And a system that waits on something on the client's CPU
+(Redis) is bound by that wait, not by its half of the core: those pairs are left out.
+
 Each round is one such run; a pair's verdict is judged round by round as in the sequential
 run: met when every round's ratio reaches the target, missed when none does, else not
 resolved. CPU per request (the gateway's own processes, not its upstream) is reported beside.
@@ -32,12 +39,13 @@ V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
 
 # (system, against, at least, what): the throughput targets of docs/benchmarks.md, judged on
-# req/s ratios. The sequential report judges the same pairs.
+# req/s ratios. The sequential report judges the same pairs, and also fg-global1 and
+# fg-global3 against fg-none, left out here: a gateway that waits on Redis every request is
+# bound by its round trips, and redis-server shares the client's CPU, which two wrks load side
+# by side (fg-global1 measured 0.78x fg-none so, about 0.9x one after the other).
 RATIO_TARGETS = [
     ("fg-none", "pingora-bare", 0.92, "floodgate no rules / bare Pingora"),
     ("fg-local", "pingora-bare", 0.90, "one local rule / bare Pingora"),
-    ("fg-global1", "fg-none", 0.90, "one global rule (Redis) / no rules"),
-    ("fg-global3", "fg-none", 0.85, "three global rules (Redis) / no rules"),
     ("fg-lease", "fg-local", 0.95, "a leased global rule / a local rule"),
     ("fg-local", "fg-local-notop", 0.97, "GET /top's tracking on / off, one rule"),
     ("fg-log", "fg-none", 0.90, "access log on / off"),
