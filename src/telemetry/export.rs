@@ -1,7 +1,7 @@
 //! The export path: a bounded queue between the request path and the OTLP exporter.
 //!
-//! A finished sampled span is handed to [`Queue::send`], which only `try_send`s its record into
-//! a bounded channel: a full queue drops the span and counts it
+//! A finished sampled span is handed to [`Queue::send`], which pushes its record onto a
+//! lock-free queue whose length a counter bounds: a full queue drops the span and counts it
 //! (`floodgate_trace_spans_dropped_total`), it never waits. One thread, `floodgate-otlp`, with
 //! a runtime of its own, wakes every `schedule_delay` (sooner when spans come fast enough to
 //! fill a quarter of the queue before then: [`next_delay`], or woken by a send that finds it
@@ -10,16 +10,18 @@
 //! it on one kept-alive connection (OTLP/HTTP: a `POST` of the protobuf body; OTLP/gRPC:
 //! `TraceService/Export` on one HTTP/2 channel), at most `export_timeout` per batch. A batch
 //! that fails or times out is dropped and counted too: a collector that is down or slow fills
-//! the queue, never a request's time. The worker polls instead of waiting on the channel, so
-//! that a request's `try_send` never has a sleeping receiver to wake (a system call per span);
-//! only a queue past half full wakes it.
+//! the queue, never a request's time. The worker polls instead of waiting on the queue, so
+//! that a request's send never has a sleeping receiver to wake (a system call per span); only
+//! a queue past half full wakes it. (A bounded tokio channel cost a sampled request about 850
+//! instructions for its two spans: a semaphore permit per span, whose release takes a lock.)
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use crossbeam_queue::SegQueue;
 use http_body_util::{BodyExt, Full, Limited};
-use tokio::sync::mpsc::{self, error::TryRecvError, Receiver, Sender};
 use tokio::sync::Notify;
 
 use super::otlp::Encoder;
@@ -40,46 +42,82 @@ const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 /// Where the request path leaves finished spans.
 #[derive(Debug)]
 pub(super) struct Queue {
-    tx: Sender<SpanRecord>,
+    spans: Arc<Spans>,
+    /// Most spans queued (`max_queue_size`).
+    capacity: usize,
+    /// Spans already queued from which a send wakes the export thread (half the queue).
+    high_water: usize,
+}
+
+/// The queue the export thread takes from.
+#[derive(Debug)]
+struct Spans {
+    queue: SegQueue<SpanRecord>,
+    /// Spans queued or being queued: a send counts itself in before it pushes, so the queue
+    /// never holds more than its capacity.
+    len: AtomicUsize,
     /// Wakes the export thread early: a burst fills the queue faster than its schedule.
-    wake: Arc<Notify>,
-    /// Room left in the queue below which a send wakes the export thread (half of it).
-    low_water: usize,
+    wake: Notify,
+    /// The [`Queue`] is gone: the export thread ends once it has taken what is left.
+    closed: AtomicBool,
 }
 
 impl Queue {
+    /// A queue of `capacity` spans and its taking end.
+    fn new(capacity: usize) -> (Queue, Arc<Spans>) {
+        let capacity = capacity.max(1);
+        let spans = Arc::new(Spans {
+            queue: SegQueue::new(),
+            len: AtomicUsize::new(0),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+        });
+        let queue = Queue {
+            spans: spans.clone(),
+            capacity,
+            high_water: capacity - capacity / 2,
+        };
+        (queue, spans)
+    }
+
     /// Queues a finished span; a full queue (or a stopped exporter) drops and counts it. A
     /// queue past half full wakes the export thread (an atomic store while it drains, a
     /// wake-up only when it sleeps): otherwise a send never wakes it.
     pub fn send(&self, span: SpanRecord) {
-        if self.tx.try_send(span).is_err() {
+        let s = &*self.spans;
+        let queued = s.len.fetch_add(1, Ordering::Relaxed);
+        if queued >= self.capacity {
+            s.len.fetch_sub(1, Ordering::Relaxed);
             metrics().trace_spans_dropped.inc();
-            self.wake.notify_one();
-        } else if self.tx.capacity() < self.low_water {
-            self.wake.notify_one();
+            s.wake.notify_one();
+            return;
         }
+        s.queue.push(span);
+        if queued >= self.high_water {
+            s.wake.notify_one();
+        }
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.spans.closed.store(true, Ordering::Release);
+        self.spans.wake.notify_one();
     }
 }
 
 /// Starts the export thread; the queue it reads. `None` (logged) if no thread could be
 /// started: spans are then not recorded at all.
 pub(super) fn start(settings: &Settings) -> Option<Queue> {
-    let capacity = settings.max_queue_size.max(1);
-    let (tx, rx) = mpsc::channel(capacity);
-    let wake = Arc::new(Notify::new());
-    let woken = wake.clone();
+    let (queue, spans) = Queue::new(settings.max_queue_size);
     let settings = settings.clone();
     let spawned = crate::threads::spawn(
         "floodgate-otlp",
-        move || run(settings, rx, woken),
+        move || run(settings, spans),
         |e| tracing::error!(error = %e, "trace export runtime could not start; spans are dropped"),
     );
     match spawned {
-        Ok(_) => Some(Queue {
-            tx,
-            wake,
-            low_water: capacity / 2,
-        }),
+        Ok(_) => Some(queue),
         Err(e) => {
             tracing::error!(error = %e, "trace export thread could not start; tracing is off");
             None
@@ -210,8 +248,8 @@ impl Transport {
     }
 }
 
-/// The export thread's loop: runs until the queue's sender is gone.
-async fn run(settings: Settings, mut rx: Receiver<SpanRecord>, wake: Arc<Notify>) {
+/// The export thread's loop: runs until the [`Queue`] is gone and its spans taken.
+async fn run(settings: Settings, spans: Arc<Spans>) {
     let mut transport = match Transport::new(&settings) {
         Ok(t) => Some(t),
         Err(e) => {
@@ -228,13 +266,13 @@ async fn run(settings: Settings, mut rx: Receiver<SpanRecord>, wake: Arc<Notify>
     loop {
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = wake.notified() => {}
+            () = spans.wake.notified() => {}
         }
         let since = woke.elapsed();
         woke = Instant::now();
         let mut taken = 0usize;
         loop {
-            let (closed, room) = take(&mut rx, &mut batch, batch_size);
+            let (closed, room) = take(&spans, &mut batch, batch_size);
             if batch.is_empty() {
                 if closed {
                     return;
@@ -302,17 +340,22 @@ fn next_delay(
 const MAX_EXPORT_BYTES: usize = 3 * 1024 * 1024;
 
 /// Moves up to `max` queued spans into `batch`, fewer when they reach [`MAX_EXPORT_BYTES`];
-/// whether the queue is closed, and the spans' encoded size ([`super::otlp::room`]'s sum).
-fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) -> (bool, usize) {
+/// whether the queue is closed and empty, and the spans' encoded size
+/// ([`super::otlp::room`]'s sum).
+fn take(spans: &Spans, batch: &mut Vec<SpanRecord>, max: usize) -> (bool, usize) {
     let mut bytes = 0;
     while batch.len() < max && bytes < MAX_EXPORT_BYTES {
-        match rx.try_recv() {
-            Ok(span) => {
+        match spans.queue.pop() {
+            Some(span) => {
+                spans.len.fetch_sub(1, Ordering::Relaxed);
                 bytes += super::otlp::room(&span);
                 batch.push(span);
             }
-            Err(TryRecvError::Empty) => return (false, bytes),
-            Err(TryRecvError::Disconnected) => return (true, bytes),
+            // Closed is read before emptiness: a span sent before the queue went is seen.
+            None => {
+                let closed = spans.closed.load(Ordering::Acquire);
+                return (closed && spans.queue.is_empty(), bytes);
+            }
         }
     }
     (false, bytes)
@@ -322,37 +365,62 @@ fn take(rx: &mut Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize) 
 mod tests {
     use super::*;
 
+    fn span(path: usize) -> SpanRecord {
+        let mut s = SpanRecord::start(
+            [1; 16],
+            [0; 8],
+            super::super::span::Name::Text("GET".into()),
+            super::super::span::Kind::Server,
+        );
+        s.push("url.path", "/".repeat(path));
+        s
+    }
+
     #[test]
     fn a_batch_stops_at_its_count_or_its_bytes() {
-        let (tx, mut rx) = mpsc::channel(64);
-        let span = |path: usize| {
-            let mut s = SpanRecord::start(
-                [1; 16],
-                [0; 8],
-                super::super::span::Name::Text("GET".into()),
-                super::super::span::Kind::Server,
-            );
-            s.push("url.path", "/".repeat(path));
-            s
-        };
+        let (queue, spans) = Queue::new(64);
         for _ in 0..10 {
-            tx.try_send(span(10)).unwrap();
+            queue.send(span(10));
         }
         let mut batch = Vec::new();
-        assert!(!take(&mut rx, &mut batch, 4).0);
+        assert!(!take(&spans, &mut batch, 4).0);
         assert_eq!(batch.len(), 4, "the count");
         // Spans of 1 MiB each: three fill an export, whatever the count allows.
-        let (tx, mut rx) = mpsc::channel(64);
+        let (queue, spans) = Queue::new(64);
         for _ in 0..5 {
-            tx.try_send(span(1 << 20)).unwrap();
+            queue.send(span(1 << 20));
         }
         batch.clear();
-        assert!(!take(&mut rx, &mut batch, 512).0);
+        let (closed, room) = take(&spans, &mut batch, 512);
+        assert!(!closed);
         assert_eq!(batch.len(), 3, "the bytes");
-        drop(tx);
+        assert_eq!(
+            room,
+            batch.iter().map(super::super::otlp::room).sum::<usize>()
+        );
+        drop(queue);
         batch.clear();
-        assert!(take(&mut rx, &mut batch, 512).0, "closed once drained");
+        assert!(take(&spans, &mut batch, 512).0, "closed once drained");
         assert_eq!(batch.len(), 2);
+    }
+
+    #[test]
+    fn a_full_queue_drops_what_comes_past_its_capacity_and_takes_again_once_drained() {
+        let (queue, spans) = Queue::new(8);
+        for _ in 0..20 {
+            queue.send(span(1));
+        }
+        let mut batch = Vec::new();
+        assert!(!take(&spans, &mut batch, 512).0);
+        assert_eq!(batch.len(), 8, "never more than its capacity");
+        // Taken: room again, counted right.
+        for _ in 0..20 {
+            queue.send(span(1));
+        }
+        batch.clear();
+        take(&spans, &mut batch, 512);
+        assert_eq!(batch.len(), 8);
+        assert_eq!(spans.len.load(Ordering::Relaxed), 0);
     }
 
     #[test]
