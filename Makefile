@@ -91,7 +91,7 @@ bench: bench-deps
 ## options, e.g. PAIRS_ARGS="--only fg-none fg-trace-0.01 fg-trace-1 --no-redis --no-envoy".
 bench-pairs: bench-deps
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
-	python3 benches/load/run.py --side-by-side --rounds 5 --duration 5 --connections 32 --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(PAIRS_ARGS)
+	python3 benches/load/run.py --side-by-side --no-envoy --rounds 5 --duration 5 --connections 32 --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/bench $(PAIRS_ARGS)
 
 ## Memory per client connection alone (docs/benchmarks.md): floodgate, bare Pingora, nginx and
 ## Envoy holding 4,000 idle and 4,000 mid-request connections, about 4 minutes. Writes

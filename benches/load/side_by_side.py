@@ -118,14 +118,16 @@ def _read(p: Path) -> str:
 
 def pairs_of(bench, extra: list[str] | None) -> list[tuple[str, str]]:
     """The pairs measured: each target pair whose two systems run, each variant against its
-    base, and `extra` ("A/B")."""
-    live = {s.name for s in bench.live()}
+    base, and `extra` ("A/B"). Only floodgate and the bare proxy run in cgroups of their own
+    with upstreams of their own: nginx and Envoy systems cannot be paired."""
+    live = {s.name for s in bench.live() if s.kind in ("floodgate", "pingora")}
     out = [(a, b) for a, b, _, _ in RATIO_TARGETS if a in live and b in live]
     out += [(n, s.baseline) for n, s in bench.systems.items() if "@" in n and n in live and s.baseline in live]
     for p in extra or []:
         a, sep, b = p.partition("/")
         if not sep or a not in live or b not in live:
-            raise SystemExit(f"--pair {p}: not two measured systems A/B (measured: {', '.join(sorted(live))})")
+            raise SystemExit(f"--pair {p}: not two systems that can be paired, A/B (floodgate and bare proxy "
+                             f"systems measured: {', '.join(sorted(live))})")
         out.append((a, b))
     return list(dict.fromkeys(out))
 
