@@ -57,6 +57,10 @@ RATIO_TARGETS = [
 ]
 
 
+class Unavailable(Exception):
+    """No CPU cgroups can be made here (no controller, or not root): the reason."""
+
+
 def verdict(ratios: list[float], need: float) -> str:
     """Met when every round's ratio reaches `need`, missed when none does, else not resolved:
     the rounds' spread straddles the target and no verdict can be read from them."""
@@ -82,11 +86,11 @@ class CpuGroups:
                 try:
                     (V2 / "cgroup.subtree_control").write_text("+cpu")
                 except OSError as e:
-                    raise SystemExit(f"--side-by-side: cannot enable the cpu controller of {V2}: {e}")
+                    raise Unavailable(f"the cpu controller of {V2} cannot be enabled: {e}")
         else:
-            raise SystemExit("--side-by-side: no CPU cgroup controller (cgroup v1 `cpu` or v2 `cpu`) here")
+            raise Unavailable("no CPU cgroup controller (cgroup v1 `cpu` or v2 `cpu`) here")
         if not os.access(self.base, os.W_OK):
-            raise SystemExit(f"--side-by-side: {self.base} is not writable (run as root)")
+            raise Unavailable(f"{self.base} is not writable (run as root)")
         self.tag = tag
         self.dirs: list[Path] = []
 
