@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use bytes::Bytes;
 
-use super::span::{Name, SpanRecord, Value};
+use super::span::{Attr, Name, SpanRecord, Value};
 
 /// Protobuf wire types.
 const VARINT: u32 = 0;
@@ -126,19 +126,13 @@ impl Encoder {
 /// About the bytes `s` takes encoded, framed as one of a request's spans (a little more: room
 /// for its framing).
 pub(super) fn room(s: &SpanRecord) -> usize {
-    let attrs: usize = s.attrs.iter().map(|(k, v)| k.len() + value_room(v)).sum();
-    let events: usize = s
-        .events
-        .iter()
-        .map(|e| {
-            32 + e
-                .attrs
-                .iter()
-                .map(|(k, v)| k.len() + value_room(v))
-                .sum::<usize>()
-        })
-        .sum();
-    128 + attrs + events + s.trace_state.as_deref().map_or(0, str::len)
+    let events: usize = s.events.iter().map(|e| 32 + attrs_room(&e.attrs)).sum();
+    128 + attrs_room(&s.attrs) + events + s.trace_state.as_deref().map_or(0, str::len)
+}
+
+/// About the bytes `attrs` take encoded.
+fn attrs_room(attrs: &[Attr]) -> usize {
+    attrs.iter().map(|(k, v)| k.len() + value_room(v)).sum()
 }
 
 /// A `Span` message's body.
@@ -232,49 +226,33 @@ fn key_value(b: &mut Vec<u8>, ip: &mut IpText, key: &str, value: &Value) {
             Any::Int(n) => 1 + varint_len_u64(n),
             Any::Double(_) => 1 + 8,
         };
-    if short < 0x80 {
-        // Nearly every attribute: every length is under 128, so each is the one byte
-        // written as it is (no varint computed).
-        let any_len = (short - 4 - key.len()) as u8;
-        b.extend_from_slice(&[short as u8, KEY, key.len() as u8]);
-        b.extend_from_slice(key.as_bytes());
-        match any {
-            Any::Text(t) => {
-                b.extend_from_slice(&[VALUE, any_len, ANY_STRING, t.len() as u8]);
-                b.extend_from_slice(t);
-            }
-            Any::Int(v) => {
-                let mut head = [0u8; HEAD];
-                head[..3].copy_from_slice(&[VALUE, any_len, ANY_INT]);
-                let n = 3 + varint_at(&mut head[3..], v);
-                put_head(b, &head, n);
-            }
-            Any::Double(x) => {
-                let mut head = [0u8; 11];
-                head[..3].copy_from_slice(&[VALUE, any_len, ANY_DOUBLE]);
-                head[3..].copy_from_slice(&x.to_le_bytes());
-                b.extend_from_slice(&head);
-            }
-        }
-        return;
-    }
-    let any_len = match any {
-        Any::Text(t) => 1 + varint_len(t.len()) + t.len(),
-        Any::Int(n) => 1 + varint_len_u64(n),
-        Any::Double(_) => 1 + 8,
-    };
-    let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
     // The framing goes through a buffer on the stack: three copies into `b` per attribute
     // rather than one per field.
     let mut head = [0u8; HEAD];
-    let mut n = varint_at(&mut head, kv_len as u64);
-    head[n] = KEY;
-    n += 1;
-    n += varint_at(&mut head[n..], key.len() as u64);
-    put_head(b, &head, n);
-    b.extend_from_slice(key.as_bytes());
-    head[0] = VALUE;
-    n = 1 + varint_at(&mut head[1..], any_len as u64);
+    let mut n;
+    if short < 0x80 {
+        // Nearly every attribute: every length is under 128, so each is the one byte
+        // written as it is (no varint computed).
+        b.extend_from_slice(&[short as u8, KEY, key.len() as u8]);
+        b.extend_from_slice(key.as_bytes());
+        head[..2].copy_from_slice(&[VALUE, (short - 4 - key.len()) as u8]);
+        n = 2;
+    } else {
+        let any_len = match any {
+            Any::Text(t) => 1 + varint_len(t.len()) + t.len(),
+            Any::Int(n) => 1 + varint_len_u64(n),
+            Any::Double(_) => 1 + 8,
+        };
+        let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
+        n = varint_at(&mut head, kv_len as u64);
+        head[n] = KEY;
+        n += 1;
+        n += varint_at(&mut head[n..], key.len() as u64);
+        put_head(b, &head, n);
+        b.extend_from_slice(key.as_bytes());
+        head[0] = VALUE;
+        n = 1 + varint_at(&mut head[1..], any_len as u64);
+    }
     match any {
         Any::Text(t) => {
             head[n] = ANY_STRING;
