@@ -527,14 +527,15 @@ fn with_path(uri: &Uri, mut path: String, origin_form: bool) -> Option<Uri> {
         path.push('?');
         path.push_str(q);
     }
-    let mut parts = uri.clone().into_parts();
-    if origin_form {
-        parts.scheme = None;
-        parts.authority = None;
-    }
     // The text's buffer becomes the target's (checked, not copied).
-    parts.path_and_query =
-        Some(http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::from(path)).ok()?);
+    let path_and_query =
+        http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::from(path)).ok()?;
+    if origin_form {
+        // Nothing of the client's target but its query is kept: no copy of its parts.
+        return Some(Uri::from(path_and_query));
+    }
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query);
     Uri::from_parts(parts).ok()
 }
 

@@ -127,7 +127,9 @@ pub fn inject(
                 let _ = TRACESTATE.set_request(req, v);
             }
         }
-        None if !continued => {
+        // Looked up once before removing: a removal looks in both of Pingora's header maps,
+        // and nearly every request has no `tracestate`.
+        None if !continued && req.headers.contains_key(TRACESTATE.name()) => {
             req.remove_header(TRACESTATE.name());
         }
         None => {}

@@ -120,7 +120,8 @@ pub fn check(out: &str, mode: EscapedSlashes) -> Result<(), RewriteError> {
     if !out.starts_with('/') {
         return Err(RewriteError::NotAbsolute);
     }
-    if out.contains(['?', '#']) {
+    // Bytes, not a pattern of chars (a UTF-8 decode of every character).
+    if out.bytes().any(|b| b == b'?' || b == b'#') {
         return Err(RewriteError::Query);
     }
     match normalize::path(out, mode) {
