@@ -123,7 +123,7 @@ bench-stock: deps-build
 ## What each patch of the vendored Pingora crates buys (docs/benchmarks.md, "What each patch
 ## buys"): the bare proxy built once per step of the series (each step one patch more, from
 ## Pingora 0.9.1 as published), instructions per request under callgrind and one interleaved
-## load run of all steps. About 60 minutes on 2 cores (17 release builds). Writes
+## load run of all steps. About 60 minutes on 2 cores (19 release builds). Writes
 ## target/patches/patches.md and patches.json. PATCHES_ARGS passes options
 ## (`python3 benches/patches/run.py --help`).
 bench-patches: bench-deps

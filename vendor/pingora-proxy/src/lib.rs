@@ -414,16 +414,22 @@ where
         };
 
         // floodgate patch: the connect future (TCP and TLS connect state, 8.8 KB) is boxed, so
-        // that the request's future is not sized for it while it waits on the upstream.
-        let (mut client_session, client_reused) =
-            match Box::pin(self.client_upstream.get_http_session(&*peer)).await {
+        // that the request's future is not sized for it while it waits on the upstream; and
+        // only when it may connect: a pooled HTTP/1 connection is taken first through a call
+        // whose future holds the pool's lookup alone, so that a reuse allocates and copies no
+        // connect state.
+        let pooled = self.client_upstream.reused_h1_only_session(&*peer).await;
+        let (mut client_session, client_reused) = match pooled {
+            Some(pooled) => (pooled, true),
+            None => match Box::pin(self.client_upstream.get_http_session(&*peer)).await {
                 Ok(connected) => connected,
                 Err(mut e) => {
                     e.as_up();
                     let new_err = self.inner.fail_to_connect(session, &peer, ctx, e);
                     return (false, Some(new_err.into_up()));
                 }
-            };
+            },
+        };
         // floodgate patch: the exchange borrows the connection where it lies instead of moving it
         // out of the enum and back in (`ClientSession::H1(h1)` then `ClientSession::H1(h1)`
         // again), which kept two copies of the 1.3 KB HTTP/1 session in the request's future.

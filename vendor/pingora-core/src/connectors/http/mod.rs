@@ -60,6 +60,26 @@ where
         }
     }
 
+    /// floodgate patch: an idle pooled HTTP/1.x connection to `peer`, when the peer speaks
+    /// HTTP/1.x only (no ALPN, or ALPN up to HTTP/1.1) and the pool holds one that passes the
+    /// same checks as in [Self::get_http_session] (`Peer::matches_fd`, no unexpected data);
+    /// `None` otherwise, and then [Self::get_http_session] decides as before. Its future holds
+    /// only the pool's lookup: a caller that boxes `get_http_session`'s (the TCP and TLS
+    /// connect state, several kilobytes) can try this first and box only when it must connect.
+    pub async fn reused_h1_only_session<P: Peer + Send + Sync + 'static>(
+        &self,
+        peer: &P,
+    ) -> Option<HttpSession<C::Session>> {
+        let h1_only = peer.get_peer_options().is_none_or(|o| {
+            !matches!(o.alpn, ALPN::Custom(_)) && o.alpn.get_max_http_version() == 1
+        });
+        if !h1_only {
+            return None;
+        }
+        let h1 = self.h1.reused_http_session(peer).await?;
+        Some(HttpSession::H1(h1))
+    }
+
     /// Get an [HttpSession] to the given server.
     ///
     /// The second return value indicates whether the session is connected via a reused stream.
