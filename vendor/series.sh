@@ -419,7 +419,13 @@ left_out=(
     connectors::tests::test_do_connect_with_total_timeout
     connectors::tests::test_tls_connect_timeout_supersedes_total
     connectors::tests::test_do_connect_without_total_timeout
+    connectors::http::tests::test_connect_h1
+    connectors::http::tests::test_connect_h2
+    connectors::http::tests::test_connect_h2_fallback_h1_reuse
+    connectors::http::tests::test_connect_prefer_h1
+    connectors::http::tests::test_custom_client_non_custom_upstream
     # they read tests/keys/, which the published crate does not ship
+    connectors::http::tests::test_custom_client_custom_upstream
     listeners::test::test_listen_tls
     listeners::test::test_listen_tls_with_offload
 )
