@@ -110,15 +110,18 @@ bench-instructions: deps-build
 	$(CARGO) build --release --bin floodgate --bin bare-proxy
 	python3 benches/instructions/run.py --floodgate target/release/floodgate --bare-proxy target/release/bare-proxy --out target/instructions $(INSTR_ARGS)
 
-## The same instruction counts with the bare proxy built against Pingora 0.9.1 as published,
-## without the vendored patches floodgate links (docs/benchmarks.md, "Against Pingora as
-## published"): benches/stock is a package of its own, built into target/stock (its first build
-## about 8 minutes). Writes target/instructions-stock/.
-bench-stock: deps-build
-	@command -v valgrind >/dev/null && { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx; }
+## floodgate against a bare proxy built on Pingora 0.9.1 as published, without the vendored
+## patches floodgate links (docs/benchmarks.md, "Against Pingora as published"): benches/stock
+## is a package of its own, built into target/stock (its first build about 8 minutes). The same
+## instruction counts as bench-instructions (target/instructions-stock/), then floodgate without
+## rules and with one local rule side by side with it, judged by the targets against it
+## (target/bench-stock/side-by-side.md, about 3 minutes). STOCK_ARGS passes options to the latter.
+bench-stock: bench-deps
+	@command -v valgrind >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind; }
 	cd benches/stock && CARGO_TARGET_DIR=$(CURDIR)/target/stock $(CARGO) build --release
 	$(CARGO) build --release --bin floodgate
 	python3 benches/instructions/run.py --floodgate target/release/floodgate --bare-proxy target/stock/release/bare-proxy-stock --out target/instructions-stock $(INSTR_ARGS)
+	python3 benches/load/run.py --side-by-side --stock --only fg-none fg-local pingora-bare --no-redis --no-envoy --rounds 5 --duration 5 --connections 32 --floodgate target/release/floodgate --bare-proxy target/stock/release/bare-proxy-stock --out target/bench-stock $(STOCK_ARGS)
 
 ## What each patch of the vendored Pingora crates buys (docs/benchmarks.md, "What each patch
 ## buys"): the bare proxy built once per step of the series (each step one patch more, from

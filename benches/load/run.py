@@ -1643,6 +1643,10 @@ def main() -> int:
                         "target pairs among the systems run, each --variant against its base, and --pair; "
                         "--rounds runs of --duration s per pair at the first of --connections. Writes "
                         "OUT/side-by-side.md and side-by-side.json instead of results.*")
+    p.add_argument("--stock", action="store_true",
+                   help="with --side-by-side, --bare-proxy is Pingora as published (benches/stock, "
+                        "`make bench-stock`): pingora-bare's pairs are judged by the targets against it "
+                        "(no rules >= 0.97x, one local rule >= 0.90x)")
     p.add_argument("--pair", action="append", metavar="A/B",
                    help="with --side-by-side, also measure system A against system B (repeatable)")
     p.add_argument("--floodgate-env", action="append", metavar="KEY=VALUE",
