@@ -1652,6 +1652,9 @@ def main() -> int:
     p.add_argument("--floodgate-env", action="append", metavar="KEY=VALUE",
                    help="extra environment of the gateways (e.g. LD_PRELOAD=... to try an allocator)")
     args = p.parse_args()
+    if args.stock and not args.side_by_side:
+        # The sequential report judges by its own targets: --stock alone would change nothing.
+        sys.exit("bench: --stock judges side-by-side pairs only: add --side-by-side")
     if not Path(args.floodgate).is_file():
         sys.exit(f"bench: {args.floodgate} not found: build it first (cargo build --release)")
 
